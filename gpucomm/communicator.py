@@ -1,0 +1,360 @@
+"""``Communicator``: one group of ranks and every collective on it, without global state.
+
+Each call is validated first (nothing moves before the inputs are known good), then served by
+one of two paths:
+
+- the *workspace* path (``gpucomm.engine``): gpucomm's own kernels over the symmetric workspace
+  (CUDA IPC for CUDA tensors, POSIX shared memory for CPU tensors with ``GPUCOMM_TRANSPORT=shm``);
+- the *fallback* path (``gpucomm.fallback``): gloo, built on gpucomm's own store.
+
+Ranks given to a Communicator's methods (src, dst, root) are ranks of this communicator.
+All ranks of the group must call each collective, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from gpucomm import log
+from gpucomm.config import Config
+from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.fallback import GlooFallback
+from gpucomm.reduce_op import ReduceOp, as_reduce_op
+from gpucomm.validation import (
+    check_numel,
+    check_rank,
+    check_same,
+    check_splits,
+    check_tensor,
+    check_tensor_list,
+)
+from gpucomm.work import Work
+
+__all__ = ["Communicator"]
+
+
+def _rank_device(local_rank: int) -> torch.device | None:
+    """This rank's GPU: LOCAL_RANK modulo the visible devices (several ranks may share one)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+class Communicator:
+    """A group of ``world_size`` ranks; this process is ``rank``.
+
+    Build one with :func:`gpucomm.init_process_group` (the default group) or
+    :func:`gpucomm.new_group`, or directly from a store::
+
+        store = torch.distributed.TCPStore("127.0.0.1", 29500, 2, rank == 0)
+        with gpucomm.Communicator(store, rank, 2) as comm:
+            comm.all_reduce(t)
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        *,
+        prefix: str = "gpucomm/",
+        config: Config | None = None,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        global_ranks: Sequence[int] | None = None,
+    ) -> None:
+        self.config = config if config is not None else Config.from_env()
+        log.enable(self.config.debug)
+        self.rank = check_rank(rank, world_size, "Communicator", "rank")
+        self.world_size = world_size
+        self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(world_size))
+        self.local_rank = rank if local_rank is None else local_rank
+        self.local_world_size = world_size if local_world_size is None else local_world_size
+        if self.config.local_world_size is not None:
+            self.local_world_size = self.config.local_world_size
+        self.store = store
+        self.prefix = prefix
+        self.device = _rank_device(self.local_rank)
+        self.timeout = self.config.timeout
+        self._subgroups = 0
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
+        self._engine = self._make_engine()
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def _make_engine(self) -> object | None:
+        transport = self.config.transport
+        if transport == "gloo":
+            return None
+        if transport == "cuda_ipc" and self.device is None:
+            raise UnsupportedError("gpucomm: GPUCOMM_TRANSPORT=cuda_ipc needs a CUDA device, and this host has none")
+        if self.config.kernels == "cuda" and self.device is None:
+            raise UnsupportedError("gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device, and this host has none")
+        try:
+            from gpucomm.engine import Engine
+        except ImportError:
+            if transport in ("shm", "cuda_ipc"):
+                raise UnsupportedError(f"gpucomm: GPUCOMM_TRANSPORT={transport} needs the workspace engine, which this build lacks") from None
+            return None
+        return Engine.create(self)
+
+    def close(self) -> None:
+        """Free the workspace and the gloo group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._engine is not None:
+                self._engine.close()  # type: ignore[attr-defined]
+        finally:
+            self._fallback.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def new_subgroup(self, ranks: Sequence[int]) -> Communicator | None:
+        """Collective over this communicator: the members of ``ranks`` get a Communicator, the rest None."""
+        ranks = sorted(set(ranks))
+        for r in ranks:
+            check_rank(r, self.world_size, "new_group", "ranks[i]")
+        self._subgroups += 1
+        if self.rank not in ranks:
+            return None
+        sub_rank = ranks.index(self.rank)
+        return Communicator(
+            self.store,
+            sub_rank,
+            len(ranks),
+            prefix=f"{self.prefix}g{self._subgroups}/",
+            config=self.config,
+            local_rank=self.local_rank,
+            local_world_size=min(self.local_world_size, len(ranks)),
+            global_ranks=[self.global_ranks[r] for r in ranks],
+        )
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _check_usable(self, fn: str) -> None:
+        if self._closed:
+            raise GpucommError(f"gpucomm.{fn}: this communicator is closed")
+        if self._broken is not None:
+            raise CommBrokenError(
+                f"gpucomm.{fn}: the communicator failed earlier and cannot be used until it is destroyed "
+                f"(original error: {self._broken})"
+            ) from self._broken
+
+    def _translate(self, fn: str) -> Callable[[RuntimeError], BaseException]:
+        def translate(err: RuntimeError) -> BaseException:
+            if isinstance(err, GpucommError):
+                self._broken = err
+                return err
+            text = str(err)
+            if "imed out" in text or "onnection closed" in text or "onnection reset" in text:
+                failure = CommTimeoutError(fn, None, self.rank, [], self.timeout, detail=f"gloo: {text.splitlines()[0]}")
+                self._broken = failure
+                return failure
+            return err
+
+        return translate
+
+    def _run(self, fn: str, tensor: torch.Tensor | None, async_op: bool, serve: Callable[[object], Work], **fields: object) -> Work | None:
+        """Route one validated call to a path, log it, and honour ``async_op``."""
+        engine = self._engine
+        path: object = self._fallback
+        if engine is not None and tensor is not None and engine.serves(fn, tensor, fields):  # type: ignore[attr-defined]
+            path = engine
+        if log.logger.isEnabledFor(20):
+            detail = engine.describe(fn, tensor, fields) if path is engine else {"path": "gloo"}  # type: ignore[attr-defined]
+            log.logger.info(log.describe_call(self.rank, fn, tensor, **detail))
+        translate = self._translate(fn)
+        try:
+            work = serve(path)
+        except RuntimeError as err:
+            raise translate(err) from err
+        work._on_error = translate
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    # -- collectives --------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` over all ranks, in place, on every rank.
+
+        All ranks in the group must call this simultaneously.
+
+        Args:
+            tensor: input and output; contiguous, any supported dtype.
+            op: a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG).
+            async_op: return a Work instead of waiting.
+        """
+        fn = "all_reduce"
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        rop = as_reduce_op(op, fn)
+        return self._run(fn, tensor, async_op, lambda p: p.all_reduce(tensor, rop), op=rop.name)
+
+    def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; other ranks' tensors are unchanged."""
+        fn = "reduce"
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        check_rank(dst, self.world_size, fn, "dst")
+        rop = as_reduce_op(op, fn)
+        return self._run(fn, tensor, async_op, lambda p: p.reduce(tensor, dst, rop), op=rop.name, root=dst)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Work | None:
+        """Copy ``tensor`` of ``src`` into ``tensor`` on every rank."""
+        fn = "broadcast"
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        check_rank(src, self.world_size, fn, "src")
+        return self._run(fn, tensor, async_op, lambda p: p.broadcast(tensor, src), root=src)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
+        """``tensor_list[i]`` = ``tensor`` of rank i, on every rank."""
+        fn = "all_gather"
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        outputs = check_tensor_list(tensor_list, self.world_size, fn, "tensor_list", tensor, self.device)
+        return self._run(fn, tensor, async_op, lambda p: p.all_gather(outputs, tensor))
+
+    def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False) -> Work | None:
+        """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order)."""
+        fn = "all_gather_into_tensor"
+        self._check_usable(fn)
+        check_tensor(input_tensor, fn, "input_tensor", self.device)
+        check_tensor(output_tensor, fn, "output_tensor", self.device)
+        check_same(output_tensor, input_tensor, fn, "output_tensor")
+        check_numel(output_tensor, input_tensor.numel() * self.world_size, fn, "output_tensor (world_size x input)")
+        return self._run(fn, input_tensor, async_op, lambda p: p.all_gather_into_tensor(output_tensor, input_tensor))
+
+    def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, async_op: bool = False) -> Work | None:
+        """``gather_list[i]`` on ``dst`` = ``tensor`` of rank i; other ranks pass no list."""
+        fn = "gather"
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        check_rank(dst, self.world_size, fn, "dst")
+        outputs = None
+        if self.rank == dst:
+            if gather_list is None:
+                raise ValueError(f"gpucomm.{fn}: gather_list is required on the destination rank {dst}")
+            outputs = check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)
+        elif gather_list:
+            raise ValueError(f"gpucomm.{fn}: gather_list must be None or empty on rank {self.rank}, which is not the destination {dst}")
+        return self._run(fn, tensor, async_op, lambda p: p.gather(tensor, outputs, dst), root=dst)
+
+    def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, async_op: bool = False) -> Work | None:
+        """``tensor`` on rank i = ``scatter_list[i]`` of ``src``."""
+        fn = "scatter"
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        check_rank(src, self.world_size, fn, "src")
+        inputs = None
+        if self.rank == src:
+            if scatter_list is None:
+                raise ValueError(f"gpucomm.{fn}: scatter_list is required on the source rank {src}")
+            inputs = check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)
+        elif scatter_list:
+            raise ValueError(f"gpucomm.{fn}: scatter_list must be None or empty on rank {self.rank}, which is not the source {src}")
+        return self._run(fn, tensor, async_op, lambda p: p.scatter(tensor, inputs, src), root=src)
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """``output`` on rank i = the reduction over ranks of ``input_list[i]``."""
+        fn = "reduce_scatter"
+        self._check_usable(fn)
+        check_tensor(output, fn, "output", self.device)
+        inputs = check_tensor_list(input_list, self.world_size, fn, "input_list", output, self.device)
+        rop = as_reduce_op(op, fn)
+        return self._run(fn, output, async_op, lambda p: p.reduce_scatter(output, inputs, rop), op=rop.name)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """``output`` on rank i = the reduction over ranks of chunk i of ``input`` (dim 0)."""
+        fn = "reduce_scatter_tensor"
+        self._check_usable(fn)
+        check_tensor(output, fn, "output", self.device)
+        check_tensor(input, fn, "input", self.device)
+        check_same(input, output, fn, "input")
+        check_numel(input, output.numel() * self.world_size, fn, "input (world_size x output)")
+        rop = as_reduce_op(op, fn)
+        return self._run(fn, output, async_op, lambda p: p.reduce_scatter_tensor(output, input, rop), op=rop.name)
+
+    def all_to_all(self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], async_op: bool = False) -> Work | None:
+        """``output_tensor_list[j]`` on rank i = ``input_tensor_list[i]`` of rank j (sizes may differ per pair)."""
+        fn = "all_to_all"
+        self._check_usable(fn)
+        for name, lst in (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list)):
+            if not isinstance(lst, (list, tuple)) or len(lst) != self.world_size:
+                got = len(lst) if isinstance(lst, (list, tuple)) else type(lst).__name__
+                raise ValueError(f"gpucomm.{fn}: {name} must hold world_size = {self.world_size} tensors, got {got}")
+        outputs = [check_tensor(t, fn, f"output_tensor_list[{i}]", self.device) for i, t in enumerate(output_tensor_list)]
+        inputs = [check_tensor(t, fn, f"input_tensor_list[{i}]", self.device) for i, t in enumerate(input_tensor_list)]
+        for i, t in enumerate(outputs + inputs):
+            check_same(t, inputs[0], fn, f"tensor {i} of the lists")
+        return self._run(fn, inputs[0], async_op, lambda p: p.all_to_all(outputs, inputs))
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Split ``input`` along dim 0, send split j to rank j, concatenate what arrives into ``output``."""
+        fn = "all_to_all_single"
+        self._check_usable(fn)
+        check_tensor(input, fn, "input", self.device)
+        check_tensor(output, fn, "output", self.device)
+        check_same(output, input, fn, "output")
+        if input.dim() == 0 or output.dim() == 0:
+            raise ValueError(f"gpucomm.{fn}: input and output need at least one dimension, got shapes {tuple(input.shape)} and {tuple(output.shape)}")
+        if input.shape[1:] != output.shape[1:]:
+            raise ValueError(f"gpucomm.{fn}: input and output must agree beyond dim 0, got {tuple(input.shape)} and {tuple(output.shape)}")
+        in_splits = check_splits(input_split_sizes, self.world_size, input.shape[0], fn, "input_split_sizes")
+        out_splits = check_splits(output_split_sizes, self.world_size, output.shape[0], fn, "output_split_sizes")
+        return self._run(fn, input, async_op, lambda p: p.all_to_all_single(output, input, out_splits, in_splits))
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        """Send ``tensor`` to ``dst``; matched by a ``recv`` with the same tag on ``dst``."""
+        work = self.isend(tensor, dst, tag)
+        work.wait()
+
+    def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> int:
+        """Receive into ``tensor`` from ``src`` (any rank if None); returns the sender's rank."""
+        work = self.irecv(tensor, src, tag)
+        work.wait()
+        return work.source if work.source is not None else src  # type: ignore[return-value]
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
+        fn = "isend"
+        self._check_p2p(fn, tensor, dst, "dst", tag)
+        return self._run(fn, tensor, True, lambda p: p.send(tensor, dst, tag), peer=dst, tag=tag)  # type: ignore[return-value]
+
+    def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> Work:
+        fn = "irecv"
+        self._check_p2p(fn, tensor, src, "src", tag)
+        return self._run(fn, tensor, True, lambda p: p.recv(tensor, src, tag), peer=src, tag=tag)  # type: ignore[return-value]
+
+    def _check_p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, name: str, tag: int) -> None:
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        if peer is not None or name == "dst":
+            check_rank(peer, self.world_size, fn, name)
+            if peer == self.rank:
+                raise ValueError(f"gpucomm.{fn}: {name} must be another rank, got this rank's own {peer}")
+        if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
+            raise ValueError(f"gpucomm.{fn}: tag must be a non-negative int, got {tag!r}")
+
+    def barrier(self, async_op: bool = False) -> Work | None:
+        """Return once every rank has entered the barrier."""
+        fn = "barrier"
+        self._check_usable(fn)
+        return self._run(fn, None, async_op, lambda p: p.barrier())
+

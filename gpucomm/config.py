@@ -1,0 +1,126 @@
+"""Knobs: every ``GPUCOMM_*`` environment variable, each also a keyword of ``init_process_group``.
+
+The environment is read once, when a communicator is created; a keyword overrides the variable
+of the same name. Values are checked here; whether the host can do what a knob asks is checked
+by :func:`gpucomm.communicator.resolve` when the communicator is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+__all__ = ["Config", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "DEFAULT_TIMEOUT_S"]
+
+TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
+KERNELS = ("auto", "triton", "cuda", "torch")
+ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct")
+CHECKS = ("fingerprint", "full", "off")
+
+DEFAULT_TIMEOUT_S = 300.0
+# 8 MiB per rank: four 2 MiB pieces in flight per rank; large enough that all_reduce on the
+# shm path is bandwidth-bound (see docs/algorithms.md), small enough for 8 ranks on one GPU.
+DEFAULT_WORKSPACE_BYTES = 8 << 20
+# Smallest workspace that still holds a flag area and two aligned data halves.
+MIN_WORKSPACE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Config:
+    transport: str = "auto"
+    kernels: str = "auto"
+    algo: str = "auto"
+    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES
+    timeout: float = DEFAULT_TIMEOUT_S
+    debug: str = ""
+    local_world_size: int | None = None
+    check: str = "fingerprint"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
+        """Read ``GPUCOMM_<NAME>`` for every field, then apply keyword overrides (None = unset)."""
+        env = os.environ if env is None else env
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(
+                f"gpucomm.init_process_group: unknown knob(s) {unknown}; expected some of {sorted(names)}"
+            )
+        values: dict[str, object] = {}
+        for name in names:
+            raw = env.get(f"GPUCOMM_{name.upper()}")
+            if raw is not None and raw != "":
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **{k: _parse(k, v) for k, v in values.items()})
+
+    def algo_for(self, family: str) -> str:
+        """The algorithm forced for a call family, or "auto".
+
+        ``GPUCOMM_ALGO`` is either one name for every family (``ring``) or a comma list of
+        ``family=name`` pairs (``all_reduce=ring,broadcast=tree``).
+        """
+        if "=" not in self.algo:
+            return self.algo
+        for item in self.algo.split(","):
+            key, _, value = item.partition("=")
+            if key.strip() == family:
+                return value.strip()
+        return "auto"
+
+
+def _parse(name: str, value: object) -> object:
+    def choice(options: tuple[str, ...]) -> str:
+        text = str(value).strip().lower()
+        if text not in options:
+            raise ValueError(f"gpucomm: GPUCOMM_{name.upper()} must be one of {list(options)}, got {value!r}")
+        return text
+
+    if name == "transport":
+        return choice(TRANSPORTS)
+    if name == "kernels":
+        return choice(KERNELS)
+    if name == "check":
+        return choice(CHECKS)
+    if name == "algo":
+        text = str(value).strip().lower()
+        for item in text.split(","):
+            algo = item.partition("=")[2] if "=" in item else item
+            if algo.strip() not in ALGOS:
+                raise ValueError(f"gpucomm: GPUCOMM_ALGO must name one of {list(ALGOS)} (or family=algo pairs), got {value!r}")
+        return text
+    if name == "debug":
+        return str(value).strip().upper()
+    if name == "workspace_bytes":
+        size = _parse_bytes(value)
+        if size < MIN_WORKSPACE_BYTES:
+            raise ValueError(f"gpucomm: GPUCOMM_WORKSPACE_BYTES must be at least {MIN_WORKSPACE_BYTES}, got {size}")
+        return size
+    if name == "timeout":
+        seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)  # type: ignore[arg-type]
+        if not seconds > 0:
+            raise ValueError(f"gpucomm: GPUCOMM_TIMEOUT must be a positive number of seconds, got {value!r}")
+        return float(seconds)
+    if name == "local_world_size":
+        count = int(value)  # type: ignore[call-overload]
+        if count < 1:
+            raise ValueError(f"gpucomm: GPUCOMM_LOCAL_WORLD_SIZE must be >= 1, got {value!r}")
+        return count
+    raise AssertionError(name)  # unreachable: from_env checked the names
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _parse_bytes(value: object) -> int:
+    """``4096``, ``64K``, ``8M``, ``1G`` (binary units, as nccl-tests reads sizes)."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] != "" else ""
+    number = text[: -len(unit)] if unit else text
+    try:
+        return int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"gpucomm: a byte size like 4096, 64K or 8M was expected, got {value!r}") from None

@@ -1,0 +1,137 @@
+"""Rendezvous: the ``torch.distributed.Store`` every gpucomm group keeps its keys in.
+
+``env://`` (torchrun's variables), ``tcp://host:port``, ``file://path`` or a store passed in.
+Each init of the world takes a fresh *generation* from a counter in the store and rank 0 draws a
+random job token for it; every key gpucomm writes lives under
+``gpucomm/<token>/`` (and a subgroup's under ``gpucomm/<token>/g<n>/``), so two inits, two groups
+or two jobs sharing a store never read each other's handles.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+import urllib.parse
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from gpucomm.errors import CommTimeoutError
+
+__all__ = ["Rendezvous", "rendezvous", "store_wait"]
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    store: dist.Store  # the root store, shared by every group of this init
+    prefix: str  # this init's key prefix, ends with "/"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def _env_int(name: str, fn: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(f"gpucomm.{fn}: environment variable {name} is not set (init_method='env://' reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"gpucomm.{fn}: {name} must be an integer, got {value!r}") from None
+
+
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
+    # multi_tenant: torch.distributed's own env:// store on the same port shares the server, so
+    # gpucomm and torch.distributed.init_process_group can run side by side in one process.
+    # Under torchrun the elastic agent already serves a store on MASTER_PORT: join it as a client.
+    agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=(rank == 0 and not agent_serves),
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        multi_tenant=True,
+    )
+
+
+def rendezvous(
+    init_method: str | None,
+    rank: int | None,
+    world_size: int | None,
+    store: dist.Store | None,
+    timeout: float,
+    fn: str = "init_process_group",
+) -> Rendezvous:
+    """Resolve rank, world size, node layout and the store; draw this init's prefix."""
+    if store is not None and init_method is not None:
+        raise ValueError(f"gpucomm.{fn}: pass either store= or init_method=, not both")
+    url = urllib.parse.urlparse(init_method or "env://")
+    if rank is None:
+        rank = _env_int("RANK", fn)
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE", fn)
+    if world_size < 1:
+        raise ValueError(f"gpucomm.{fn}: world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"gpucomm.{fn}: rank must be in [0, {world_size}), got {rank}")
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world_size))
+
+    if store is None:
+        if url.scheme == "env":
+            # Loopback unless the job says otherwise: the store never listens on 0.0.0.0 by default.
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            store = _tcp_store(host, _env_int("MASTER_PORT", fn), rank, world_size, timeout)
+        elif url.scheme == "tcp":
+            if not url.hostname or not url.port:
+                raise ValueError(f"gpucomm.{fn}: init_method must look like tcp://host:port, got {init_method!r}")
+            store = _tcp_store(url.hostname, url.port, rank, world_size, timeout)
+        elif url.scheme == "file":
+            path = url.path or url.netloc
+            store = dist.FileStore(path, world_size)
+            store.set_timeout(datetime.timedelta(seconds=timeout))
+        else:
+            raise ValueError(
+                f"gpucomm.{fn}: init_method must be env://, tcp://host:port or file://path, got {init_method!r}"
+            )
+    prefix = _draw_prefix(store, rank, world_size, timeout)
+    return Rendezvous(store, prefix, rank, world_size, local_rank, local_world_size)
+
+
+def _draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float) -> str:
+    # Every rank adds 1: the P arrivals of one init share (count - 1) // P, so a store reused
+    # by many inits (or many jobs) hands each init its own generation.
+    generation = (store.add("gpucomm/arrivals", 1) - 1) // world_size
+    key = f"gpucomm/gen{generation}/token"
+    if rank == 0:
+        store.set(key, secrets.token_hex(8))
+    store_wait(store, [key], timeout, op="init_process_group", rank=rank, waited_ranks=[0])
+    token = store.get(key).decode()
+    return f"gpucomm/{token}/"
+
+
+def store_wait(
+    store: dist.Store,
+    keys: list[str],
+    timeout: float,
+    *,
+    op: str,
+    rank: int,
+    waited_ranks: list[int],
+    epoch: int | None = None,
+) -> None:
+    """``store.wait`` with a deadline that ends in :class:`CommTimeoutError` naming the absent ranks.
+
+    ``waited_ranks[i]`` is the rank expected to write ``keys[i]``.
+    """
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except (RuntimeError, dist.DistStoreError) as err:
+        missing = [r for r, k in zip(waited_ranks, keys) if not store.check([k])]
+        if not missing:
+            raise
+        raise CommTimeoutError(op, epoch, rank, missing, timeout) from err
