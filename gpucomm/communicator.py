@@ -13,6 +13,8 @@ All ranks of the group must call each collective, in the same order.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Sequence
 
 import torch
@@ -20,6 +22,7 @@ import torch.distributed as dist
 
 from gpucomm import log
 from gpucomm.config import Config
+from gpucomm.engine import Engine
 from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
 from gpucomm.reduce_op import ReduceOp, as_reduce_op
@@ -86,19 +89,10 @@ class Communicator:
         self._engine = self._make_engine()
 
     # -- life cycle ---------------------------------------------------------------------------
-    def _make_engine(self) -> object | None:
-        transport = self.config.transport
-        if transport == "gloo":
-            return None
-        if transport == "cuda_ipc" and self.device is None:
-            raise UnsupportedError("gpucomm: GPUCOMM_TRANSPORT=cuda_ipc needs a CUDA device, and this host has none")
+    def _make_engine(self) -> Engine | None:
         if self.config.kernels == "cuda" and self.device is None:
             raise UnsupportedError("gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device, and this host has none")
-        try:
-            from gpucomm.engine import Engine
-        except ImportError:
-            if transport in ("shm", "cuda_ipc"):
-                raise UnsupportedError(f"gpucomm: GPUCOMM_TRANSPORT={transport} needs the workspace engine, which this build lacks") from None
+        if self.config.transport == "gloo":
             return None
         return Engine.create(self)
 
@@ -109,7 +103,7 @@ class Communicator:
         self._closed = True
         try:
             if self._engine is not None:
-                self._engine.close()  # type: ignore[attr-defined]
+                self._engine.close()
         finally:
             self._fallback.close()
 
@@ -166,12 +160,11 @@ class Communicator:
     def _run(self, fn: str, tensor: torch.Tensor | None, async_op: bool, serve: Callable[[object], Work], **fields: object) -> Work | None:
         """Route one validated call to a path, log it, and honour ``async_op``."""
         engine = self._engine
-        path: object = self._fallback
-        if engine is not None and tensor is not None and engine.serves(fn, tensor, fields):  # type: ignore[attr-defined]
-            path = engine
-        if log.logger.isEnabledFor(20):
-            detail = engine.describe(fn, tensor, fields) if path is engine else {"path": "gloo"}  # type: ignore[attr-defined]
-            log.logger.info(log.describe_call(self.rank, fn, tensor, **detail))
+        algo = engine.serves(fn, tensor) if engine is not None else None
+        path: object = self._fallback if algo is None else _Planned(engine, algo)
+        if log.logger.isEnabledFor(logging.INFO):
+            detail = {"path": "gloo"} if algo is None else {"path": "workspace", **engine.describe(algo)}
+            log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
         translate = self._translate(fn)
         try:
             work = serve(path)
@@ -358,3 +351,13 @@ class Communicator:
         self._check_usable(fn)
         return self._run(fn, None, async_op, lambda p: p.barrier())
 
+
+class _Planned:
+    """The engine with the algorithm of one call fixed: ``p.all_reduce(t, op)`` for either path."""
+
+    def __init__(self, engine: Engine, algo: str) -> None:
+        self._engine = engine
+        self._algo = algo
+
+    def __getattr__(self, name: str) -> Callable[..., Work]:
+        return functools.partial(getattr(self._engine, name), algo=self._algo)

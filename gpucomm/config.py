@@ -55,20 +55,6 @@ class Config:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **{k: _parse(k, v) for k, v in values.items()})
 
-    def algo_for(self, family: str) -> str:
-        """The algorithm forced for a call family, or "auto".
-
-        ``GPUCOMM_ALGO`` is either one name for every family (``ring``) or a comma list of
-        ``family=name`` pairs (``all_reduce=ring,broadcast=tree``).
-        """
-        if "=" not in self.algo:
-            return self.algo
-        for item in self.algo.split(","):
-            key, _, value = item.partition("=")
-            if key.strip() == family:
-                return value.strip()
-        return "auto"
-
 
 def _parse(name: str, value: object) -> object:
     def choice(options: tuple[str, ...]) -> str:

@@ -37,10 +37,11 @@ _GLOO_OP = {
 class _Staged:
     """Accumulation-dtype stand-ins for the caller's tensors, and how to write results back."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor], op: ReduceOp, divisor: int) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor], op: ReduceOp, divisor: int, private: bool = False) -> None:
         self.originals = list(tensors)
         acc = accumulation_dtype(self.originals[0].dtype) if self.originals else torch.float32
-        self.buffers = [t if t.dtype == acc else t.to(acc) for t in self.originals]
+        # private: gloo may use the buffers as scratch space, so hand it copies.
+        self.buffers = [t.to(acc, copy=private) for t in self.originals]
         self.op = op
         self.divisor = divisor
 
@@ -75,11 +76,11 @@ class GlooFallback:
         tensors: Sequence[torch.Tensor],
         op: ReduceOp,
         launch: Callable[[list[torch.Tensor], dist.ReduceOp], object],
-        write_back_when: bool = True,
+        receives: bool = True,
     ) -> Work:
-        staged = _Staged(tensors, op, self.world_size)
+        staged = _Staged(tensors, op, self.world_size, private=not receives)
         work = launch(staged.buffers, _GLOO_OP[op])
-        return Work([work], finish=staged.write_back if write_back_when else None)
+        return Work([work], finish=staged.write_back if receives else None)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
         def launch(bufs: list[torch.Tensor], gloo_op: dist.ReduceOp) -> object:
@@ -96,8 +97,9 @@ class GlooFallback:
             opts.rootRank = dst
             return self.pg.reduce(bufs, opts)
 
-        # Only the root receives the result; other ranks' tensors are left as they were.
-        return self._reducing([tensor], op, launch, write_back_when=self.rank == dst)
+        # Only the root receives the result; gloo scribbles on the other ranks' buffers, which
+        # therefore get private copies so that the caller's tensors are left as they were.
+        return self._reducing([tensor], op, launch, receives=self.rank == dst)
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp) -> Work:
         staged_out = _Staged([output], op, self.world_size)
@@ -141,7 +143,18 @@ class GlooFallback:
         return Work([self.pg.scatter([tensor], lists, opts)])
 
     def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
-        return Work([self.pg.alltoall(list(outputs), list(inputs))])
+        # gloo's list all_to_all wants equal sizes; torch.distributed's allows any: go through
+        # one flat exchange with split sizes and copy the pieces out.
+        flat_in = torch.cat([t.reshape(-1) for t in inputs])
+        flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device)
+        out_splits = [t.numel() for t in outputs]
+        work = self.pg.alltoall_base(flat_out, flat_in, out_splits, [t.numel() for t in inputs])
+
+        def finish() -> None:
+            for out, piece in zip(outputs, flat_out.split(out_splits)):
+                out.copy_(piece.view(out.shape))
+
+        return Work([work], finish=finish)
 
     def all_to_all_single(
         self,

@@ -1,0 +1,1 @@
+"""Collective algorithms: pure Python compositions of kernel calls over a workspace."""

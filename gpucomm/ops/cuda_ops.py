@@ -1,0 +1,386 @@
+"""The CUDA C++ kernels (``kernels/cuda/*.cu``): run-time compilation and launchers.
+
+:class:`CudaKernels` implements the kernel contract (:mod:`gpucomm.ops.contract`) on one CUDA
+device. The ``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is
+compiled by NVRTC on first use for the device's architecture and memoised in the instance, keyed
+by (file, sorted defines, architecture). Launches go on torch's current stream of that device.
+
+NVRTC is driven through CuPy's thin binding (``cupy_backends.cuda.libs.nvrtc``) rather than
+``cupy.RawModule``: RawModule appends ``-ftz=true`` after the caller's options, and flushing
+subnormals to zero would break the bitwise agreement with the torch reference (bf16 and fp32
+subnormals). Here the options are exactly :func:`compile_options`, which CI also hands to nvcc
+(tests/test_cuda_compile.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpucomm.errors import KernelCompileError, UnsupportedError
+from gpucomm.ops.contract import FLAG_DTYPE, SUPPORTED_DTYPES, Region
+from gpucomm.reduce_op import ReduceOp, as_reduce_op
+
+__all__ = [
+    "CudaKernels",
+    "KERNEL_PACKAGE",
+    "SOURCES",
+    "HEADER",
+    "THREADS",
+    "compile_options",
+    "kernel_source",
+    "reduce_kernel_name",
+]
+
+KERNEL_PACKAGE = "gpucomm._kernels.cuda"
+SOURCES = ("copy.cu", "reduce.cu", "flags.cu", "oneshot_allreduce.cu")
+HEADER = "common.cuh"
+
+# Threads per block of every launch, passed to the sources as -DGPUCOMM_THREADS (their
+# __launch_bounds__). 512 keeps enough loads in flight per SM for copies and reduces.
+THREADS = 512
+_DEFINES = {"GPUCOMM_THREADS": THREADS}
+
+# Blocks per SM at most for grid-stride kernels: enough to cover latency, few enough that each
+# thread handles several vectors of large inputs.
+_BLOCKS_PER_SM = 4
+
+# ld.acquire / st.release at system scope need sm_70.
+_MIN_CAPABILITY = (7, 0)
+
+# Address tables are cached per instance; a communicator uses a handful, so a full cache means
+# callers pass ever-new addresses and old tables are simply dropped.
+_MAX_TABLES = 1024
+
+_OP_NAMES = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.PRODUCT: "prod",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+    ReduceOp.AVG: "avg",
+}
+_DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES}
+
+
+def reduce_kernel_name(dtype: torch.dtype, op: ReduceOp, fused: bool = False) -> str:
+    """The ``extern "C"`` name of the reduce (or fused one-shot all-reduce) kernel for dtype × op."""
+    kind = "oneshot_allreduce" if fused else "reduce"
+    return f"gpucomm_{kind}_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
+
+
+def compile_options(arch: str, defines: Mapping[str, object]) -> tuple[str, ...]:
+    """The compiler options of every kernel file, valid for NVRTC and nvcc alike.
+
+    ``arch`` is ``sm_XY`` (a cubin) or ``compute_XY`` (PTX). Rounding is pinned so that results
+    match the torch reference bitwise: no FMA contraction, no flush to zero, IEEE division.
+    """
+    return (
+        "-std=c++17",
+        f"--gpu-architecture={arch}",
+        "--fmad=false",
+        "-ftz=false",
+        "-prec-div=true",
+        "-prec-sqrt=true",
+        *(f"-D{name}={value}" for name, value in sorted(defines.items())),
+    )
+
+
+def kernel_source(name: str) -> str:
+    """The text of one file of ``kernels/cuda`` as shipped in the package."""
+    return importlib.resources.files(KERNEL_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+
+
+def _unsupported(reason: str) -> UnsupportedError:
+    return UnsupportedError(f"gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device and CuPy with NVRTC: {reason}")
+
+
+class CudaKernels:
+    """The kernel contract on one CUDA device, with the CUDA C++ kernels.
+
+    Args:
+        device: the CUDA device (``None``: torch's current one). Regions passed in must be
+            addressable from it (local memory or peer memory mapped through CUDA IPC).
+
+    Raises:
+        UnsupportedError: no CUDA, no CuPy, no NVRTC, or a GPU older than sm_70.
+
+    Example::
+
+        kernels = CudaKernels(torch.device("cuda", 0))
+        kernels.reduce(Region.of(out), [Region.of(a), Region.of(b)], torch.float32, ReduceOp.SUM)
+    """
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str | int | None = None) -> None:
+        dev = torch.device("cuda") if device is None else torch.device(device)
+        if dev.type != "cuda":
+            raise _unsupported(f"got device {dev}, expected a cuda device")
+        if not torch.cuda.is_available():
+            raise _unsupported(
+                f"torch.cuda.is_available() is False (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda})"
+            )
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        capability = torch.cuda.get_device_capability(index)
+        if capability < _MIN_CAPABILITY:
+            raise _unsupported(
+                f"device {index} has compute capability {capability}, the flag kernels need at least {_MIN_CAPABILITY}"
+            )
+        try:
+            self._cupy = importlib.import_module("cupy")
+        except ImportError as exc:
+            raise _unsupported(f"CuPy is not installed ({exc}); pip install 'gpucomm[cuda13]' or [cuda12]") from exc
+        self._nvrtc = importlib.import_module("cupy_backends.cuda.libs.nvrtc")
+        try:
+            supported = self._nvrtc.getSupportedArchs()
+        except RuntimeError as exc:  # CuPy raises RuntimeError when libnvrtc cannot be loaded
+            raise _unsupported(f"NVRTC could not be loaded: {exc}") from exc
+
+        self._device = torch.device("cuda", index)
+        self._arch, self._binary_kind = _target(capability, supported)
+        self._sm_count = torch.cuda.get_device_properties(index).multi_processor_count
+        self._modules: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
+        self._tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self._streams: dict[int, Any] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def arch(self) -> str:
+        """What NVRTC compiles for: ``sm_XY`` (a cubin) or ``compute_XY`` (PTX the driver JITs)."""
+        return self._arch
+
+    # -- the contract --------------------------------------------------------------------------
+
+    def copy(self, dst: Region, src: Region) -> None:
+        """Copy ``src.nbytes`` bytes from src to dst (not overlapping); either may be a peer."""
+        self._check_regions("copy", [dst, src])
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"CudaKernels.copy: dst has {dst.nbytes} bytes, src has {src.nbytes}; they must be equal")
+        if dst.nbytes == 0:
+            return
+        blocks = self._blocks(-(-dst.nbytes // 16))
+        self._launch("copy.cu", "gpucomm_copy", blocks, (np.uint64(dst.addr), np.uint64(src.addr), np.uint64(dst.nbytes)))
+
+    def reduce(
+        self,
+        out: Region,
+        srcs: Sequence[Region],
+        dtype: torch.dtype,
+        op: ReduceOp,
+        divisor: int = 1,
+    ) -> None:
+        """``out = op(srcs[0], srcs[1], ...)`` element-wise, folded in the order given."""
+        op, n = self._check_reduce("reduce", out, srcs, dtype, op, divisor)
+        if n == 0:
+            return
+        args = (np.uint64(out.addr), np.uint64(self._table([s.addr for s in srcs]).data_ptr()),
+                np.int32(len(srcs)), np.uint64(n), np.int64(divisor))
+        blocks = self._blocks(-(-out.nbytes // 16))
+        self._launch("reduce.cu", reduce_kernel_name(dtype, op), blocks, args)
+
+    def signal(self, flags: Sequence[Region], epoch: int) -> None:
+        """Store ``epoch`` into every flag, release at system scope, after this stream's earlier work."""
+        self._check_flags("signal", flags, epoch)
+        if not flags:
+            return
+        table = self._table([f.addr for f in flags])
+        self._launch("flags.cu", "gpucomm_signal", 1, (np.uint64(table.data_ptr()), np.int32(len(flags)), np.int64(epoch)))
+
+    def wait(self, flags: Sequence[Region], epoch: int, deadline: float) -> list[int]:
+        """Indices of the flags still below ``epoch`` at the deadline (``time.monotonic()``); [] if none.
+
+        Blocks the host until the wait kernel ends. The kernel's time limit is what is left of the
+        deadline at launch; a kernel queued behind earlier work starts its clock late.
+        """
+        self._check_flags("wait", flags, epoch)
+        if not flags:
+            return []
+        table = self._table([f.addr for f in flags])
+        status = self._status(len(flags), epoch)
+        args = (np.uint64(table.data_ptr()), np.int32(len(flags)), np.int64(epoch),
+                np.uint64(_timeout_ns(deadline)), np.uint64(status.data_ptr()))
+        self._launch("flags.cu", "gpucomm_wait", 1, args)
+        return _missing(status, epoch)
+
+    def oneshot_allreduce(
+        self,
+        out: Region,
+        srcs: Sequence[Region],
+        flags: Sequence[Region],
+        epoch: int,
+        deadline: float,
+        dtype: torch.dtype,
+        op: ReduceOp,
+        divisor: int = 1,
+    ) -> list[int]:
+        """``wait(flags, epoch, deadline)`` then ``reduce(out, srcs, dtype, op, divisor)``, in one launch.
+
+        Returns the indices of the flags that missed the deadline (empty on success); on a
+        timeout ``out`` is partly written and must not be used.
+        """
+        op, n = self._check_reduce("oneshot_allreduce", out, srcs, dtype, op, divisor)
+        self._check_flags("oneshot_allreduce", flags, epoch)
+        if n == 0:
+            return self.wait(flags, epoch, deadline)
+        srcs_table = self._table([s.addr for s in srcs])
+        flags_table = self._table([f.addr for f in flags])
+        status = self._status(len(flags), epoch)
+        args = (
+            np.uint64(out.addr), np.uint64(srcs_table.data_ptr()), np.int32(len(srcs)), np.uint64(n),
+            np.int64(divisor), np.uint64(flags_table.data_ptr()), np.int32(len(flags)), np.int64(epoch),
+            np.uint64(_timeout_ns(deadline)), np.uint64(status.data_ptr()),
+        )
+        # Every block polls every flag over the interconnect: keep the grid to one wave.
+        blocks = min(self._blocks(-(-out.nbytes // 16)), self._sm_count)
+        self._launch("oneshot_allreduce.cu", reduce_kernel_name(dtype, op, fused=True), blocks, args)
+        return _missing(status, epoch)
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def _check_regions(self, fn: str, regions: Sequence[Region]) -> None:
+        for region in regions:
+            if region.device.type != "cuda":
+                raise ValueError(f"CudaKernels.{fn}: expected regions of CUDA memory, got one on {region.device}")
+
+    def _check_reduce(
+        self, fn: str, out: Region, srcs: Sequence[Region], dtype: torch.dtype, op: object, divisor: int
+    ) -> tuple[ReduceOp, int]:
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"CudaKernels.{fn}: dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+        op = as_reduce_op(op, f"CudaKernels.{fn}")
+        if not srcs:
+            raise ValueError(f"CudaKernels.{fn}: expected at least one source, got none")
+        if not isinstance(divisor, int) or divisor < 1:
+            raise ValueError(f"CudaKernels.{fn}: divisor must be an int >= 1, got {divisor!r}")
+        self._check_regions(fn, [out, *srcs])
+        size = torch.empty((), dtype=dtype).element_size()
+        for name, region in [("out", out), *((f"srcs[{i}]", s) for i, s in enumerate(srcs))]:
+            if region.nbytes != out.nbytes:
+                raise ValueError(f"CudaKernels.{fn}: {name} has {region.nbytes} bytes, out has {out.nbytes}")
+            if region.addr % size or region.nbytes % size:
+                raise ValueError(
+                    f"CudaKernels.{fn}: {name} (address {region.addr:#x}, {region.nbytes} bytes) is not a whole, "
+                    f"aligned array of {dtype} ({size}-byte elements)"
+                )
+        return op, out.nbytes // size
+
+    def _check_flags(self, fn: str, flags: Sequence[Region], epoch: int) -> None:
+        if not isinstance(epoch, int) or not 0 <= epoch < 2**63:
+            raise ValueError(f"CudaKernels.{fn}: epoch must be an int in [0, 2**63), got {epoch!r}")
+        self._check_regions(fn, flags)
+        size = torch.empty((), dtype=FLAG_DTYPE).element_size()
+        for i, flag in enumerate(flags):
+            if flag.nbytes != size or flag.addr % size:
+                raise ValueError(
+                    f"CudaKernels.{fn}: flags[{i}] must be one aligned {FLAG_DTYPE} ({size} bytes), "
+                    f"got {flag.nbytes} bytes at {flag.addr:#x}"
+                )
+
+    # -- launching -----------------------------------------------------------------------------
+
+    def _blocks(self, vectors: int) -> int:
+        return max(1, min(-(-vectors // THREADS), self._sm_count * _BLOCKS_PER_SM))
+
+    def _table(self, addrs: list[int]) -> torch.Tensor:
+        """A device int64 tensor holding ``addrs`` (cached: tables repeat call after call)."""
+        key = tuple(addrs)
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= _MAX_TABLES:
+                self._tables.clear()
+            table = torch.tensor(addrs, dtype=torch.int64).to(self._device)
+            self._tables[key] = table
+        return table
+
+    def _status(self, n: int, epoch: int) -> torch.Tensor:
+        """A fresh error record {0, epoch, ..., epoch} (see wait_flags_block in common.cuh)."""
+        return torch.tensor([0] + [epoch] * n, dtype=torch.int64).to(self._device)
+
+    def _launch(self, file: str, kernel: str, blocks: int, args: tuple) -> None:
+        function = self._function(file, kernel)
+        torch_stream = torch.cuda.current_stream(self._device)
+        stream = self._streams.get(torch_stream.cuda_stream)
+        if stream is None:
+            stream = self._cupy_stream(torch_stream)
+            self._streams[torch_stream.cuda_stream] = stream
+        with self._cupy.cuda.Device(self._device.index):
+            function((blocks,), (THREADS,), args, stream=stream)
+
+    def _cupy_stream(self, torch_stream: torch.cuda.Stream) -> Any:
+        stream_cls = self._cupy.cuda.Stream
+        # CuPy 14 deprecates ExternalStream for Stream.from_external (the CUDA stream protocol).
+        if hasattr(stream_cls, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
+            return stream_cls.from_external(torch_stream)
+        return self._cupy.cuda.ExternalStream(torch_stream.cuda_stream, self._device.index)
+
+    def _function(self, file: str, kernel: str) -> Any:
+        key = (file, kernel)
+        function = self._functions.get(key)
+        if function is None:
+            function = self._module(file, _DEFINES).get_function(kernel)
+            self._functions[key] = function
+        return function
+
+    def _module(self, file: str, defines: Mapping[str, object]) -> Any:
+        key = (file, tuple(sorted((k, str(v)) for k, v in defines.items())), self._arch)
+        module = self._modules.get(key)
+        if module is None:
+            binary = self._compile(file, defines)
+            module = self._cupy.cuda.function.Module()
+            with self._cupy.cuda.Device(self._device.index):
+                module.load(binary)
+            self._modules[key] = module
+        return module
+
+    def _compile(self, file: str, defines: Mapping[str, object]) -> bytes:
+        nvrtc = self._nvrtc
+        options = compile_options(self._arch, defines)
+        program = nvrtc.createProgram(kernel_source(file), file, [kernel_source(HEADER).encode()], [HEADER.encode()])
+        try:
+            try:
+                nvrtc.compileProgram(program, options)
+            except nvrtc.NVRTCError as exc:
+                raise KernelCompileError(
+                    f"gpucomm: NVRTC failed to compile kernels/cuda/{file} with {' '.join(options)}:\n"
+                    f"{nvrtc.getProgramLog(program)}"
+                ) from exc
+            if self._binary_kind == "cubin":
+                return nvrtc.getCUBIN(program)
+            # cuModuleLoadData reads PTX as a NUL-terminated string; getPTX strips the NUL.
+            return nvrtc.getPTX(program) + b"\0"
+        finally:
+            nvrtc.destroyProgram(program)
+
+
+def _target(capability: tuple[int, int], supported: Sequence[int]) -> tuple[str, str]:
+    """(arch option, binary kind) for a device: a cubin where NVRTC knows the GPU, else PTX of the
+    newest architecture it knows below it (the driver JIT-compiles PTX for newer GPUs)."""
+    cc = capability[0] * 10 + capability[1]
+    if cc in supported:
+        return f"sm_{cc}", "cubin"
+    older = [a for a in supported if a <= cc]
+    if not older:
+        raise _unsupported(f"NVRTC supports {sorted(supported)}, none at or below this device's sm_{cc}")
+    return f"compute_{max(older)}", "ptx"
+
+
+def _timeout_ns(deadline: float) -> int:
+    return min(max(0, round((deadline - time.monotonic()) * 1e9)), 2**64 - 1)
+
+
+def _missing(status: torch.Tensor, epoch: int) -> list[int]:
+    record = status.cpu().tolist()  # waits for the kernel (current stream)
+    if record[0] == 0:
+        return []
+    return [i for i, seen in enumerate(record[1:]) if seen < epoch]

@@ -1,0 +1,84 @@
+"""``get_kernels``: the kernel implementation for a name (``GPUCOMM_KERNELS``) and a device."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from gpucomm.errors import UnsupportedError
+from gpucomm.ops.contract import Kernels
+
+__all__ = ["get_kernels", "KERNEL_NAMES"]
+
+KERNEL_NAMES = ("auto", "triton", "cuda", "torch")
+
+_instances: dict[tuple[str, torch.device], Kernels] = {}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _normalise(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _resolve(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" or _interpreting() else "torch"
+    return name
+
+
+def _make(name: str, device: torch.device) -> Kernels:
+    if name == "torch":
+        from gpucomm.ops.reference import TorchKernels
+
+        return TorchKernels()
+    if name == "triton":
+        if device.type == "cpu" and not _interpreting():
+            raise UnsupportedError(
+                "gpucomm: kernels=triton on CPU tensors needs the Triton interpreter: set "
+                "TRITON_INTERPRET=1 before triton is imported, or use kernels=torch"
+            )
+        if device.type not in ("cpu", "cuda"):
+            raise UnsupportedError(f"gpucomm: kernels=triton supports CUDA devices, got {device}")
+        from gpucomm.ops.triton_ops import TritonKernels
+
+        return TritonKernels(device)
+    # name == "cuda"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise UnsupportedError(f"gpucomm: kernels=cuda needs a CUDA device, got {device} (CUDA available: "
+                               f"{torch.cuda.is_available()}); use kernels=triton or kernels=torch")
+    try:
+        module = importlib.import_module("gpucomm.ops.cuda_ops")
+    except ModuleNotFoundError as exc:
+        if exc.name != "gpucomm.ops.cuda_ops":
+            raise
+        raise UnsupportedError("gpucomm: kernels=cuda is not available in this build (no gpucomm.ops.cuda_ops)") from exc
+    return module.CudaKernels(device)
+
+
+def get_kernels(name: str, device: torch.device | str) -> Kernels:
+    """The kernels ``name`` (auto, triton, cuda, torch) for regions on ``device``, one instance per pair.
+
+    ``auto`` is triton on CUDA, and on CPU torch, or triton when ``TRITON_INTERPRET=1`` is set.
+    A name this host cannot serve raises :class:`gpucomm.errors.UnsupportedError`.
+
+    Example::
+
+        >>> get_kernels("torch", torch.device("cpu")).name
+        'torch'
+    """
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"get_kernels: name must be one of {KERNEL_NAMES}, got {name!r}")
+    device = _normalise(device)
+    name = _resolve(name, device)
+    key = (name, device)
+    if key not in _instances:
+        _instances[key] = _make(name, device)
+    return _instances[key]

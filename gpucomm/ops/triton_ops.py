@@ -1,0 +1,117 @@
+"""``TritonKernels``: the kernel contract on :class:`Region` s, launched as Triton kernels.
+
+Regions become int64 address tables on the data's device; the kernels in ``kernels/triton``
+(installed as ``gpucomm._kernels.triton``) cast them to pointers, so any region may be a peer's
+memory. On CPU tensors this runs only under the Triton interpreter (``TRITON_INTERPRET=1``
+set before triton is imported), which is how CI runs the GPU data path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from gpucomm._kernels.triton import copy as copy_kernel
+from gpucomm._kernels.triton import flags as flag_kernels
+from gpucomm._kernels.triton import reduce as reduce_kernel
+from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
+from gpucomm.ops.contract import Region
+from gpucomm.reduce_op import ReduceOp
+
+__all__ = ["TritonKernels"]
+
+# Address tables are tiny but cost a host-to-device copy; a workspace reuses the same few, so
+# they are kept (bounded: pieces of large tensors and user buffers bring new addresses).
+_TABLE_CACHE_SIZE = 1024
+
+# The wait kernel polls a bounded number of times per launch, then the host checks the clock.
+# A round should take about _ROUND_S: long enough that launches are rare, short enough that a
+# wait returns soon after its deadline. One poll costs ~1 us on a GPU and ~0.5 ms under the
+# interpreter (measured), so the budget adapts to the measured duration of each round.
+_ROUND_S = 0.02
+_MIN_SPINS = 4
+_MAX_SPINS = 1 << 20
+
+
+class TritonKernels:
+    """The kernel contract (:class:`gpucomm.ops.Kernels`) as Triton kernels on ``device``.
+
+    Example::
+
+        >>> k = TritonKernels(torch.device("cuda"))  # doctest: +SKIP
+        >>> k.reduce(Region.of(out), [Region.of(a), Region.of(b)], torch.float16, ReduceOp.SUM)  # doctest: +SKIP
+    """
+
+    name = "triton"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self._tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self._spins = _MIN_SPINS
+
+    def _table(self, addrs: Sequence[int]) -> torch.Tensor:
+        key = tuple(addrs)
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= _TABLE_CACHE_SIZE:
+                self._tables.clear()
+            table = torch.tensor(key, dtype=torch.int64, device=self.device)
+            self._tables[key] = table
+        return table
+
+    def _check_device(self, fn: str, region: Region) -> None:
+        if region.device.type != self.device.type:
+            raise ValueError(f"{fn}: region on {region.device}, expected {self.device} (this TritonKernels' device)")
+
+    def copy(self, dst: Region, src: Region) -> None:
+        check_copy(dst, src)
+        self._check_device("copy", dst)
+        elem = copy_kernel.element_bytes(dst.addr, src.addr, dst.nbytes)
+        aligned = (dst.addr | src.addr) % 16 == 0
+        copy_kernel.copy(self._table([dst.addr, src.addr]), elem, dst.nbytes, aligned)
+
+    def reduce(
+        self,
+        out: Region,
+        srcs: Sequence[Region],
+        dtype: torch.dtype,
+        op: ReduceOp,
+        divisor: int = 1,
+    ) -> None:
+        op = check_reduce(out, srcs, dtype, op, divisor)
+        self._check_device("reduce", out)
+        n = out.nbytes // torch.empty(0, dtype=dtype).element_size()
+        addrs = [out.addr, *(s.addr for s in srcs)]
+        aligned = all(a % 16 == 0 for a in addrs)
+        reduce_kernel.reduce(self._table(addrs), n, dtype, int(op), divisor, aligned)
+
+    def signal(self, flags: Sequence[Region], epoch: int) -> None:
+        check_flags("signal", flags)
+        check_epoch("signal", epoch)
+        if flags:
+            self._check_device("signal", flags[0])
+            flag_kernels.signal(self._table([f.addr for f in flags]), epoch)
+
+    def wait(self, flags: Sequence[Region], epoch: int, deadline: float) -> list[int]:
+        check_flags("wait", flags)
+        check_epoch("wait", epoch)
+        if not flags:
+            return []
+        self._check_device("wait", flags[0])
+        table = self._table([f.addr for f in flags])
+        status = torch.empty(len(flags), dtype=torch.int64, device=self.device)
+        while True:
+            start = time.monotonic()
+            flag_kernels.wait(table, status, epoch, self._spins)
+            seen = status.tolist()  # waits for the kernel
+            missing = [i for i, value in enumerate(seen) if value < epoch]
+            now = time.monotonic()
+            if not missing or now >= deadline:
+                return missing
+            # The round ran its whole budget: steer the budget towards rounds of _ROUND_S.
+            if now - start < _ROUND_S / 2:
+                self._spins = min(self._spins * 2, _MAX_SPINS)
+            elif now - start > _ROUND_S * 2:
+                self._spins = max(self._spins // 2, _MIN_SPINS)

@@ -1,0 +1,199 @@
+"""The ``cuda_ipc`` transport: every rank's workspace buffer in device memory, shared by CUDA IPC.
+
+Each rank allocates its buffer with ``cudaMalloc`` (through CuPy's runtime bindings, not torch's
+caching allocator: an IPC handle covers a whole allocation, and the caching allocator may pack
+several tensors into one), zeroes it, and publishes a JSON header (pid, PCI bus id, size), a
+newline and the 64-byte ``cudaIpcMemHandle_t``. Peers open the handle with lazy peer access.
+Several ranks may share one GPU; a process never opens its own handle (CUDA refuses that).
+
+CuPy is imported only when this transport is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from types import ModuleType
+
+import torch
+
+from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError
+from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
+
+__all__ = ["open_cuda_ipc", "cuda_ipc_available"]
+
+_NEEDS_CUPY = (
+    "gpucomm: transport cuda_ipc needs CuPy (pip install gpucomm[cuda12] or [cuda13], matching "
+    "your CUDA major version) and a CUDA device"
+)
+IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+# cudaIpcMemLazyEnablePeerAccess (driver_types.h); not every CuPy exports the name.
+_LAZY_ENABLE_PEER_ACCESS = 1
+_MAX_HEADER_BYTES = 256
+_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
+
+
+def _cupy() -> ModuleType:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise UnsupportedError(f"{_NEEDS_CUPY}; CuPy is not installed ({exc})") from exc
+    return cupy
+
+
+def cuda_ipc_available() -> tuple[bool, str]:
+    """Whether the cuda_ipc transport can run in this process, and why not when it cannot."""
+    try:
+        cupy = _cupy()
+    except UnsupportedError as exc:
+        return False, str(exc)
+    if not torch.cuda.is_available():
+        return False, f"{_NEEDS_CUPY}; torch {torch.__version__} sees no CUDA device"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        return False, f"{_NEEDS_CUPY}; the CUDA runtime reports: {exc}"
+    if count == 0:
+        return False, f"{_NEEDS_CUPY}; no CUDA device is visible"
+    return True, ""
+
+
+def _nvml_p2p_ok(bus_a: str, bus_b: str) -> bool | None:
+    """NVML's view of peer reads between two GPUs; None when NVML cannot say."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    if not hasattr(pynvml, "nvmlDeviceGetP2PStatus"):
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            a = pynvml.nvmlDeviceGetHandleByPciBusId(bus_a.encode())
+            b = pynvml.nvmlDeviceGetHandleByPciBusId(bus_b.encode())
+            status = pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_READ)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+    return status == pynvml.NVML_P2P_STATUS_OK
+
+
+def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus: str) -> None:
+    runtime = cupy.cuda.runtime
+    try:
+        peer_dev = runtime.deviceGetByPCIBusId(peer_bus)
+    except runtime.CUDARuntimeError as exc:
+        raise UnsupportedError(
+            f"gpucomm cuda_ipc: rank {peer}'s GPU {peer_bus} is not visible to this process (GPU {bus}); "
+            "check CUDA_VISIBLE_DEVICES, or use GPUCOMM_TRANSPORT=gloo"
+        ) from exc
+    if peer_dev == dev:
+        return
+    can = bool(runtime.deviceCanAccessPeer(dev, peer_dev))
+    nvml = _nvml_p2p_ok(bus, peer_bus)
+    if not can or nvml is False:
+        raise UnsupportedError(
+            f"gpucomm cuda_ipc: GPU {bus} (device {dev}) cannot access GPU {peer_bus} (device {peer_dev}, "
+            f"rank {peer}) peer to peer (cudaDeviceCanAccessPeer={int(can)}, NVML P2P read ok={nvml}); "
+            "use GPUCOMM_TRANSPORT=gloo"
+        )
+
+
+def _parse_handle(raw: bytes, peer: int, size: int) -> tuple[dict, bytes]:
+    where = f"gpucomm cuda_ipc workspace: the handle of rank {peer}"
+    head, sep, handle = raw.partition(b"\n") if isinstance(raw, bytes) else (b"", b"", b"")
+    if not sep or len(head) > _MAX_HEADER_BYTES or len(handle) != IPC_HANDLE_BYTES:
+        raise GpucommError(
+            f"{where} must be a JSON header, a newline and {IPC_HANDLE_BYTES} handle bytes; got "
+            f"{len(raw) if isinstance(raw, bytes) else type(raw).__name__} bytes: {raw[:80]!r}"
+        )
+    try:
+        header = json.loads(head.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise GpucommError(f"{where} has a header that is not ASCII JSON: {head[:80]!r}") from exc
+    if (
+        not isinstance(header, dict)
+        or set(header) != {"pid", "bus_id", "size"}
+        or not isinstance(header["pid"], int)
+        or not isinstance(header["bus_id"], str)
+        or _BUS_ID.fullmatch(header["bus_id"]) is None
+    ):
+        raise GpucommError(f"{where} has a malformed header {head[:120]!r}")
+    if isinstance(header["size"], bool) or header["size"] != size:
+        raise CommMismatchError(
+            f"{where} has a buffer of {header['size']!r} bytes, expected {size}: ranks passed different "
+            "data_bytes or flag_count to open_workspace"
+        )
+    return header, handle
+
+
+def _view(cupy: ModuleType, ptr: int, size: int, dev: int, device: torch.device) -> torch.Tensor:
+    # A zero-copy uint8 tensor over device memory torch did not allocate (via
+    # __cuda_array_interface__); the tensor does not own the memory.
+    memory = cupy.cuda.UnownedMemory(ptr, size, None, dev)
+    array = cupy.ndarray((size,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
+    return torch.as_tensor(array, device=device)
+
+
+class _Buffers:
+    """This rank's cudaMalloc'd buffer and the peers' opened IPC pointers."""
+
+    def __init__(self, cupy: ModuleType, dev: int) -> None:
+        self.cupy = cupy
+        self.dev = dev
+        self.own: int | None = None
+        self.peers: list[int] = []
+
+    def release(self) -> None:
+        runtime = self.cupy.cuda.runtime
+        with self.cupy.cuda.Device(self.dev):
+            # Kernels still reading peers must finish before their mappings go away.
+            runtime.deviceSynchronize()
+            peers, self.peers = self.peers, []
+            for ptr in peers:
+                runtime.ipcCloseMemHandle(ptr)
+            own, self.own = self.own, None
+            if own is not None:
+                runtime.free(own)
+
+
+def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device) -> Workspace:
+    """Allocate, publish and open the cuda_ipc workspace (see the module docstring)."""
+    if device.type != "cuda":
+        raise ValueError(f"open_workspace: the cuda_ipc transport needs a cuda device, got {device}")
+    ok, reason = cuda_ipc_available()
+    if not ok:
+        raise UnsupportedError(reason)
+    cupy = _cupy()
+    runtime = cupy.cuda.runtime
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    device = torch.device("cuda", dev)
+    rank, world_size = handshake.rank, handshake.world_size
+    _, size = buffer_layout(data_bytes, flag_count)
+    buffers = _Buffers(cupy, dev)
+    bases: list[int] = [0] * world_size
+    try:
+        with cupy.cuda.Device(dev):
+            bus = runtime.deviceGetPCIBusId(dev)
+            buffers.own = bases[rank] = runtime.malloc(size)
+            runtime.memset(bases[rank], 0, size)  # every flag starts at 0
+            runtime.deviceSynchronize()  # zeroed before any peer can see the handle
+            handle = bytes(runtime.ipcGetMemHandle(bases[rank]))
+        header = json.dumps({"pid": os.getpid(), "bus_id": bus, "size": size}).encode("ascii")
+        raws = handshake.exchange(header + b"\n" + handle)
+        parsed = {peer: _parse_handle(raw, peer, size) for peer, raw in enumerate(raws) if peer != rank}
+        with cupy.cuda.Device(dev):
+            for peer, (peer_header, _) in parsed.items():
+                _check_peer_access(cupy, dev, bus, peer, peer_header["bus_id"])
+            for peer, (_, peer_handle) in parsed.items():
+                bases[peer] = runtime.ipcOpenMemHandle(peer_handle, _LAZY_ENABLE_PEER_ACCESS)
+                buffers.peers.append(bases[peer])
+        views = [_view(cupy, base, size, dev, device) for base in bases]
+        handshake.opened()
+    except BaseException:
+        views = []
+        buffers.release()
+        raise
+    return Workspace("cuda_ipc", rank, world_size, device, data_bytes, flag_count, bases, views, buffers.release)

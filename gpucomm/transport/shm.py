@@ -1,0 +1,190 @@
+"""The ``shm`` transport: every rank's workspace buffer in POSIX shared memory (/dev/shm).
+
+Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid>_<random>_r<rank>`` (mode 0600), maps it,
+and publishes ``{"name": ..., "size": ...}`` as JSON. Peers accept a name only if it matches
+exactly the pattern expected for that rank under this prefix and the file is a regular file
+owned by this user with no group/other permissions; nothing from the store is unpickled.
+
+Once every rank has mapped every peer (the "opened" barrier) each rank unlinks its own name:
+the mappings keep the memory alive, and nothing is left in /dev/shm even if a process is later
+SIGKILLed. A process killed inside the handshake window leaves its segment; the next open under
+the same prefix removes segments whose creating process is dead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+import secrets
+import stat
+
+import torch
+
+from gpucomm.errors import CommMismatchError, GpucommError
+from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
+
+__all__ = ["open_shm", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+# A well-formed handle is ~80 bytes; anything much longer is not one of ours.
+_MAX_HANDLE_BYTES = 256
+
+
+def _prefix_token(prefix: str) -> str:
+    return hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:16]
+
+
+def _name_pattern(token: str, rank: int) -> re.Pattern[str]:
+    # pid in hex (<= 8 digits on Linux, pid_max <= 2**22) and 64 random bits: the random part
+    # keeps two jobs that happen to use the same prefix on one host apart.
+    return re.compile(rf"gpucomm_{token}_([0-9a-f]{{1,8}})_[0-9a-f]{{16}}_r{rank}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, belongs to someone else
+        return True
+    return True
+
+
+def _reap_stale(token: str) -> None:
+    """Unlink this user's segments under this prefix whose creating process is dead."""
+    stale = re.compile(rf"gpucomm_{token}_([0-9a-f]{{1,8}})_[0-9a-f]{{16}}_r[0-9]+")
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return
+    for name in names:
+        match = stale.fullmatch(name)
+        if match is None or _pid_alive(int(match.group(1), 16)):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.lstat(path).st_uid == os.getuid():
+                os.unlink(path)
+        except FileNotFoundError:  # another rank reaped it first
+            pass
+
+
+def _map(fd: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
+    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return mm, torch.frombuffer(mm, dtype=torch.uint8)
+
+
+def _parse_handle(raw: bytes, peer: int, token: str, size: int) -> str:
+    """The segment name in peer's published handle, after checking it is exactly what we expect."""
+    where = f"gpucomm shm workspace: the handle of rank {peer}"
+    if not isinstance(raw, bytes) or len(raw) > _MAX_HANDLE_BYTES:
+        raise GpucommError(f"{where} is not a handle (expected <= {_MAX_HANDLE_BYTES} bytes of JSON, got {len(raw)})")
+    try:
+        handle = json.loads(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise GpucommError(f"{where} is not ASCII JSON: {raw[:80]!r}") from exc
+    if not isinstance(handle, dict) or set(handle) != {"name", "size"}:
+        raise GpucommError(f"{where} must be a JSON object with keys name and size, got {raw[:80]!r}")
+    name, peer_size = handle["name"], handle["size"]
+    pattern = _name_pattern(token, peer)
+    if not isinstance(name, str) or pattern.fullmatch(name) is None:
+        raise GpucommError(f"{where} names segment {name!r}, expected one matching {pattern.pattern!r}")
+    if isinstance(peer_size, bool) or peer_size != size:
+        raise CommMismatchError(
+            f"{where} has a buffer of {peer_size!r} bytes, expected {size}: ranks passed different "
+            "data_bytes or flag_count to open_workspace"
+        )
+    return name
+
+
+def _open_peer(name: str, peer: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
+    path = os.path.join(SHM_DIR, name)
+    try:
+        # O_NOFOLLOW: a symlink planted under a valid name is refused, not followed.
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise GpucommError(f"gpucomm shm workspace: cannot open segment {path} of rank {peer}: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            problem = "is not a regular file"
+        elif st.st_uid != os.getuid():
+            problem = f"is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"
+        elif st.st_mode & 0o077:
+            problem = f"has mode {stat.S_IMODE(st.st_mode):o}, expected 600"
+        elif st.st_size != size:
+            problem = f"holds {st.st_size} bytes, expected {size}"
+        if problem:
+            raise GpucommError(f"gpucomm shm workspace: segment {path} of rank {peer} {problem}")
+        return _map(fd, size)
+    finally:
+        os.close(fd)
+
+
+class _Segments:
+    """The mappings of one shm workspace, and its own segment's name until it is unlinked."""
+
+    def __init__(self) -> None:
+        self.maps: list[mmap.mmap] = []
+        self.own_path: str | None = None
+
+    def unlink_own(self) -> None:
+        path, self.own_path = self.own_path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # a peer's reaper may have judged us dead (pid namespaces)
+                pass
+
+    def release(self) -> None:
+        self.unlink_own()
+        maps, self.maps = self.maps, []
+        for mm in maps:
+            try:
+                mm.close()
+            except BufferError:
+                # Someone still holds a Region's tensor: the mapping stays valid for it and is
+                # unmapped when the last view is garbage-collected.
+                pass
+
+
+def open_shm(handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device) -> Workspace:
+    """Create, publish and map the shm workspace (see the module docstring)."""
+    if device.type != "cpu":
+        raise ValueError(f"open_workspace: the shm transport needs device cpu, got {device}")
+    rank, world_size = handshake.rank, handshake.world_size
+    _, size = buffer_layout(data_bytes, flag_count)
+    token = _prefix_token(handshake.prefix)
+    _reap_stale(token)
+    name = f"gpucomm_{token}_{os.getpid():x}_{secrets.token_hex(8)}_r{rank}"
+    segments = _Segments()
+    views: list[torch.Tensor | None] = [None] * world_size
+    try:
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        segments.own_path = path
+        try:
+            os.fchmod(fd, 0o600)  # the umask can only narrow the mode; make it exact
+            os.ftruncate(fd, size)  # a fresh file reads as zeros: every flag starts at 0
+            mm, views[rank] = _map(fd, size)
+            segments.maps.append(mm)
+        finally:
+            os.close(fd)
+        handles = handshake.exchange(json.dumps({"name": name, "size": size}).encode("ascii"))
+        names = [_parse_handle(raw, peer, token, size) if peer != rank else name for peer, raw in enumerate(handles)]
+        for peer, peer_name in enumerate(names):
+            if peer != rank:
+                mm, views[peer] = _open_peer(peer_name, peer, size)
+                segments.maps.append(mm)
+        handshake.opened()
+        segments.unlink_own()
+    except BaseException:
+        views = []
+        segments.release()
+        raise
+    bases = [view.data_ptr() for view in views]
+    return Workspace("shm", rank, world_size, device, data_bytes, flag_count, bases, views, segments.release)

@@ -1,0 +1,231 @@
+"""The symmetric workspace: one buffer per rank, every peer's buffer mapped into every rank.
+
+Each rank's buffer is a flag area (``flag_count`` int64 epoch counters, padded to 4096 bytes)
+followed by a data area (``data_bytes``, 256-byte aligned). A transport (``shm``, ``cuda_ipc``)
+allocates the local buffer and maps the peers' buffers; :class:`Workspace` only hands out
+:class:`~gpucomm.ops.contract.Region` views of them, so kernels never know which transport is
+underneath.
+
+The handshake runs over a ``torch.distributed.Store``, every key under ``prefix``: each rank sets
+``{prefix}ws/{rank}`` to its handle, waits for every peer's handle, opens them, sets
+``{prefix}ws_opened/{rank}`` and waits for everyone's. The prefix must be unique per open (per
+group and generation): a reused prefix would read the handles of an earlier open.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gpucomm.errors import CommTimeoutError, GpucommError
+from gpucomm.ops.contract import Region
+
+__all__ = ["Workspace", "open_workspace", "FLAG_AREA_ALIGN", "DATA_ALIGN", "buffer_layout"]
+
+# The flag area fills whole pages so that the data area starts page-aligned (and 256-B aligned
+# for vectorised kernels) whatever the flag count.
+FLAG_AREA_ALIGN = 4096
+DATA_ALIGN = 256
+FLAG_BYTES = 8  # one int64 epoch counter
+
+
+def _round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def buffer_layout(data_bytes: int, flag_count: int) -> tuple[int, int]:
+    """``(data_offset, total_bytes)`` of one rank's buffer."""
+    data_offset = _round_up(flag_count * FLAG_BYTES, FLAG_AREA_ALIGN)
+    return data_offset, data_offset + _round_up(data_bytes, DATA_ALIGN)
+
+
+class Workspace:
+    """Every rank's buffer, addressable from this process.
+
+    ``bases[p]`` is the address of rank p's buffer in this process and ``views[p]`` a uint8
+    tensor over the same bytes (on ``device``). ``release`` frees the transport's mappings and
+    memory; :meth:`close` calls it once. Regions handed out must not be used after ``close``.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        data_bytes: int,
+        flag_count: int,
+        bases: Sequence[int],
+        views: Sequence[torch.Tensor],
+        release: Callable[[], None],
+    ) -> None:
+        self.kind = kind
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.data_bytes = data_bytes
+        self.flag_count = flag_count
+        self._data_offset, self._total_bytes = buffer_layout(data_bytes, flag_count)
+        self._bases = list(bases)
+        self._views = list(views)
+        self._release: Callable[[], None] | None = release
+
+    @property
+    def closed(self) -> bool:
+        return self._release is None
+
+    def _peer(self, fn: str, peer: int) -> None:
+        if self._release is None:
+            raise GpucommError(f"Workspace.{fn}: the {self.kind} workspace is closed")
+        if isinstance(peer, bool) or not isinstance(peer, int):
+            raise TypeError(f"Workspace.{fn}: peer must be an int, got {type(peer).__name__}")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"Workspace.{fn}: peer must be in [0, {self.world_size}), got {peer}")
+
+    def _region(self, peer: int, offset: int, nbytes: int) -> Region:
+        return Region(self._bases[peer] + offset, nbytes, self._views[peer][offset : offset + nbytes])
+
+    def data(self, peer: int, offset: int = 0, nbytes: int | None = None) -> Region:
+        """``nbytes`` bytes (default: to the end) of ``peer``'s data area from ``offset``."""
+        self._peer("data", peer)
+        if nbytes is None:
+            nbytes = self.data_bytes - offset
+        _check_range("Workspace.data", "offset", offset, "nbytes", nbytes, self.data_bytes, "bytes")
+        return self._region(peer, self._data_offset + offset, nbytes)
+
+    def flags(self, peer: int, start: int = 0, count: int | None = None) -> Region:
+        """``count`` int64 flags (default: to the end) of ``peer``'s flag area from ``start``."""
+        self._peer("flags", peer)
+        if count is None:
+            count = self.flag_count - start
+        _check_range("Workspace.flags", "start", start, "count", count, self.flag_count, "flags")
+        return self._region(peer, start * FLAG_BYTES, count * FLAG_BYTES)
+
+    def flag(self, peer: int, index: int) -> Region:
+        """Flag ``index`` (8 bytes) of ``peer``."""
+        self._peer("flag", peer)
+        _check_range("Workspace.flag", "index", index, "count", 1, self.flag_count, "flags")
+        return self._region(peer, index * FLAG_BYTES, FLAG_BYTES)
+
+    def close(self) -> None:
+        """Drop every view, then unmap the peers and free this rank's buffer. Idempotent."""
+        release, self._release = self._release, None
+        if release is None:
+            return
+        self._views = []
+        self._bases = []
+        release()
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"Workspace(kind={self.kind!r}, rank={self.rank}, world_size={self.world_size}, "
+            f"device={self.device}, data_bytes={self.data_bytes}, flag_count={self.flag_count}, {state})"
+        )
+
+
+def _check_range(fn: str, start_name: str, start: int, count_name: str, count: int, limit: int, unit: str) -> None:
+    for name, value in ((start_name, start), (count_name, count)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
+    if start < 0 or count < 0 or start + count > limit:
+        raise ValueError(
+            f"{fn}: [{start_name}, {start_name} + {count_name}) = [{start}, {start + count}) is outside "
+            f"the {limit} {unit} of a rank's area"
+        )
+
+
+class Handshake:
+    """The store protocol of one workspace open: publish, gather, barrier under one deadline."""
+
+    def __init__(self, store: torch.distributed.Store, prefix: str, rank: int, world_size: int, timeout: float):
+        self.store = store
+        self.prefix = prefix
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+
+    def _wait(self, stage: str) -> None:
+        keys = [f"{self.prefix}{stage}/{r}" for r in range(self.world_size)]
+        remaining = max(self.deadline - time.monotonic(), 0.001)
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=remaining))
+        except RuntimeError as exc:  # torch raises DistStoreError or a plain RuntimeError on expiry
+            missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
+            if not missing:
+                raise
+            raise CommTimeoutError(
+                op="workspace open", epoch=None, rank=self.rank, missing=missing, timeout=self.timeout,
+                detail=f"no '{stage}' key from them under prefix {self.prefix!r}",
+            ) from exc
+
+    def exchange(self, handle: bytes) -> list[bytes]:
+        """Publish this rank's handle; return every rank's (own included) once all are there."""
+        self.store.set(f"{self.prefix}ws/{self.rank}", handle)
+        self._wait("ws")
+        return [self.store.get(f"{self.prefix}ws/{r}") for r in range(self.world_size)]
+
+    def opened(self) -> None:
+        """Barrier: return once every rank has opened every peer."""
+        self.store.set(f"{self.prefix}ws_opened/{self.rank}", b"1")
+        self._wait("ws_opened")
+
+
+def open_workspace(
+    kind: str,
+    *,
+    store: torch.distributed.Store,
+    prefix: str,
+    rank: int,
+    world_size: int,
+    data_bytes: int,
+    flag_count: int,
+    device: torch.device,
+    timeout: float,
+) -> Workspace:
+    """Open the symmetric workspace of ``kind`` ("shm" or "cuda_ipc") on every rank.
+
+    All ranks must call this simultaneously with the same ``prefix``, ``world_size``,
+    ``data_bytes`` and ``flag_count``; the prefix must not have been used by an earlier open.
+    Flags are all zero when it returns.
+
+    Raises:
+        CommTimeoutError: a peer did not publish its handle (or did not open) within ``timeout``.
+        UnsupportedError: the transport cannot run here (no CuPy, GPUs without peer access).
+        GpucommError: a peer published a malformed or mismatched handle.
+    """
+    for name, value in (("rank", rank), ("world_size", world_size), ("data_bytes", data_bytes), ("flag_count", flag_count)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"open_workspace: {name} must be an int, got {type(value).__name__}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"open_workspace: need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+    if data_bytes < 0 or flag_count < 0 or data_bytes + flag_count == 0:
+        raise ValueError(
+            f"open_workspace: need data_bytes >= 0 and flag_count >= 0, not both 0; got "
+            f"data_bytes={data_bytes} flag_count={flag_count}"
+        )
+    if not isinstance(prefix, str):
+        raise TypeError(f"open_workspace: prefix must be a str, got {type(prefix).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"open_workspace: timeout must be > 0 seconds, got {timeout!r}")
+    device = torch.device(device)
+    handshake = Handshake(store, prefix, rank, world_size, float(timeout))
+    if kind == "shm":
+        from gpucomm.transport.shm import open_shm
+
+        return open_shm(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device)
+    if kind == "cuda_ipc":
+        from gpucomm.transport.cuda_ipc import open_cuda_ipc
+
+        return open_cuda_ipc(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device)
+    raise ValueError(f"open_workspace: kind must be 'shm' or 'cuda_ipc', got {kind!r}")
