@@ -316,24 +316,26 @@ class Communicator:
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst``; matched by a ``recv`` with the same tag on ``dst``."""
-        work = self.isend(tensor, dst, tag)
-        work.wait()
+        self._p2p("send", tensor, dst, tag).wait()
 
     def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (any rank if None); returns the sender's rank."""
-        work = self.irecv(tensor, src, tag)
+        work = self._p2p("recv", tensor, src, tag)
         work.wait()
         return work.source if work.source is not None else src  # type: ignore[return-value]
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
-        fn = "isend"
-        self._check_p2p(fn, tensor, dst, "dst", tag)
-        return self._run(fn, tensor, True, lambda p: p.send(tensor, dst, tag), peer=dst, tag=tag)  # type: ignore[return-value]
+        return self._p2p("isend", tensor, dst, tag)
 
     def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> Work:
-        fn = "irecv"
-        self._check_p2p(fn, tensor, src, "src", tag)
-        return self._run(fn, tensor, True, lambda p: p.recv(tensor, src, tag), peer=src, tag=tag)  # type: ignore[return-value]
+        return self._p2p("irecv", tensor, src, tag)
+
+    def _p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, tag: int) -> Work:
+        sending = fn.endswith("send")
+        self._check_p2p(fn, tensor, peer, "dst" if sending else "src", tag)
+        if sending:
+            return self._run(fn, tensor, True, lambda p: p.send(tensor, peer, tag), peer=peer, tag=tag)  # type: ignore[return-value]
+        return self._run(fn, tensor, True, lambda p: p.recv(tensor, peer, tag), peer=peer, tag=tag)  # type: ignore[return-value]
 
     def _check_p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, name: str, tag: int) -> None:
         self._check_usable(fn)
