@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from gpucomm.errors import KernelCompileError, UnsupportedError
-from gpucomm.ops.contract import FLAG_DTYPE, SUPPORTED_DTYPES, Region
-from gpucomm.reduce_op import ReduceOp, as_reduce_op
+from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
+from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.reduce_op import ReduceOp
 
 __all__ = [
     "CudaKernels",
@@ -164,9 +165,8 @@ class CudaKernels:
 
     def copy(self, dst: Region, src: Region) -> None:
         """Copy ``src.nbytes`` bytes from src to dst (not overlapping); either may be a peer."""
-        self._check_regions("copy", [dst, src])
-        if dst.nbytes != src.nbytes:
-            raise ValueError(f"CudaKernels.copy: dst has {dst.nbytes} bytes, src has {src.nbytes}; they must be equal")
+        check_copy(dst, src)
+        self._check_cuda("copy", [dst, src])
         if dst.nbytes == 0:
             return
         blocks = self._blocks(-(-dst.nbytes // 16))
@@ -246,9 +246,9 @@ class CudaKernels:
         self._launch("oneshot_allreduce.cu", reduce_kernel_name(dtype, op, fused=True), blocks, args)
         return _missing(status, epoch)
 
-    # -- checks --------------------------------------------------------------------------------
+    # -- checks (shared ones in gpucomm.ops._validate, plus: the memory must be CUDA's) --------
 
-    def _check_regions(self, fn: str, regions: Sequence[Region]) -> None:
+    def _check_cuda(self, fn: str, regions: Sequence[Region]) -> None:
         for region in regions:
             if region.device.type != "cuda":
                 raise ValueError(f"CudaKernels.{fn}: expected regions of CUDA memory, got one on {region.device}")
@@ -256,36 +256,15 @@ class CudaKernels:
     def _check_reduce(
         self, fn: str, out: Region, srcs: Sequence[Region], dtype: torch.dtype, op: object, divisor: int
     ) -> tuple[ReduceOp, int]:
-        if dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"CudaKernels.{fn}: dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
-        op = as_reduce_op(op, f"CudaKernels.{fn}")
-        if not srcs:
-            raise ValueError(f"CudaKernels.{fn}: expected at least one source, got none")
-        if not isinstance(divisor, int) or divisor < 1:
-            raise ValueError(f"CudaKernels.{fn}: divisor must be an int >= 1, got {divisor!r}")
-        self._check_regions(fn, [out, *srcs])
-        size = torch.empty((), dtype=dtype).element_size()
-        for name, region in [("out", out), *((f"srcs[{i}]", s) for i, s in enumerate(srcs))]:
-            if region.nbytes != out.nbytes:
-                raise ValueError(f"CudaKernels.{fn}: {name} has {region.nbytes} bytes, out has {out.nbytes}")
-            if region.addr % size or region.nbytes % size:
-                raise ValueError(
-                    f"CudaKernels.{fn}: {name} (address {region.addr:#x}, {region.nbytes} bytes) is not a whole, "
-                    f"aligned array of {dtype} ({size}-byte elements)"
-                )
-        return op, out.nbytes // size
+        """Checked op and the element count."""
+        op = check_reduce(out, srcs, dtype, op, divisor)
+        self._check_cuda(fn, [out, *srcs])
+        return op, out.nbytes // torch.empty(0, dtype=dtype).element_size()
 
     def _check_flags(self, fn: str, flags: Sequence[Region], epoch: int) -> None:
-        if not isinstance(epoch, int) or not 0 <= epoch < 2**63:
-            raise ValueError(f"CudaKernels.{fn}: epoch must be an int in [0, 2**63), got {epoch!r}")
-        self._check_regions(fn, flags)
-        size = torch.empty((), dtype=FLAG_DTYPE).element_size()
-        for i, flag in enumerate(flags):
-            if flag.nbytes != size or flag.addr % size:
-                raise ValueError(
-                    f"CudaKernels.{fn}: flags[{i}] must be one aligned {FLAG_DTYPE} ({size} bytes), "
-                    f"got {flag.nbytes} bytes at {flag.addr:#x}"
-                )
+        check_flags(fn, flags)
+        check_epoch(fn, epoch)
+        self._check_cuda(fn, flags)
 
     # -- launching -----------------------------------------------------------------------------
 

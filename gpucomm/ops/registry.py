@@ -23,6 +23,8 @@ def _interpreting() -> bool:
 
 def _normalise(device: torch.device | str) -> torch.device:
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedError(f"gpucomm: kernels for {device} need CUDA, which this torch cannot use")
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
@@ -52,14 +54,18 @@ def _make(name: str, device: torch.device) -> Kernels:
         return TritonKernels(device)
     # name == "cuda"
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise UnsupportedError(f"gpucomm: kernels=cuda needs a CUDA device, got {device} (CUDA available: "
-                               f"{torch.cuda.is_available()}); use kernels=triton or kernels=torch")
+        raise UnsupportedError(
+            f"gpucomm: kernels=cuda needs a CUDA device, got {device} (CUDA available: "
+            f"{torch.cuda.is_available()}); use kernels=triton or kernels=torch"
+        )
     try:
         module = importlib.import_module("gpucomm.ops.cuda_ops")
     except ModuleNotFoundError as exc:
         if exc.name != "gpucomm.ops.cuda_ops":
             raise
-        raise UnsupportedError("gpucomm: kernels=cuda is not available in this build (no gpucomm.ops.cuda_ops)") from exc
+        raise UnsupportedError(
+            "gpucomm: kernels=cuda is not available in this build (no gpucomm.ops.cuda_ops)"
+        ) from exc
     return module.CudaKernels(device)
 
 

@@ -5,6 +5,8 @@ caching allocator: an IPC handle covers a whole allocation, and the caching allo
 several tensors into one), zeroes it, and publishes a JSON header (pid, PCI bus id, size), a
 newline and the 64-byte ``cudaIpcMemHandle_t``. Peers open the handle with lazy peer access.
 Several ranks may share one GPU; a process never opens its own handle (CUDA refuses that).
+``close()`` is collective: every rank unmaps its peers, then waits at a store barrier before
+freeing its own buffer, so that no peer still maps memory that is freed.
 
 CuPy is imported only when this transport is used.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from types import ModuleType
 
 import torch
@@ -140,11 +143,13 @@ def _view(cupy: ModuleType, ptr: int, size: int, dev: int, device: torch.device)
 class _Buffers:
     """This rank's cudaMalloc'd buffer and the peers' opened IPC pointers."""
 
-    def __init__(self, cupy: ModuleType, dev: int) -> None:
+    def __init__(self, cupy: ModuleType, dev: int, handshake: Handshake) -> None:
         self.cupy = cupy
         self.dev = dev
+        self.handshake = handshake
         self.own: int | None = None
         self.peers: list[int] = []
+        self.opened = False  # every peer mapped our buffer: they must unmap it before we free it
 
     def release(self) -> None:
         runtime = self.cupy.cuda.runtime
@@ -154,6 +159,18 @@ class _Buffers:
             peers, self.peers = self.peers, []
             for ptr in peers:
                 runtime.ipcCloseMemHandle(ptr)
+            if self.opened and self.handshake.world_size > 1:
+                self.opened = False
+                try:
+                    # Freeing memory a peer still maps is undefined behaviour for CUDA IPC.
+                    self.handshake.closed()
+                except RuntimeError as exc:  # CommTimeoutError, or the store is already gone
+                    warnings.warn(
+                        f"gpucomm cuda_ipc: rank {self.handshake.rank} could not confirm that every peer "
+                        f"unmapped its workspace ({exc}); freeing it anyway",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
             own, self.own = self.own, None
             if own is not None:
                 runtime.free(own)
@@ -172,7 +189,7 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
     device = torch.device("cuda", dev)
     rank, world_size = handshake.rank, handshake.world_size
     _, size = buffer_layout(data_bytes, flag_count)
-    buffers = _Buffers(cupy, dev)
+    buffers = _Buffers(cupy, dev, handshake)
     bases: list[int] = [0] * world_size
     try:
         with cupy.cuda.Device(dev):
@@ -192,6 +209,7 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
                 buffers.peers.append(bases[peer])
         views = [_view(cupy, base, size, dev, device) for base in bases]
         handshake.opened()
+        buffers.opened = True
     except BaseException:
         views = []
         buffers.release()

@@ -8,7 +8,8 @@ underneath.
 
 The handshake runs over a ``torch.distributed.Store``, every key under ``prefix``: each rank sets
 ``{prefix}ws/{rank}`` to its handle, waits for every peer's handle, opens them, sets
-``{prefix}ws_opened/{rank}`` and waits for everyone's. The prefix must be unique per open (per
+``{prefix}ws_opened/{rank}`` and waits for everyone's (``cuda_ipc`` adds a ``ws_closed`` barrier
+at close). The prefix must be unique per open (per
 group and generation): a reused prefix would read the handles of an earlier open.
 """
 
@@ -111,7 +112,11 @@ class Workspace:
         return self._region(peer, index * FLAG_BYTES, FLAG_BYTES)
 
     def close(self) -> None:
-        """Drop every view, then unmap the peers and free this rank's buffer. Idempotent."""
+        """Drop every view, then unmap the peers and free this rank's buffer. Idempotent.
+
+        For ``cuda_ipc`` this is collective (all ranks must call it): a rank frees its buffer only
+        after every peer has unmapped it, or after ``timeout`` with a warning.
+        """
         release, self._release = self._release, None
         if release is None:
             return
@@ -155,9 +160,9 @@ class Handshake:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
 
-    def _wait(self, stage: str) -> None:
+    def _wait(self, op: str, stage: str, deadline: float) -> None:
         keys = [f"{self.prefix}{stage}/{r}" for r in range(self.world_size)]
-        remaining = max(self.deadline - time.monotonic(), 0.001)
+        remaining = max(deadline - time.monotonic(), 0.001)
         try:
             self.store.wait(keys, datetime.timedelta(seconds=remaining))
         except RuntimeError as exc:  # torch raises DistStoreError or a plain RuntimeError on expiry
@@ -165,20 +170,25 @@ class Handshake:
             if not missing:
                 raise
             raise CommTimeoutError(
-                op="workspace open", epoch=None, rank=self.rank, missing=missing, timeout=self.timeout,
+                op=op, epoch=None, rank=self.rank, missing=missing, timeout=self.timeout,
                 detail=f"no '{stage}' key from them under prefix {self.prefix!r}",
             ) from exc
 
     def exchange(self, handle: bytes) -> list[bytes]:
         """Publish this rank's handle; return every rank's (own included) once all are there."""
         self.store.set(f"{self.prefix}ws/{self.rank}", handle)
-        self._wait("ws")
+        self._wait("workspace open", "ws", self.deadline)
         return [self.store.get(f"{self.prefix}ws/{r}") for r in range(self.world_size)]
 
     def opened(self) -> None:
         """Barrier: return once every rank has opened every peer."""
         self.store.set(f"{self.prefix}ws_opened/{self.rank}", b"1")
-        self._wait("ws_opened")
+        self._wait("workspace open", "ws_opened", self.deadline)
+
+    def closed(self) -> None:
+        """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers."""
+        self.store.set(f"{self.prefix}ws_closed/{self.rank}", b"1")
+        self._wait("workspace close", "ws_closed", time.monotonic() + self.timeout)
 
 
 def open_workspace(

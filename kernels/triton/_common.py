@@ -1,0 +1,71 @@
+"""Shared @triton.jit helpers: pointers from raw addresses, loads into the accumulation type,
+stores with one rounding.
+
+bf16 is handled as raw 16-bit patterns with integer arithmetic. The Triton interpreter converts
+fp32 to bf16 by truncation while torch and the GPU round to nearest even, so converting with
+explicit bit operations is the only way to get the same bits on every backend.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def as_pointer(addr, T: tl.constexpr, ALIGNED: tl.constexpr):
+    """A pointer to ``T`` at the integer address ``addr``.
+
+    An address read from a table carries no alignment information, so the compiler would emit
+    scalar loads; ALIGNED (every address of the launch is a multiple of 16 bytes, checked by the
+    launcher) lets it use 16-byte vector loads and stores.
+    """
+    ptr = addr.to(tl.pointer_type(T))
+    if ALIGNED:
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr
+
+
+@triton.jit
+def bf16_bits_to_f32(bits):
+    """Widen bf16 bit patterns (uint16) to fp32 exactly: bf16 is the top half of an fp32."""
+    return (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def f32_to_bf16_bits(x):
+    """Round fp32 to bf16 (nearest, ties to even) and return the uint16 bit patterns."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    # The carry of the rounding could turn a NaN payload into an infinity; keep NaN a quiet NaN.
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return tl.where(is_nan, (bits >> 16) | 0x0040, rounded).to(tl.uint16)
+
+
+@triton.jit
+def load_acc(addr, offs, mask, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Load ``DTYPE`` elements ``offs`` of the region at integer ``addr`` in the accumulation type.
+
+    16-bit floats widen to fp32 (exact); every other type accumulates in itself.
+    """
+    if DTYPE == tl.bfloat16:
+        ptr = as_pointer(addr, tl.uint16, ALIGNED)
+        return bf16_bits_to_f32(tl.load(ptr + offs, mask=mask))
+    elif DTYPE == tl.float16:
+        ptr = as_pointer(addr, tl.float16, ALIGNED)
+        return tl.load(ptr + offs, mask=mask).to(tl.float32)
+    else:
+        ptr = as_pointer(addr, DTYPE, ALIGNED)
+        return tl.load(ptr + offs, mask=mask)
+
+
+@triton.jit
+def store_rounded(addr, offs, acc, mask, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Store accumulation-type values as ``DTYPE``, rounding once to nearest even."""
+    if DTYPE == tl.bfloat16:
+        ptr = as_pointer(addr, tl.uint16, ALIGNED)
+        tl.store(ptr + offs, f32_to_bf16_bits(acc), mask=mask)
+    elif DTYPE == tl.float16:
+        ptr = as_pointer(addr, tl.float16, ALIGNED)
+        tl.store(ptr + offs, acc.to(tl.float16, fp_downcast_rounding="rtne"), mask=mask)
+    else:
+        ptr = as_pointer(addr, DTYPE, ALIGNED)
+        tl.store(ptr + offs, acc, mask=mask)

@@ -1,0 +1,231 @@
+"""CudaKernels on a GPU: bit for bit the results of TorchKernels (on CPU, the oracle) and of
+TritonKernels, for every op × dtype at odd sizes and unaligned offsets; copy at every alignment;
+signal/wait and the fused one-shot all-reduce, including timeouts.
+
+Skipped without CUDA or without CuPy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.reference import TorchKernels
+from gpucomm.reduce_op import ReduceOp
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+SIZES = (1, 7, 4099)
+KS = (1, 3, 5)
+DIVISOR = 3  # AVG: 1/3 is inexact in binary, so the division's rounding is exercised
+GUARD = 5  # poisoned elements after every region
+
+
+@pytest.fixture(scope="module")
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(scope="module")
+def cuda_kernels(device: torch.device):
+    pytest.importorskip("cupy", reason="CudaKernels needs CuPy")
+    from gpucomm.ops.cuda_ops import CudaKernels
+
+    return CudaKernels(device)
+
+
+@pytest.fixture(scope="module")
+def triton_kernels(device: torch.device):
+    from gpucomm.ops.triton_ops import TritonKernels
+
+    return TritonKernels(device)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")  # shown by pytest on failure
+    return torch.Generator().manual_seed(seed)
+
+
+def _poison(dtype: torch.dtype) -> float | int:
+    return float("nan") if dtype.is_floating_point else -0x5A5A5A5A
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Integer view of the elements, NaNs made canonical (their payloads may differ)."""
+    t = t.cpu()
+    if t.is_floating_point():
+        t = torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    differ = (_bits(got) != _bits(want)).nonzero().flatten()
+    if differ.numel():
+        i = int(differ[0])
+        raise AssertionError(f"{what}: {differ.numel()} element(s) differ, first at {i}: {got[i].item()!r} vs {want[i].item()!r}")
+
+
+def _inputs(dtype: torch.dtype, op: ReduceOp, sizes: list[int], gen: torch.Generator, special: str) -> list[torch.Tensor]:
+    """Random CPU buffers: floats of magnitude [0.5, 2) with random signs (no zeros: the sign MIN/MAX
+    picks between -0 and +0 is unspecified), scaled into the subnormals or holed with NaNs on
+    request; integers small enough that products stay exact, large enough that sums are not."""
+    bufs = []
+    for i, size in enumerate(sizes):
+        if dtype.is_floating_point:
+            mag = torch.rand(size, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+            sign = torch.randint(0, 2, (size,), generator=gen) * 2 - 1
+            values = mag * sign
+            if special == "subnormal":
+                values = values * torch.finfo(dtype).tiny / 4
+            buf = values.to(dtype)
+            if special == "nan" and i == 1:
+                buf[torch.rand(size, generator=gen) < 0.3] = float("nan")
+        else:
+            bound = 6 if op == ReduceOp.PRODUCT else 2**20
+            buf = torch.randint(-bound, bound, (size,), generator=gen, dtype=dtype)
+        bufs.append(buf)
+    return bufs
+
+
+def _reduce(kernels, bufs: list[torch.Tensor], offsets: list[int], n: int, dtype: torch.dtype, op: ReduceOp) -> torch.Tensor:
+    """Reduce the first k buffers into the last (poisoned first); returns the last buffer."""
+    size = bufs[0].element_size()
+    bufs[-1].fill_(_poison(dtype))
+    regions = [Region.of(b).sub(off * size, n * size) for b, off in zip(bufs, offsets)]
+    kernels.reduce(regions[-1], regions[:-1], dtype, op, DIVISOR)
+    return bufs[-1]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(ReduceOp), ids=lambda op: op.name)
+def test_reduce_matches_torch_and_triton_bitwise(
+    cuda_kernels, triton_kernels, device, gen, op: ReduceOp, dtype: torch.dtype, n: int, k: int, aligned: bool
+) -> None:
+    elem = torch.empty(0, dtype=dtype).element_size()
+    # Aligned: every region starts 16 bytes in (the vector path). Unaligned: odd element offsets,
+    # different for every buffer (the scalar path).
+    offsets = [16 // elem if aligned else 2 * i + 1 for i in range(k + 1)]
+    cpu = _inputs(dtype, op, [off + n + GUARD for off in offsets], gen, special="")
+    want = _reduce(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
+    for kernels in (cuda_kernels, triton_kernels):
+        got = _reduce(kernels, [b.to(device) for b in cpu], offsets, n, dtype, op)
+        torch.cuda.synchronize(device)
+        _assert_same_bits(got, want, f"{kernels.name} {op.name} {dtype} n={n} k={k}")  # guards included
+
+
+@pytest.mark.parametrize("special", ["nan", "subnormal"])
+@pytest.mark.parametrize("dtype", [d for d in SUPPORTED_DTYPES if d.is_floating_point], ids=str)
+@pytest.mark.parametrize("op", list(ReduceOp), ids=lambda op: op.name)
+def test_reduce_nan_and_subnormals_match_torch(cuda_kernels, device, gen, op, dtype, special: str) -> None:
+    # NaN must propagate through MIN/MAX like torch.minimum/maximum; subnormals must survive
+    # (NVRTC is run with -ftz=false).
+    n, offsets = 4099, [0, 0, 0, 0]
+    cpu = _inputs(dtype, op, [n + GUARD] * 4, gen, special)
+    want = _reduce(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
+    got = _reduce(cuda_kernels, [b.to(device) for b in cpu], offsets, n, dtype, op)
+    _assert_same_bits(got, want, f"{op.name} {dtype} {special}")
+
+
+def test_reduce_out_may_alias_a_source(cuda_kernels, device, gen) -> None:
+    dtype, n = torch.float32, 4099
+    cpu = _inputs(dtype, ReduceOp.SUM, [n] * 3, gen, special="")
+    want = cpu[0] + cpu[1] + cpu[2]
+    bufs = [b.to(device) for b in cpu]
+    regions = [Region.of(b) for b in bufs]
+    cuda_kernels.reduce(regions[1], regions, dtype, ReduceOp.SUM)
+    _assert_same_bits(bufs[1], want, "out aliasing srcs[1]")
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 7, 4099, 4099 * 8 + 3, 1 << 20])
+@pytest.mark.parametrize("dst_off, src_off", [(0, 0), (16, 48), (8, 24), (4, 12), (2, 6), (3, 0), (1, 1), (5, 13)])
+def test_copy_every_alignment(cuda_kernels, device, gen, nbytes: int, dst_off: int, src_off: int) -> None:
+    size = max(dst_off, src_off) + nbytes + 16
+    src = torch.randint(0, 256, (size,), generator=gen, dtype=torch.uint8)
+    dst = torch.full((size,), 0xA5, dtype=torch.uint8)
+    want = dst.clone()
+    want[dst_off : dst_off + nbytes] = src[src_off : src_off + nbytes]
+    dst_gpu, src_gpu = dst.to(device), src.to(device)
+    cuda_kernels.copy(Region.of(dst_gpu).sub(dst_off, nbytes), Region.of(src_gpu).sub(src_off, nbytes))
+    assert torch.equal(dst_gpu.cpu(), want)
+
+
+def _flags(device: torch.device, values: list[int]) -> tuple[torch.Tensor, list[Region]]:
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    whole = Region.of(tensor)
+    return tensor, [whole.sub(8 * i, 8) for i in range(len(values))]
+
+
+def test_signal_then_wait(cuda_kernels, device) -> None:
+    tensor, flags = _flags(device, [0, 0, 0, 0])
+    cuda_kernels.signal(flags, 5)
+    assert tensor.tolist() == [5, 5, 5, 5]
+    assert cuda_kernels.wait(flags, 5, time.monotonic() + 5.0) == []
+    assert cuda_kernels.wait(flags, 4, time.monotonic() + 5.0) == []  # flags are >= epoch
+
+
+def test_wait_sees_a_signal_from_another_stream(cuda_kernels, device) -> None:
+    tensor, flags = _flags(device, [0, 0])
+    other = torch.cuda.Stream(device)
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms: the wait kernel is spinning by then
+        cuda_kernels.signal(flags, 3)
+    start = time.monotonic()
+    assert cuda_kernels.wait(flags, 3, start + 10.0) == []
+    other.synchronize()
+    assert tensor.tolist() == [3, 3]
+
+
+def test_wait_times_out_with_the_missing_indices_by_the_deadline(cuda_kernels, device) -> None:
+    _, flags = _flags(device, [7, 7, 2, 7, 0])
+    timeout = 0.2
+    start = time.monotonic()
+    missing = cuda_kernels.wait(flags, 7, start + timeout)
+    elapsed = time.monotonic() - start
+    assert missing == [2, 4]
+    assert timeout * 0.9 <= elapsed < timeout + 0.1, elapsed
+
+
+def test_oneshot_allreduce_waits_then_reduces(cuda_kernels, device, gen) -> None:
+    dtype, n, p = torch.bfloat16, 4099, 4
+    cpu = _inputs(dtype, ReduceOp.SUM, [n] * (p + 1), gen, special="")
+    want = _reduce(TorchKernels(), [b.clone() for b in cpu], [0] * (p + 1), n, dtype, ReduceOp.AVG)
+    bufs = [b.to(device) for b in cpu]
+    bufs[-1].fill_(float("nan"))
+    _, flags = _flags(device, [9] * p)
+    regions = [Region.of(b) for b in bufs]
+    missing = cuda_kernels.oneshot_allreduce(
+        regions[-1], regions[:-1], flags, 9, time.monotonic() + 5.0, dtype, ReduceOp.AVG, DIVISOR
+    )
+    assert missing == []
+    _assert_same_bits(bufs[-1], want, "oneshot AVG bf16")
+
+
+def test_oneshot_allreduce_times_out_with_the_missing_indices(cuda_kernels, device) -> None:
+    bufs = [torch.ones(4099, device=device) for _ in range(3)]
+    _, flags = _flags(device, [9, 8])
+    regions = [Region.of(b) for b in bufs]
+    timeout = 0.2
+    start = time.monotonic()
+    missing = cuda_kernels.oneshot_allreduce(
+        regions[-1], regions[:-1], flags, 9, start + timeout, torch.float32, ReduceOp.SUM
+    )
+    assert missing == [1]
+    assert time.monotonic() - start < timeout + 0.1
+
+
+def test_sources_compile_once_per_instance(cuda_kernels, device) -> None:
+    before = len(cuda_kernels._modules)
+    out = torch.empty(7, device=device)
+    cuda_kernels.reduce(Region.of(out), [Region.of(torch.ones(7, device=device))], torch.float32, ReduceOp.MAX)
+    cuda_kernels.reduce(Region.of(out), [Region.of(torch.ones(7, device=device))], torch.float32, ReduceOp.MIN)
+    assert len(cuda_kernels._modules) <= before + 1  # reduce.cu, compiled at most once
+    assert torch.equal(out.cpu(), torch.ones(7))

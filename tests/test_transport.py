@@ -1,0 +1,401 @@
+"""The shm workspace: data and flags across real processes, bounds, timeouts, leaks, hostile peers."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from spawn import run_ranks
+
+from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError
+from gpucomm.transport import TRANSPORTS, Workspace, cuda_ipc_available, open_workspace
+from gpucomm.transport import shm as shm_module
+from gpucomm.transport.workspace import Handshake
+
+DATA_BYTES = 4099  # odd on purpose: not a multiple of 16, 256 or a page
+FLAG_COUNT = 7
+CPU = torch.device("cpu")
+
+
+def _store(rank: int, world_size: int) -> dist.Store:
+    """A TCPStore from the harness's MASTER_ADDR/PORT, under a test-only PrefixStore."""
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0,
+        timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
+    )
+    return dist.PrefixStore("gpucomm_test/", store)
+
+
+def _barrier(store: dist.Store, name: str, rank: int, world_size: int) -> None:
+    store.set(f"{name}/{rank}", b"1")
+    store.wait([f"{name}/{r}" for r in range(world_size)], datetime.timedelta(seconds=60))
+
+
+def _finish(store: dist.Store, name: str, rank: int, world_size: int) -> None:
+    """Last store call of a rank: rank 0 hosts the TCPStore server, so it leaves last."""
+    if rank:
+        store.set(f"{name}/done/{rank}", b"1")
+    else:
+        store.wait([f"{name}/done/{r}" for r in range(1, world_size)], datetime.timedelta(seconds=60))
+
+
+def _open(store, prefix, rank, world_size, timeout=30.0, data_bytes=DATA_BYTES, flag_count=FLAG_COUNT) -> Workspace:
+    return open_workspace(
+        "shm", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=data_bytes,
+        flag_count=flag_count, device=CPU, timeout=timeout,
+    )
+
+
+def _pattern(seed: int, rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    return torch.randint(0, 256, (DATA_BYTES,), dtype=torch.uint8, generator=gen)
+
+
+def _flag_value(writer: int, owner: int) -> int:
+    # Large and distinct per (writer, owner), with bits in both 32-bit halves.
+    return (writer + 1) << 40 | (owner + 1) << 8 | 0x5A
+
+
+def _segments(prefix: str) -> list[str]:
+    token = shm_module._prefix_token(prefix)
+    return [name for name in os.listdir(shm_module.SHM_DIR) if name.startswith(f"gpucomm_{token}_")]
+
+
+def _rank_data_check(rank, world_size, prefix, seed):
+    store = _store(rank, world_size)
+    ws = _open(store, prefix, rank, world_size)
+    try:
+        assert (ws.kind, ws.rank, ws.world_size, ws.device) == ("shm", rank, world_size, CPU)
+        for peer in range(world_size):
+            assert torch.count_nonzero(ws.flags(peer).bytes) == 0, f"peer {peer}'s flags not zero at open"
+            assert ws.data(peer).nbytes == DATA_BYTES and ws.flags(peer).nbytes == FLAG_COUNT * 8
+            assert ws.data(peer).addr % 256 == 0 and ws.flags(peer).addr % 4096 == 0
+        _barrier(store, f"{prefix}checked", rank, world_size)  # nobody writes before all checked zeros
+        own = ws.data(rank)
+        own.bytes.copy_(_pattern(seed, rank))
+        for owner in range(world_size):  # one-sided writes into every peer's flag area
+            ws.flag(owner, rank).view(torch.int64).fill_(_flag_value(rank, owner))
+        ws.flag(rank, FLAG_COUNT - 1).view(torch.int64).fill_(-rank - 1)
+        _barrier(store, f"{prefix}written", rank, world_size)
+        for peer in range(world_size):
+            expected = _pattern(seed, peer)
+            region = ws.data(peer)
+            assert torch.equal(region.bytes, expected), f"rank {rank}: peer {peer}'s data differs (tensor view)"
+            raw = ctypes.string_at(region.addr, region.nbytes)
+            assert raw == expected.numpy().tobytes(), f"rank {rank}: peer {peer}'s data differs (raw address)"
+            tail = ws.data(peer, 4000, 99)
+            assert ctypes.string_at(tail.addr, 99) == expected[4000:].numpy().tobytes()
+            assert ws.flag(peer, FLAG_COUNT - 1).view(torch.int64).item() == -peer - 1
+        mine = ws.flags(rank, 0, world_size).view(torch.int64).tolist()
+        assert mine == [_flag_value(writer, rank) for writer in range(world_size)], mine
+        untouched = ws.flags(rank, world_size, FLAG_COUNT - 1 - world_size).bytes
+        assert torch.count_nonzero(untouched) == 0
+        _barrier(store, f"{prefix}read", rank, world_size)
+        _finish(store, prefix, rank, world_size)
+        return _segments(prefix)
+    finally:
+        ws.close()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_shm_data_and_flags_across_processes(world_size):
+    prefix = f"data/{os.urandom(8).hex()}/"
+    left = run_ranks(_rank_data_check, world_size, prefix, int.from_bytes(os.urandom(4), "little"), timeout=120)
+    assert left == [[]] * world_size, "segments must be unlinked once every rank has opened"
+    assert _segments(prefix) == []
+
+
+def _in_process(prefix: str, **kw) -> Workspace:
+    return _open(dist.HashStore(), prefix, 0, 1, **kw)
+
+
+def test_bounds_and_argument_errors():
+    ws = _in_process(f"bounds/{os.urandom(8).hex()}/")
+    try:
+        assert ws.data(0, 4099).nbytes == 0 and ws.data(0, 7).nbytes == DATA_BYTES - 7
+        for bad in [dict(offset=-1), dict(offset=4000, nbytes=100), dict(offset=4100), dict(nbytes=-1)]:
+            with pytest.raises(ValueError, match=r"Workspace\.data"):
+                ws.data(0, **bad)
+        with pytest.raises(ValueError, match=r"Workspace\.flags"):
+            ws.flags(0, 5, 3)
+        with pytest.raises(ValueError, match=r"Workspace\.flag: .*\[7, 8\)"):
+            ws.flag(0, FLAG_COUNT)
+        with pytest.raises(ValueError, match=r"peer must be in \[0, 1\), got 1"):
+            ws.data(1)
+        with pytest.raises(TypeError, match="peer must be an int"):
+            ws.flags("0")
+        with pytest.raises(TypeError, match="offset must be an int"):
+            ws.data(0, 1.5)
+    finally:
+        ws.close()
+    ws.close()  # idempotent
+    with pytest.raises(GpucommError, match="closed"):
+        ws.data(0)
+    store = dist.HashStore()
+    common = dict(store=store, rank=0, world_size=1, data_bytes=64, flag_count=1, device=CPU, timeout=5.0)
+    with pytest.raises(ValueError, match="kind must be 'shm' or 'cuda_ipc', got 'nvlink'"):
+        open_workspace("nvlink", prefix="a/", **common)
+    with pytest.raises(ValueError, match="rank=1 world_size=1"):
+        open_workspace("shm", prefix="b/", **{**common, "rank": 1})
+    with pytest.raises(ValueError, match="data_bytes=-1"):
+        open_workspace("shm", prefix="c/", **{**common, "data_bytes": -1})
+    with pytest.raises(ValueError, match="needs device cpu"):
+        open_workspace("shm", prefix="d/", **{**common, "device": torch.device("cuda", 0)})
+    assert TRANSPORTS == ("shm", "cuda_ipc")
+
+
+def test_timeout_names_the_missing_rank():
+    prefix = f"timeout/{os.urandom(8).hex()}/"
+    start = time.monotonic()
+    with pytest.raises(CommTimeoutError) as info:
+        _open(dist.HashStore(), prefix, 0, 3, timeout=1.5)
+    elapsed = time.monotonic() - start
+    assert info.value.missing == [1, 2] and info.value.rank == 0 and info.value.epoch is None
+    assert "workspace open" in str(info.value) and "[1, 2]" in str(info.value)
+    assert 1.5 <= elapsed < 1.5 + 1.5, elapsed
+    assert _segments(prefix) == [], "a failed open must unlink its own segment"
+
+
+def _rank_never_opens(rank, world_size, prefix):
+    store = _store(rank, world_size)
+    if rank != 1:  # rank 1 joins the store but never opens the workspace
+        start = time.monotonic()
+        with pytest.raises(CommTimeoutError) as info:
+            _open(store, prefix, rank, world_size, timeout=2.0)
+        own = [name for name in _segments(prefix) if name.endswith(f"_r{rank}")]
+        result = info.value.missing, time.monotonic() - start, own
+    _finish(store, prefix, rank, world_size)
+    return result if rank != 1 else None
+
+
+def test_timeout_across_processes():
+    prefix = f"timeout2/{os.urandom(8).hex()}/"
+    results = run_ranks(_rank_never_opens, 3, prefix, timeout=60)
+    for rank in (0, 2):
+        missing, elapsed, left = results[rank]
+        assert missing == [1] and 2.0 <= elapsed < 4.0 and left == [], results[rank]
+
+
+def test_segment_mode_is_0600_and_gone_after_open(monkeypatch):
+    prefix = f"mode/{os.urandom(8).hex()}/"
+    seen = []
+    original = Handshake.opened
+
+    def opened(self):
+        # Runs before the segment is unlinked: the only moment it has a name.
+        for name in _segments(prefix):
+            seen.append(stat.S_IMODE(os.stat(os.path.join(shm_module.SHM_DIR, name)).st_mode))
+        original(self)
+
+    monkeypatch.setattr(Handshake, "opened", opened)
+    old_umask = os.umask(0o002)  # a permissive umask must not widen the mode
+    try:
+        ws = _in_process(prefix)
+    finally:
+        os.umask(old_umask)
+    try:
+        assert seen == [0o600]
+        assert _segments(prefix) == []
+    finally:
+        ws.close()
+
+
+def _fds() -> tuple[int, int]:
+    """(open fds, fds pointing into /dev/shm)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the fd of the listing itself, closed by now
+            pass
+    return len(links), sum(link.startswith("/dev/shm/") for link in links)
+
+
+def _mapped_gpucomm_segments() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum("/dev/shm/gpucomm_" in line for line in maps)
+
+
+def _rank_open_close_loop(rank, world_size, prefix, rounds):
+    store = _store(rank, world_size)
+    counts = []
+    for i in range(rounds):
+        ws = _open(store, f"{prefix}{i}/", rank, world_size)
+        ws.data(rank).bytes.fill_(i % 256)
+        held = ws.data((rank + 1) % world_size)  # a Region kept past close must stay safe
+        ws.close()
+        del held
+        counts.append((_fds(), _mapped_gpucomm_segments()))
+    _finish(store, prefix, rank, world_size)
+    return counts, [_segments(f"{prefix}{i}/") for i in range(rounds)]
+
+
+def test_open_close_loop_leaks_nothing():
+    prefix = f"loop/{os.urandom(8).hex()}/"
+    results = run_ranks(_rank_open_close_loop, 2, prefix, 50, timeout=120)
+    for counts, left in results:
+        assert all(not names for names in left)
+        # The TCPStore's own sockets come and go; a leak of one fd per round would add 50.
+        assert counts[-1][0][0] <= counts[0][0][0] + 2, f"fds grew over the loop: {counts}"
+        assert {c[0][1] for c in counts} == {0}, "an fd into /dev/shm stayed open"
+        assert {c[1] for c in counts} == {0}, "segments still mapped after close"
+
+
+def _rank_killed_after_open(rank, world_size, prefix, seed):
+    store = _store(rank, world_size)
+    ws = _open(store, prefix, rank, world_size)
+    ws.data(rank).bytes.copy_(_pattern(seed, rank))
+    _barrier(store, f"{prefix}written", rank, world_size)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # The dead rank's memory stays mapped here: its data is still readable.
+    ok = torch.equal(ws.data(1).bytes, _pattern(seed, 1))
+    ws.close()
+    if rank == 2:
+        store.set(f"{prefix}done/2", b"1")
+    else:
+        store.wait([f"{prefix}done/2"], datetime.timedelta(seconds=60))
+    return ok
+
+
+def test_sigkilled_rank_leaves_nothing_in_dev_shm():
+    prefix = f"kill/{os.urandom(8).hex()}/"
+    results = run_ranks(_rank_killed_after_open, 3, prefix, 1234, timeout=120, allow_exit=(1,))
+    assert results == [True, None, True]
+    assert _segments(prefix) == []
+
+
+def _hostile_cases(prefix: str, token: str) -> list[tuple[str, bytes, type[Exception], str]]:
+    good = f"gpucomm_{token}_{os.getpid():x}_{'ab' * 8}_r1"
+    size = 4096 + 256  # layout of data_bytes=64, flag_count=1
+
+    def handle(name, size=size):
+        return json.dumps({"name": name, "size": size}).encode()
+
+    return [
+        ("path traversal", handle("../../etc/passwd"), GpucommError, "expected one matching"),
+        ("absolute path", handle("/etc/passwd"), GpucommError, "expected one matching"),
+        ("other rank's name", handle(good[:-1] + "0"), GpucommError, "expected one matching"),
+        ("other prefix", handle(good.replace(token, "0" * 16)), GpucommError, "expected one matching"),
+        ("trailing newline", handle(good + "\n"), GpucommError, "expected one matching"),
+        ("pickle", b"\x80\x04\x95cos\nsystem\n", GpucommError, "not ASCII JSON"),
+        ("not an object", b'["x"]', GpucommError, "keys name and size"),
+        ("extra key", json.dumps({"name": good, "size": size, "x": 1}).encode(), GpucommError, "keys name and size"),
+        ("too long", b" " * 300, GpucommError, "not a handle"),
+        ("size mismatch", handle(good, size + 256), CommMismatchError, "different data_bytes"),
+    ]
+
+
+def _open_against(prefix: str, peer_value: bytes) -> None:
+    """Open as rank 0 of 2 with rank 1's handle already (maliciously) in the store."""
+    store = dist.HashStore()
+    store.set(f"{prefix}ws/1", peer_value)
+    open_workspace("shm", store=store, prefix=prefix, rank=0, world_size=2, data_bytes=64, flag_count=1, device=CPU, timeout=5.0)
+
+
+@pytest.mark.parametrize("case", range(len(_hostile_cases("p/", "0" * 16))))
+def test_hostile_store_values_are_refused_before_opening(monkeypatch, case):
+    opened = []
+    monkeypatch.setattr(shm_module, "_open_peer", lambda *a: opened.append(a))
+    prefix = f"hostile/{os.urandom(8).hex()}/"
+    what, value, error, message = _hostile_cases(prefix, shm_module._prefix_token(prefix))[case]
+    with pytest.raises(error, match=message) as info:
+        _open_against(prefix, value)
+    assert "rank 1" in str(info.value), what
+    assert opened == [], f"{what}: a peer segment was opened despite a hostile handle"
+    assert _segments(prefix) == [], what
+
+
+@pytest.mark.parametrize("plant", ["symlink", "mode 644"])
+def test_planted_segment_with_valid_name_is_refused(tmp_path, plant):
+    prefix = f"plant/{os.urandom(8).hex()}/"
+    name = f"gpucomm_{shm_module._prefix_token(prefix)}_{os.getpid():x}_{os.urandom(8).hex()}_r1"
+    path = os.path.join(shm_module.SHM_DIR, name)
+    target = tmp_path / "target"
+    target.write_bytes(b"\0" * (4096 + 256))
+    if plant == "symlink":
+        os.symlink(target, path)
+        message = "cannot open segment"
+    else:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, 4096 + 256)
+        os.fchmod(fd, 0o644)
+        os.close(fd)
+        message = "has mode 644, expected 600"
+    try:
+        with pytest.raises(GpucommError, match=message):
+            _open_against(prefix, json.dumps({"name": name, "size": 4096 + 256}).encode())
+        assert _segments(prefix) == [name], "only the planted entry may remain"
+    finally:
+        os.unlink(path)
+
+
+def test_stale_segment_of_dead_process_is_reaped():
+    prefix = f"stale/{os.urandom(8).hex()}/"
+    token = shm_module._prefix_token(prefix)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = f"gpucomm_{token}_{int(dead.stdout):x}_{os.urandom(8).hex()}_r0"
+    alive = f"gpucomm_{token}_{os.getpid():x}_{os.urandom(8).hex()}_r0"
+    for name in (stale, alive):
+        os.close(os.open(os.path.join(shm_module.SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    try:
+        _in_process(prefix).close()
+        assert _segments(prefix) == [alive], "the dead process's segment must go, the live one's stay"
+    finally:
+        for name in (stale, alive):
+            if os.path.exists(os.path.join(shm_module.SHM_DIR, name)):
+                os.unlink(os.path.join(shm_module.SHM_DIR, name))
+
+
+def test_cuda_ipc_reports_why_it_is_unavailable():
+    ok, reason = cuda_ipc_available()
+    if ok:
+        pytest.skip("CUDA IPC is available here; tests/gpu covers it")
+    assert "gpucomm: transport cuda_ipc needs CuPy" in reason
+    with pytest.raises(Exception, match="cuda_ipc needs CuPy") as info:
+        open_workspace("cuda_ipc", store=dist.HashStore(), prefix="x/", rank=0, world_size=1, data_bytes=64,
+                       flag_count=1, device=torch.device("cuda", 0), timeout=5.0)
+    assert type(info.value).__name__ == "UnsupportedError"
+
+
+def _cuda_handle(header: object, handle: bytes = bytes(range(64))) -> bytes:
+    return json.dumps(header).encode() + b"\n" + handle
+
+
+@pytest.mark.parametrize(
+    "raw, error, message",
+    [
+        (_cuda_handle({"pid": 1, "bus_id": "0000:3B:00.0", "size": 8192}, b"\0" * 63), GpucommError, "64 handle bytes"),
+        (b"\x80\x04\x95" + b"\0" * 64, GpucommError, "64 handle bytes"),
+        (b"\xff\n" + bytes(64), GpucommError, "not ASCII JSON"),
+        (_cuda_handle({"pid": 1, "bus_id": "../../x", "size": 8192}), GpucommError, "malformed header"),
+        (_cuda_handle({"pid": "1", "bus_id": "0000:3B:00.0", "size": 8192}), GpucommError, "malformed header"),
+        (_cuda_handle({"pid": 1, "bus_id": "0000:3B:00.0", "size": 8192, "x": 0}), GpucommError, "malformed header"),
+        (_cuda_handle({"pid": 1, "bus_id": "0000:3B:00.0", "size": 4096}), CommMismatchError, "different data_bytes"),
+        (b" " * 300 + b"\n" + bytes(64), GpucommError, "64 handle bytes"),
+    ],
+)
+def test_cuda_ipc_handle_parsing_refuses_malformed_values(raw, error, message):
+    from gpucomm.transport.cuda_ipc import _parse_handle
+
+    with pytest.raises(error, match=message) as info:
+        _parse_handle(raw, 3, 8192)
+    assert "rank 3" in str(info.value)
+
+
+def test_cuda_ipc_handle_parsing_accepts_a_well_formed_value():
+    from gpucomm.transport.cuda_ipc import _parse_handle
+
+    handle = bytes(range(10, 74))
+    header, parsed = _parse_handle(_cuda_handle({"pid": 77, "bus_id": "00000000:3B:00.0", "size": 8192}, handle), 1, 8192)
+    assert header == {"pid": 77, "bus_id": "00000000:3B:00.0", "size": 8192} and parsed == handle
