@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import zlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,8 +24,9 @@ import torch.distributed as dist
 from gpucomm import log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
-from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
+from gpucomm.liveness import Liveness
 from gpucomm.reduce_op import ReduceOp, as_reduce_op
 from gpucomm.validation import (
     check_numel,
@@ -37,6 +39,13 @@ from gpucomm.validation import (
 from gpucomm.work import Work
 
 __all__ = ["Communicator"]
+
+_POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+# Collectives whose tensors may differ in size between ranks (split sizes, per-pair lists).
+_UNEVEN_SIZES = ("all_to_all", "all_to_all_single")
+# How gloo words a peer that died or never came: "Timed out waiting ...", "Connection closed by
+# peer", "Connection reset by peer", "Socket closed", "Broken pipe".
+_GLOO_PEER_FAILURES = ("imed out", "onnection closed", "onnection reset", "ocket closed", "roken pipe", "Read error", "Write error")
 
 
 def _rank_device(local_rank: int) -> torch.device | None:
@@ -83,8 +92,10 @@ class Communicator:
         self.device = _rank_device(self.local_rank)
         self.timeout = self.config.timeout
         self._subgroups = 0
+        self._calls = 0  # collective calls so far: equal on all ranks for the same call
         self._broken: BaseException | None = None
         self._closed = False
+        self._liveness = Liveness(store, prefix, rank, world_size)
         self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
         self._engine = self._make_engine()
 
@@ -143,30 +154,41 @@ class Communicator:
                 f"(original error: {self._broken})"
             ) from self._broken
 
-    def _translate(self, fn: str) -> Callable[[RuntimeError], BaseException]:
+    def _translate(self, fn: str, seq: int, peer: int | None) -> Callable[[RuntimeError], BaseException]:
+        """Turn a failure of call ``seq`` into gpucomm's error, and mark the communicator broken."""
+
         def translate(err: RuntimeError) -> BaseException:
             if isinstance(err, GpucommError):
                 self._broken = err
                 return err
             text = str(err)
-            if "imed out" in text or "onnection closed" in text or "onnection reset" in text:
-                failure = CommTimeoutError(fn, None, self.rank, [], self.timeout, detail=f"gloo: {text.splitlines()[0]}")
-                self._broken = failure
-                return failure
-            return err
+            if not any(sign in text for sign in _GLOO_PEER_FAILURES):
+                return err
+            missing = [peer] if peer is not None else self._liveness.culprits(seq)
+            failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
+            self._broken = failure
+            return failure
 
         return translate
 
     def _run(self, fn: str, tensor: torch.Tensor | None, async_op: bool, serve: Callable[[object], Work], **fields: object) -> Work | None:
-        """Route one validated call to a path, log it, and honour ``async_op``."""
+        """Route one validated call to a path, check that all ranks agree on it, log it, run it."""
+        peer = fields.get("peer") if fn in _POINT_TO_POINT else None
+        if fn not in _POINT_TO_POINT:
+            self._calls += 1
+        translate = self._translate(fn, self._calls, peer)  # type: ignore[arg-type]
         engine = self._engine
         algo = engine.serves(fn, tensor) if engine is not None else None
-        path: object = self._fallback if algo is None else _Planned(engine, algo)
         if log.logger.isEnabledFor(logging.INFO):
             detail = {"path": "gloo"} if algo is None else {"path": "workspace", **engine.describe(algo)}
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
-        translate = self._translate(fn)
         try:
+            if algo is None:
+                path: object = self._fallback
+                if fn not in _POINT_TO_POINT and self.config.check != "off":
+                    self._agree(fn, tensor, fields)
+            else:
+                path = _Planned(engine, algo)
             work = serve(path)
         except RuntimeError as err:
             raise translate(err) from err
@@ -175,6 +197,26 @@ class Communicator:
             return work
         work.wait()
         return None
+
+    def _agree(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> None:
+        """Gloo path: all ranks compare a fingerprint of the call before any data moves."""
+        parts: list[object] = [fn, *sorted(fields.items())]
+        if tensor is not None:
+            parts.append(tensor.dtype)
+            if fn not in _UNEVEN_SIZES:
+                parts.append(tensor.numel())
+        fingerprint = zlib.crc32(repr(parts).encode())
+        seen = self._fallback.all_fingerprints(fingerprint)
+        differ = [r for r, f in enumerate(seen) if f != fingerprint]
+        if differ:
+            error = CommMismatchError(
+                f"gpucomm.{fn} call {self._calls}: rank {self.rank} called {fn} with "
+                f"{', '.join(f'{k}={v}' for k, v in fields.items()) or 'no options'}"
+                f"{'' if tensor is None else f', {tensor.numel()} x {tensor.dtype}'}, but rank(s) {differ} "
+                f"called something else (a different collective, size, dtype, op or root)"
+            )
+            self._broken = error
+            raise error
 
     # -- collectives --------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:

@@ -180,5 +180,12 @@ class GlooFallback:
         work._finish = lambda: setattr(work, "source", gloo_work._source_rank())
         return work
 
+    def all_fingerprints(self, fingerprint: int) -> list[int]:
+        """Every rank's fingerprint of the call about to run (one small allgather)."""
+        mine = torch.tensor([fingerprint], dtype=torch.int64)
+        seen = [torch.empty(1, dtype=torch.int64) for _ in range(self.world_size)]
+        self.pg.allgather([seen], [mine]).wait()
+        return [int(t.item()) for t in seen]
+
     def barrier(self) -> Work:
         return Work([self.pg.barrier(dist.BarrierOptions())])

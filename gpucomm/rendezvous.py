@@ -10,8 +10,10 @@ or two jobs sharing a store never read each other's handles.
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import secrets
+import socket
 import urllib.parse
 from dataclasses import dataclass
 
@@ -42,20 +44,56 @@ def _env_int(name: str, fn: str) -> int:
         raise ValueError(f"gpucomm.{fn}: {name} must be an integer, got {value!r}") from None
 
 
+# One TCPStore per (host, port) for the life of the process. Re-creating it on every init
+# would race: a rank that starts its next init while rank 0 still tears down the previous
+# server connects to the dying one. Each init draws a fresh generation from the same store.
+_TCP_STORES: dict[tuple[str, int], dist.Store] = {}
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
-    # multi_tenant: torch.distributed's own env:// store on the same port shares the server, so
-    # gpucomm and torch.distributed.init_process_group can run side by side in one process.
+    store = _TCP_STORES.get((host, port))
+    if store is None:
+        store = _TCP_STORES[(host, port)] = _new_tcp_store(host, port, rank, world_size, timeout)
+    store.set_timeout(datetime.timedelta(seconds=timeout))
+    return store
+
+
+def _new_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
     # Under torchrun the elastic agent already serves a store on MASTER_PORT: join it as a client.
     agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    serve = rank == 0 and not agent_serves
     return dist.TCPStore(
         host,
         port,
         world_size,
-        is_master=(rank == 0 and not agent_serves),
+        is_master=serve,
         timeout=datetime.timedelta(seconds=timeout),
         wait_for_workers=False,
+        # multi_tenant: torch.distributed's own env:// store on the same port shares this server,
+        # so gpucomm and torch.distributed.init_process_group run side by side in one process.
         multi_tenant=True,
+        master_listen_fd=_listen(host, port) if serve else None,
     )
+
+
+def _listen(host: str, port: int) -> int | None:
+    """A socket listening on ``host`` only: TCPStore by itself would listen on every interface.
+
+    None when the port is taken: torch.distributed's multi-tenant store of this very process
+    (initialised first) then serves it, or TCPStore reports the conflict itself.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            return None
+        raise OSError(err.errno, f"gpucomm: cannot serve the rendezvous store on {host}:{port}: {err.strerror}") from err
+    return sock.detach()  # the TCPStore owns the descriptor from here on
 
 
 def rendezvous(
