@@ -7,6 +7,7 @@ working: same names, same signatures, same rank conventions (``src``/``dst`` are
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from collections.abc import Sequence
 
@@ -181,10 +182,16 @@ def get_world_size(group: Communicator | None = None) -> int:
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout: object = None, backend: object = None, **_: object) -> object:
-    """A subgroup of the default group. Every rank of the default group must call it, in the same order."""
+    """A subgroup of the default group. Every rank of the default group must call it, in the same order.
+
+    ``timeout`` (seconds or a timedelta) applies to the subgroup's calls; ``backend`` and
+    torch.distributed's other options are accepted and ignored (the subgroup uses the knobs of
+    the default group).
+    """
     world = _world("new_group")
     members = list(range(world.world_size)) if ranks is None else list(ranks)
-    comm = world.new_subgroup(members)
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    comm = world.new_subgroup(members, None if seconds is None else float(seconds))  # type: ignore[arg-type]
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
     _State.groups.append(comm)

@@ -13,6 +13,7 @@ All ranks of the group must call each collective, in the same order.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import zlib
@@ -124,8 +125,11 @@ class Communicator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def new_subgroup(self, ranks: Sequence[int]) -> Communicator | None:
-        """Collective over this communicator: the members of ``ranks`` get a Communicator, the rest None."""
+    def new_subgroup(self, ranks: Sequence[int], timeout: float | None = None) -> Communicator | None:
+        """Collective over this communicator: the members of ``ranks`` get a Communicator, the rest None.
+
+        ``timeout`` (seconds) replaces this communicator's for the subgroup's calls.
+        """
         ranks = sorted(set(ranks))
         for r in ranks:
             check_rank(r, self.world_size, "new_group", "ranks[i]")
@@ -138,7 +142,7 @@ class Communicator:
             sub_rank,
             len(ranks),
             prefix=f"{self.prefix}g{self._subgroups}/",
-            config=self.config,
+            config=self.config if timeout is None else dataclasses.replace(self.config, timeout=timeout),
             local_rank=self.local_rank,
             local_world_size=min(self.local_world_size, len(ranks)),
             global_ranks=[self.global_ranks[r] for r in ranks],
