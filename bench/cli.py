@@ -1,0 +1,118 @@
+"""``gpucomm-bench``: collective and kernel benchmarks with nccl-tests' options and report.
+
+Example::
+
+    gpucomm-bench all_reduce -b 8 -e 128M -f 2 --nproc 4 --compare gloo,nccl --json out.json
+    torchrun --nproc-per-node 8 -m gpucomm._bench.cli all -b 1K -e 1G -f 4
+    gpucomm-bench kernels -b 4K -e 64M -f 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from .backends import BACKENDS, gpucomm_api_available
+from .collectives import COLLECTIVES
+from .sizes import parse_size, size_sweep
+
+__all__ = ["main", "build_parser"]
+
+OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpucomm-bench",
+        description="Collective benchmarks in the conventions of nccl-tests (sizes, algbw/busbw, "
+        "out-of-place and in-place, #wrong), and kernel bandwidth against torch's copy.",
+    )
+    p.add_argument("test", choices=(*COLLECTIVES, "all", "kernels"), help="what to measure")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (8, 1K, 4M, 1G)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (median taken)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (1) or not (0)")
+    p.add_argument("-o", "--op", choices=OPS, default="sum", help="reduction of reducing collectives")
+    p.add_argument("-d", "--datatype", choices=("float", "half", "bfloat16", "double", "int32", "int64"),
+                   default="float")
+    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local ranks to spawn (default: one per GPU, or 2 on CPU); ignored under torchrun")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="backend under test (default gpucomm, or gloo where gpucomm's API is absent)")
+    p.add_argument("--compare", default="", help="comma list of peers to run on the same sizes: gloo,nccl")
+    p.add_argument("--transport", default=None, help="gpucomm knob: auto|shm|cuda_ipc|gloo")
+    p.add_argument("--kernels", default=None, help="gpucomm knob: auto|torch|triton|cuda")
+    p.add_argument("--algo", default=None, help="gpucomm knob: auto|oneshot|twoshot|ring|tree|direct")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
+    p.add_argument("--seed", type=int, default=None, help="seed of the check inputs (default: random)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write settings and every row as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot busbw against size")
+    return p
+
+
+def _backends(args: argparse.Namespace) -> list[str]:
+    primary = args.backend or ("gpucomm" if gpucomm_api_available() else "gloo")
+    compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+    unknown = [c for c in compare if c not in BACKENDS]
+    if unknown:
+        raise ValueError(f"gpucomm-bench: --compare expects names from {list(BACKENDS)}, got {unknown}")
+    return list(dict.fromkeys([primary, *compare]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``gpucomm-bench``; returns the exit status (0 OK, 1 FAILED, 2 bad settings)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args, argv)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    if args.test == "kernels":
+        from .kernels_bench import run_kernels
+
+        return run_kernels(sizes, args.datatype, args.op, args.iters, args.warmup_iters, bool(args.check),
+                           args.device, args.json, args.plot, argv)
+
+    from .launch import launch
+    from .runner import Settings
+
+    knobs = {k: getattr(args, k) for k in ("transport", "kernels", "algo") if getattr(args, k) is not None}
+    settings = Settings(
+        collectives=list(COLLECTIVES) if args.test == "all" else [args.test],
+        sizes=sizes,
+        dtype=args.datatype,
+        op=args.op,
+        root=args.root,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        check=bool(args.check),
+        backends=_backends(args),
+        knobs=knobs,
+        device=args.device,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        json_path=args.json,
+        plot_path=args.plot,
+        argv=list(argv),
+        step_factor=args.stepfactor,
+        max_bytes=args.maxbytes,
+    )
+    nproc = args.nproc
+    if nproc is None:
+        nproc = torch.cuda.device_count() if torch.cuda.is_available() and args.device != "cpu" else 2
+    return launch(settings, nproc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

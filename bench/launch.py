@@ -1,0 +1,75 @@
+"""Start the ranks: ``--nproc P`` local processes (spawn, a free port, env://), or, when RANK
+and WORLD_SIZE are already set (torchrun), this process is one rank."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import sys
+import time
+
+from .runner import Settings, run_rank
+
+__all__ = ["launch", "under_launcher"]
+
+# After one rank fails its peers usually block on it; give them this long to report their own
+# error before they are terminated.
+FAIL_GRACE_S = 10.0
+
+
+def under_launcher() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, settings: Settings) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    try:
+        code = run_rank(settings)
+    except ValueError as err:
+        # Bad settings are found by every rank alike: one line from rank 0, not P tracebacks.
+        if rank == 0:
+            print(err, file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+def launch(settings: Settings, nproc: int) -> int:
+    """Run every rank; the exit status: 0 if all passed, 1 on a failed check, 2 on bad settings."""
+    if under_launcher():
+        return run_rank(settings)
+    if nproc < 1:
+        raise ValueError(f"gpucomm-bench: --nproc must be >= 1, got {nproc}")
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, nproc, port, settings)) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    failed_at = None
+    while any(p.is_alive() for p in procs):
+        if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > FAIL_GRACE_S:
+            for p in procs:
+                if p.is_alive():
+                    print(f"gpucomm-bench: terminating rank {procs.index(p)} after another rank failed",
+                          file=sys.stderr)
+                    p.terminate()
+        time.sleep(0.1)
+    for p in procs:
+        p.join()
+    codes = [p.exitcode for p in procs]
+    return 0 if all(c == 0 for c in codes) else max(c if c and c > 0 else 1 for c in codes)
