@@ -44,6 +44,8 @@ from gpucomm.errors import (
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.work import Work
 
+from gpucomm import backend as _backend  # noqa: F401  registers "gpucomm" with torch.distributed
+
 __version__ = "0.1.0"
 
 __all__ = [
