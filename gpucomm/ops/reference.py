@@ -8,7 +8,6 @@ release/acquire atomics (:mod:`gpucomm.ops.host_atomics`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
@@ -21,13 +20,9 @@ from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 
 __all__ = ["TorchKernels"]
 
-# Host polling: busy spin first (a peer on its own core arrives within microseconds), then
-# hand the core over with sched_yield (with more ranks than cores the peer needs this core to
-# arrive at all), and only after a while sleep, so that a long wait does not burn a core.
-# A 1 ms sleep straight after the spin made a 128 KiB all_reduce over 4 ranks on the 2-core CI
-# machine take tens of milliseconds instead of about one (gpucomm-bench, 2026-11-21).
+# Host polling backs off from busy spinning to short sleeps, so that a rank waiting on a slow
+# peer does not starve it of a core (CI machines have two).
 _SPIN_POLLS = 200
-_YIELD_S = 5e-3
 _MAX_SLEEP_S = 1e-3
 
 
@@ -108,19 +103,13 @@ class TorchKernels:
             torch.cuda.synchronize(flags[0].device)
         missing = list(range(len(flags)))
         polls = 0
-        start = time.monotonic()
         while True:
             missing = [i for i in missing if self._load(flags[i]) < epoch]
-            now = time.monotonic()
-            if not missing or now >= deadline:
+            if not missing or time.monotonic() >= deadline:
                 return missing
             polls += 1
-            if polls <= _SPIN_POLLS:
-                continue
-            if now - start < _YIELD_S:
-                os.sched_yield()
-            else:
-                time.sleep(min(_MAX_SLEEP_S, max(0.0, deadline - now)))
+            if polls > _SPIN_POLLS:
+                time.sleep(min(_MAX_SLEEP_S, max(0.0, deadline - time.monotonic())))
 
     @staticmethod
     def _load(flag: Region) -> int:
