@@ -32,8 +32,6 @@ _FROM_TORCH = {
     dist.ReduceOp.AVG: ReduceOp.AVG,
 }
 
-_TO_TORCH = {v: k for k, v in _FROM_TORCH.items()}
-
 
 def as_reduce_op(op: object, fn: str) -> ReduceOp:
     """Accept a gpucomm or torch.distributed ReduceOp; anything else is a ``TypeError`` naming ``fn``."""
@@ -45,10 +43,6 @@ def as_reduce_op(op: object, fn: str) -> ReduceOp:
         f"gpucomm.{fn}: op must be a gpucomm.ReduceOp (SUM, PRODUCT, MIN, MAX, AVG) or the "
         f"torch.distributed.ReduceOp of the same name, got {op!r} ({type(op).__name__})"
     )
-
-
-def to_torch_reduce_op(op: ReduceOp) -> dist.ReduceOp:
-    return _TO_TORCH[op]
 
 
 # Reference semantics shared by the fallback and the torch kernels.
