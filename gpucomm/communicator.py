@@ -144,7 +144,7 @@ class Communicator:
             prefix=f"{self.prefix}g{self._subgroups}/",
             config=self.config if timeout is None else dataclasses.replace(self.config, timeout=timeout),
             local_rank=self.local_rank,
-            local_world_size=min(self.local_world_size, len(ranks)),
+            local_world_size=self.local_world_size,  # nodes are global_rank // local_world_size
             global_ranks=[self.global_ranks[r] for r in ranks],
         )
 

@@ -19,8 +19,8 @@ ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct")
 CHECKS = ("fingerprint", "full", "off")
 
 DEFAULT_TIMEOUT_S = 300.0
-# 8 MiB per rank: four 2 MiB pieces in flight per rank; large enough that all_reduce on the
-# shm path is bandwidth-bound (see docs/algorithms.md), small enough for 8 ranks on one GPU.
+# 8 MiB of data per rank: a quarter for the send/recv mailboxes, then two 3 MiB halves that
+# collectives alternate between; small enough for 8 ranks on one GPU.
 DEFAULT_WORKSPACE_BYTES = 8 << 20
 # Smallest workspace that still holds a flag area and two aligned data halves.
 MIN_WORKSPACE_BYTES = 4096

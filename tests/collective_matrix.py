@@ -55,10 +55,12 @@ def reference(inputs: list[torch.Tensor], op: ReduceOp, dtype: torch.dtype) -> t
     return stack.max(0).values
 
 
-def close_enough(out: torch.Tensor, ref: torch.Tensor, inputs: list[torch.Tensor], op: ReduceOp) -> bool:
+def close_enough(out: torch.Tensor, ref: torch.Tensor, inputs: list[torch.Tensor], op: ReduceOp, roundings: int = 1) -> bool:
+    """``roundings``: how many times the algorithm rounds partial results to the dtype (ring and
+    tree store 16-bit partials once per step); each costs at most half an ulp of the partial."""
     if not out.dtype.is_floating_point:
         return torch.equal(out, ref.to(out.dtype))
-    eps = _EPS[out.dtype]
+    eps = _EPS[out.dtype] * max(1, roundings) if out.dtype in (torch.float16, torch.bfloat16) else _EPS[out.dtype]
     # Error bound of an fp32/fp64 fold rounded once to the dtype: a few ulps of the
     # magnitudes involved (sum of |x| covers cancellation), relative for products.
     if op is ReduceOp.PRODUCT:
@@ -82,8 +84,9 @@ def digest(t: torch.Tensor) -> str:
 class Matrix:
     """Runs cases on this rank, collecting failures and cross-rank digests."""
 
-    def __init__(self, seed: int, device: str = "cpu", group: object = None) -> None:
+    def __init__(self, seed: int, device: str = "cpu", group: object = None, roundings: int = 1) -> None:
         self.seed = seed
+        self.roundings = roundings  # see close_enough
         self.device = device
         self.group = group
         self.rank = dist.get_rank(group)
@@ -114,7 +117,7 @@ class Matrix:
         if async_op:
             work.wait()
         ref = reference(ins, op, dtype)
-        self.expect(close_enough(t.cpu(), ref, ins, op), f"all_reduce n={n} {dtype} {op.name} async={async_op}")
+        self.expect(close_enough(t.cpu(), ref, ins, op, self.roundings), f"all_reduce n={n} {dtype} {op.name} async={async_op}")
         self.digests.append(digest(t))
 
     def reduce(self, n: int, dtype: torch.dtype, op: ReduceOp) -> None:
@@ -123,7 +126,7 @@ class Matrix:
         t = self.dev(ins[self.rank].clone())
         dist.reduce(t, dst=self._global(dst), op=op, group=self.group)
         if self.rank == dst:
-            self.expect(close_enough(t.cpu(), reference(ins, op, dtype), ins, op), f"reduce n={n} {dtype} {op.name} dst={dst}")
+            self.expect(close_enough(t.cpu(), reference(ins, op, dtype), ins, op, self.roundings), f"reduce n={n} {dtype} {op.name} dst={dst}")
         else:
             self.expect(torch.equal(t.cpu(), ins[self.rank]), f"reduce n={n} {dtype} {op.name}: non-root tensor changed")
 
@@ -138,7 +141,7 @@ class Matrix:
         else:
             dist.reduce_scatter_single(out, mine, op=op, group=self.group)
         chunks = [t[self.rank * n : (self.rank + 1) * n] for t in ins]
-        self.expect(close_enough(out.cpu(), reference(chunks, op, dtype), chunks, op), f"reduce_scatter[{form}] n={n} {dtype} {op.name}")
+        self.expect(close_enough(out.cpu(), reference(chunks, op, dtype), chunks, op, self.roundings), f"reduce_scatter[{form}] n={n} {dtype} {op.name}")
         self.expect(torch.equal(mine.cpu(), ins[self.rank]), f"reduce_scatter[{form}] changed its input")
 
     # -- data movement ----------------------------------------------------------------------
@@ -216,6 +219,38 @@ class Matrix:
         send.wait()
         self.expect(torch.equal(out.cpu(), ins[prv]) and src == self._global(prv), f"send/recv n={n} {dtype}")
 
+    def ping_pong(self, n: int, dtype: torch.dtype, a: int, b: int, tag: int = 0) -> None:
+        """Rank a adds 1 and sends to b; b adds 2 and sends back; a checks x + 3."""
+        # Small integers in every dtype, so that (x + 1) + 2 == x + 3 exactly.
+        x = (self.inputs(n, dtype)[a].to(torch.float64) * 8).round().to(dtype)
+        if self.rank == a:
+            t = self.dev(x + 1)
+            dist.send(t, dst=self._global(b), group=self.group, tag=tag)
+            back = poison(self.dev(torch.empty(n, dtype=dtype)))
+            src = dist.recv(back, src=self._global(b), group=self.group, tag=tag)
+            self.expect(torch.equal(back.cpu(), x + 3) and src == self._global(b), f"ping-pong {a}<->{b} n={n} {dtype}")
+        elif self.rank == b:
+            t = poison(self.dev(torch.empty(n, dtype=dtype)))
+            src = dist.recv(t, src=None, group=self.group, tag=tag)  # any source
+            self.expect(torch.equal(t.cpu(), x + 1) and src == self._global(a), f"ping-pong {a}->{b} n={n} {dtype}")
+            dist.send(t + 2, dst=self._global(a), group=self.group, tag=tag)
+
+    def tags_apart(self, n: int, dtype: torch.dtype) -> None:
+        """Every rank isends three messages with different tags to the next rank, and receives
+        them from the previous one in the reverse order: tags are matched, not queued."""
+        ins = self.inputs(3 * n, dtype)
+        if self.P == 1:
+            return
+        nxt, prv = (self.rank + 1) % self.P, (self.rank - 1) % self.P
+        mine, theirs = ins[self.rank].split(n) if n else [ins[self.rank]] * 3, ins[prv].split(n) if n else [ins[prv]] * 3
+        sends = [dist.isend(self.dev(mine[i].clone()), dst=self._global(nxt), group=self.group, tag=10 + i) for i in range(3)]
+        outs = [poison(self.dev(torch.empty(n, dtype=dtype))) for _ in range(3)]
+        recvs = [dist.irecv(outs[i], src=self._global(prv), group=self.group, tag=10 + i) for i in (2, 1, 0)]
+        for work in recvs + sends:
+            work.wait()
+        for i in range(3):
+            self.expect(torch.equal(outs[i].cpu(), theirs[i]), f"tags_apart tag={10 + i} n={n} {dtype}")
+
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
@@ -245,3 +280,130 @@ def run_everything(m: Matrix, sizes: tuple[int, ...] = SIZES, dtypes: tuple[torc
     m.all_reduce(4099, torch.float32, ReduceOp.SUM, async_op=True)
     m.barrier()
 
+
+
+# What each algorithm serves on the workspace path (gpucomm.algorithms.select.ALGORITHMS).
+SERVES = {
+    "oneshot": ("all_reduce",),
+    "twoshot": ("all_reduce",),
+    "ring": ("all_reduce", "all_gather", "reduce_scatter"),
+    "tree": ("all_reduce", "broadcast", "reduce"),
+    "direct": ("broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "p2p", "barrier"),
+    "hierarchical": ("all_reduce",),  # ranks spanning (pretended) nodes: the other collectives use gloo
+}
+
+
+def run_algorithm(
+    m: Matrix,
+    algo: str,
+    sizes: tuple[int, ...] = SIZES,
+    dtypes: tuple[torch.dtype, ...] = DTYPES,
+    ops: tuple[ReduceOp, ...] = OPS,
+) -> None:
+    """Every collective that ``algo`` serves, for every dtype x size (x op), in the same order
+    on every rank; both forms of all_gather and reduce_scatter take turns."""
+    serves = SERVES[algo]
+    for dtype in dtypes:
+        for n in sizes:
+            for op in ops:
+                _reductions(m, serves, n, dtype, op)
+            _movement(m, serves, n, dtype)
+    if "p2p" in serves:
+        for a in range(m.P):
+            for b in range(m.P):
+                if a != b:
+                    m.ping_pong(max(sizes), dtypes[(a + b) % len(dtypes)], a, b, tag=a)
+        m.tags_apart(max(sizes), dtypes[0])
+    if "all_reduce" in serves:
+        m.all_reduce(max(sizes), dtypes[0], ops[0], async_op=True)
+    if "barrier" in serves:
+        m.barrier()
+
+
+def _reductions(m: Matrix, serves: tuple[str, ...], n: int, dtype: torch.dtype, op: ReduceOp) -> None:
+    if "all_reduce" in serves:
+        m.all_reduce(n, dtype, op)
+    if "reduce" in serves:
+        m.reduce(n, dtype, op)
+    if "reduce_scatter" in serves:
+        m.reduce_scatter(n, dtype, op, ("list", "tensor")[m.case % 2])
+
+
+def _movement(m: Matrix, serves: tuple[str, ...], n: int, dtype: torch.dtype) -> None:
+    if "broadcast" in serves:
+        m.broadcast(n, dtype)
+    if "all_gather" in serves:
+        m.all_gather(n, dtype, ("list", "tensor")[m.case % 2])
+    if "gather" in serves:
+        m.gather(n, dtype)
+        m.scatter(n, dtype)
+    if "all_to_all" in serves:
+        m.all_to_all(n, dtype, ("list", "single")[m.case % 2])
+        m.all_to_all_equal(n, dtype)
+    if "p2p" in serves:
+        m.send_recv(n, dtype)
+
+
+def run_lean(m: Matrix, algo: str, sizes: tuple[int, ...]) -> None:
+    """For each size, every collective that ``algo`` serves with every dtype once (reductions,
+    the ops taking turns) or with two dtypes (data movement): every dtype and every op at least
+    once per algorithm and size, in few calls (for the slow Triton interpreter, and for sizes
+    that span many pieces)."""
+    serves = SERVES[algo]
+    for k, n in enumerate(sizes):
+        for i, dtype in enumerate(DTYPES):
+            _reductions(m, serves, n, dtype, OPS[(i + k) % len(OPS)])
+        for dtype in (DTYPES[k % len(DTYPES)], DTYPES[(k + 3) % len(DTYPES)]):
+            _movement(m, serves, n, dtype)
+        if "p2p" in serves:
+            m.ping_pong(n, DTYPES[(k + 1) % len(DTYPES)], 0, m.P - 1, tag=5)
+    if "barrier" in serves:
+        m.barrier()
+
+
+def roundings(label: str, world_size: int) -> int:
+    """How often an algorithm rounds 16-bit partial results (see close_enough)."""
+    if label == "ring":
+        return world_size  # P-1 partial sums, then the last step
+    if label == "tree":
+        return world_size.bit_length()  # one per level, and the root
+    if label == "hierarchical":
+        return 2  # after the node's reduce-scatter, after the inter-node stage
+    return 1
+
+
+def workspace_rank(rank: int, world_size: int, seed: int, device: str, knobs: dict, plan: list[tuple]) -> dict[str, tuple[list[str], list[str], list[str]]]:
+    """Rank body of the workspace-path tests: one Communicator per plan entry.
+
+    ``knobs`` go to init_process_group (transport, kernels, workspace_bytes, ...); each plan
+    entry is ``(label, algo, overrides, kind, args)``: a Communicator with the world's config
+    plus ``overrides`` runs ``run_algorithm(m, algo, *args)`` (kind "full") or ``run_lean(m,
+    algo, *args)`` (kind "lean"). Returns, per label, the failures, the all_reduce digests and
+    the GPUCOMM_DEBUG=INFO lines of that Communicator's calls.
+    """
+    import dataclasses
+    import io
+    import logging
+
+    from gpucomm.communicator import Communicator
+
+    dist.init_process_group(debug="INFO", **knobs)
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    stream = io.StringIO()
+    logging.getLogger("gpucomm").addHandler(logging.StreamHandler(stream))
+    world = dist.get_default_communicator()
+    results = {}
+    for label, algo, overrides, kind, args in plan:
+        config = dataclasses.replace(world.config, **overrides)
+        comm = Communicator(world.store, rank, world_size, prefix=f"{world.prefix}{label}/", config=config)
+        m = Matrix(seed, device=device, group=comm, roundings=roundings(algo, world_size))
+        stream.seek(0)
+        stream.truncate()
+        try:
+            (run_algorithm if kind == "full" else run_lean)(m, algo, *args)
+        finally:
+            comm.close()
+        results[label] = (m.failures, m.digests, stream.getvalue().splitlines())
+    dist.destroy_process_group()
+    return results

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,9 @@ from spawn import free_port
 SCRIPT = Path(__file__).parent / "scripts" / "torch_api_script.py"
 
 
-def _torchrun(script: Path, nproc: int, env_extra: dict[str, str] | None = None) -> dict[int, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+def _torchrun(script: Path, nproc: int, results: Path) -> dict[int, str]:
+    results.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RESULT_DIR": str(results)}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}", str(script)],
         capture_output=True,
@@ -23,12 +23,12 @@ def _torchrun(script: Path, nproc: int, env_extra: dict[str, str] | None = None)
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = {int(m.group(1)): m.group(2) for m in re.finditer(r"^RESULT (\d+) (.*)$", proc.stdout, re.M)}
-    assert sorted(results) == list(range(nproc)), proc.stdout
-    return results
+    found = {int(p.stem.removeprefix("rank")): p.read_text() for p in results.glob("rank*.json")}
+    assert sorted(found) == list(range(nproc)), proc.stdout[-3000:]
+    return found
 
 
 def test_script_runs_unchanged_and_matches_torch_distributed(tmp_path: Path) -> None:
     with_torch = tmp_path / "with_torch.py"
     with_torch.write_text(SCRIPT.read_text().replace("import gpucomm as dist", "import torch.distributed as dist"))
-    assert _torchrun(SCRIPT, 3) == _torchrun(with_torch, 3)
+    assert _torchrun(SCRIPT, 3, tmp_path / "gpucomm") == _torchrun(with_torch, 3, tmp_path / "torch")

@@ -12,7 +12,7 @@ import pytest
 
 from spawn import RanksFailed, run_ranks
 
-WORKSPACE = "16K"  # 8 KiB per half: 4099 fp64 elements already take 5 pieces
+WORKSPACE = "16K"  # 6 KiB per half (mailboxes take a quarter): 4099 fp64 elements take 6 pieces
 LARGE = 20011  # elements: 20 to 80 pieces depending on the dtype
 
 

@@ -1,45 +1,147 @@
 """Algorithm selection: (collective, bytes, world size, topology) → algorithm name.
 
-``GPUCOMM_ALGO`` (one name, or ``family=name`` pairs) overrides the table per call family.
-Each threshold names the measurement behind it.
+``GPUCOMM_ALGO`` overrides the table per call family: one name (``ring``) applies to every
+family it serves and leaves the table to decide elsewhere (``GPUCOMM_ALGO=ring`` still lets
+barrier use flags); ``family=name`` pairs (``all_reduce=ring,broadcast=tree``, a family or
+one of its collectives) name one family each, and may follow a bare name that applies to the
+rest (``ring,broadcast=tree``). A pair naming an algorithm that does not serve its family, or
+no collective at all, is a ``ValueError``.
+
+The choice depends only on values every rank shares (the collective, its size in bytes, the
+world size, the topology), so every rank picks the same algorithm; the engine puts the name in
+the call's fingerprint anyway.
+
+Each threshold names the measurement behind it: CPU-emulation numbers so far (below), to be
+replaced by GPU numbers when a GPU is lent. The topology is an input so that those can differ
+per transport; today one table serves both.
 """
 
 from __future__ import annotations
 
-__all__ = ["ALGORITHMS", "choose"]
+__all__ = ["ALGORITHMS", "FAMILIES", "choose", "family_of"]
 
-# What serves each collective on the workspace path, the first entry being the default.
+# What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("oneshot", "twoshot"),
+    "all_reduce": ("oneshot", "twoshot", "ring", "tree"),
+    "broadcast": ("direct", "tree"),
+    "reduce": ("direct", "tree"),
+    "all_gather": ("direct", "ring"),
+    "reduce_scatter": ("direct", "ring"),
+    "gather": ("direct",),
+    "scatter": ("direct",),
+    "all_to_all": ("direct",),
+    "p2p": ("direct",),
     "barrier": ("direct",),
 }
 
-# all_reduce: one-shot (every rank reads all P slots: (P-1)·n bytes in per rank, one barrier)
-# wins while latency dominates; two-shot ((P-1)/P·2n bytes per rank, two barriers) wins once
-# bandwidth does. CPU emulation (shm + torch kernels, 4 ranks, 2-core CI machine, 2026-11-21,
-# `gpucomm-bench all_reduce --nproc 4 --algo oneshot|twoshot`): see docs/algorithms.md; to be
-# replaced by GPU numbers when a GPU is lent.
+# The family of each collective the communicator routes.
+FAMILIES: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "gather": "gather",
+    "scatter": "scatter",
+    "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "send": "p2p",
+    "isend": "p2p",
+    "recv": "p2p",
+    "irecv": "p2p",
+    "barrier": "barrier",
+}
+
+# Every number below: CPU emulation (shm transport, torch kernels) on a 2-core VM shared with
+# other jobs, `gpucomm-bench <collective> --nproc P --transport shm --kernels torch --algo A
+# -n 10 -w 3 --device cpu`, median time in ms; full tables in docs/algorithms.md
+# ("Measurements"). Ranks outnumber cores there, so every full barrier waits for the OS to
+# schedule every rank, which flatters neighbour-only schedules (ring, tree); GPU numbers
+# (bench/gpu_check.sh) are to replace these.
+#
+# all_reduce, one-shot vs two-shot: one-shot was fastest at 4 and 16 KiB for P = 2, 4 and 8
+# (P=4: 1.3 vs 2.4 ms; P=8 at 4 KiB: 4.6 vs 10.7 ms); 64-256 KiB were within run-to-run noise
+# (P=4, two runs: 17/18 vs 21/22 ms at 64 KiB, 52/19 vs 27/33 ms at 256 KiB); from 1 MiB
+# two-shot was ahead at P=2 (1.8 vs 4.1 ms; 3.6 vs 16.5 ms at 4 MiB), so two ranks get no
+# exception any more.
 ONESHOT_MAX_BYTES = 256 << 10
+# all_reduce, two-shot vs ring: at 16 MiB ring was ahead at P=8 (802 vs 1831 ms) and P=4
+# (110/159 vs 273/296 ms); at 1 MiB it was behind at P=8 (443 vs 171 ms). Ring from 8 ranks
+# and 16 MiB: it also needs the most syncs (2(P-1) per piece), which only pays where the
+# bytes dominate. Tree was the fastest of all from 1 MiB at P=4 and P=8 in this emulation
+# (P=8, 16 MiB: 508 ms), but the table leaves it out: tree and ring round 16-bit partial sums
+# at every step, and that trade is not made automatically on CPU-only evidence.
+RING_MIN_RANKS = 8
+RING_MIN_BYTES = 16 << 20
+# broadcast and reduce: direct (one step) vs tree (log2 P steps). Broadcast: direct was ahead
+# at every size from 4 KiB to 16 MiB at P=4 and P=8 (P=8, 16 MiB: 214 vs 237 ms). Reduce, P=8:
+# mixed (4 KiB: 2.7 vs 3.2 ms direct ahead; 64 KiB: 28 vs 15 ms and 16 MiB: 333 vs 259 ms,
+# tree ahead; 1 MiB: 43 vs 54 ms, direct ahead), within the noise: direct, the one that needs
+# no partial results. The table picks direct; tree is GPUCOMM_ALGO=tree.
+#
+# all_gather and reduce_scatter: direct vs ring. All-gather: direct was ahead at every size
+# (P=8, 1 MiB gathered: 133 vs 373 ms). Reduce-scatter: direct ahead at 16 KiB (P=4, 8), mixed
+# above (P=8, 256 KiB: 43 vs 17 ms ring ahead; 4 MiB: 350 vs 341 ms). The table picks direct.
 
 
-def choose(family: str, nbytes: int, world_size: int, knob: str) -> str | None:
+def family_of(fn: str) -> str | None:
+    return FAMILIES.get(fn)
+
+
+def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
+    """The algorithm GPUCOMM_ALGO names for ``family``, or "auto"."""
+    default, pairs = "auto", {}
+    for item in knob.split(","):
+        name, eq, algo = item.partition("=")
+        if not eq:
+            default = name.strip()
+            continue
+        name = name.strip()
+        key = FAMILIES.get(name, name)  # all_gather_into_tensor=ring names the all_gather family
+        if key not in ALGORITHMS:
+            raise ValueError(f"gpucomm: GPUCOMM_ALGO={knob} names {name!r}, which is not a collective; use one of {list(ALGORITHMS)}")
+        pairs[key] = algo.strip()
+    forced = pairs.get(family)
+    if forced is None:
+        return default if default in served else "auto"
+    if forced != "auto" and forced not in served:
+        raise ValueError(
+            f"gpucomm.{family}: GPUCOMM_ALGO={knob} names {forced}, which does not serve {family}; "
+            f"choose one of {list(served)}"
+        )
+    return forced
+
+
+def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> str | None:
     """The algorithm for one call, or None when the workspace path does not serve it.
 
-    ``knob`` is GPUCOMM_ALGO. A name given for this family (``all_reduce=ring``) must serve it,
-    else ``ValueError``; a single name for every family applies where it serves and leaves the
-    table to decide elsewhere (``GPUCOMM_ALGO=ring`` still lets barrier use flags).
+    ``topology`` is the transport (``shm``, ``cuda_ipc``) or ``hierarchical`` when the ranks
+    span nodes; ``knob`` is GPUCOMM_ALGO.
+
+    Example::
+
+        >>> choose("all_reduce", 4096, 4, "cuda_ipc", "auto")
+        'oneshot'
+        >>> choose("all_gather_into_tensor", 4096, 4, "cuda_ipc", "all_gather=ring")
+        'ring'
     """
-    served = ALGORITHMS.get(family)
-    if served is None:
+    family = family_of(fn)
+    if family is None:
         return None
-    forced = knob
-    if "=" in knob:
-        pairs = dict(item.split("=", 1) for item in knob.split(","))
-        forced = pairs.get(family, "auto")
-        if forced != "auto" and forced not in served:
-            raise ValueError(f"gpucomm.{family}: GPUCOMM_ALGO={knob} names {forced}, which does not serve {family}; choose one of {list(served)}")
-    if forced in served:
+    if topology == "hierarchical":
+        # Only all_reduce has a hierarchical plan on the workspace; the other collectives go
+        # through torch.distributed directly (docs/algorithms.md, "Hierarchical").
+        return "hierarchical" if family == "all_reduce" else None
+    served = ALGORITHMS[family]
+    forced = _forced(family, served, knob)
+    if forced != "auto":
         return forced
     if family == "all_reduce":
-        return "oneshot" if nbytes <= ONESHOT_MAX_BYTES or world_size <= 2 else "twoshot"
-    return served[0]
+        if nbytes <= ONESHOT_MAX_BYTES:
+            return "oneshot"
+        if world_size >= RING_MIN_RANKS and nbytes >= RING_MIN_BYTES:
+            return "ring"
+        return "twoshot"
+    return "direct"

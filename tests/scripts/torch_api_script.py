@@ -5,6 +5,7 @@ import line put back to ``import torch.distributed as dist``; both runs must pri
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -67,5 +68,7 @@ work.wait()
 out["async_all_reduce"] = x.tolist()
 dist.barrier()
 dist.destroy_process_group()
-print("RESULT", rank, json.dumps(out, sort_keys=True), flush=True)
+# One file per rank: torchrun merges the ranks' stdout, and long lines can interleave there.
+with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.json"), "w") as f:
+    json.dump(out, f, sort_keys=True)
 sys.exit(0)

@@ -1,0 +1,78 @@
+"""all_gather (list and tensor forms) on the workspace: direct and ring, over byte regions.
+
+``outs[i]`` receives rank i's ``mine``; the sizes of ``outs`` may differ between ranks' slots
+(the hierarchical all-reduce gathers shards of unequal size) but every rank passes the same
+sizes, so every rank cuts the same pieces.
+
+direct (per piece of one half): copy my piece into my half; sync with all; copy every peer's
+piece out of its half. One sync per piece; each rank reads (P-1)·n bytes.
+
+ring (per piece): step 0 copies my piece into my half; step t = 1..P-1 reads the piece of rank
+q-t from q-1's half, copies it into its half (for q+1) and into ``outs[q-t]``. Every step
+syncs with the neighbours only (``sources=[q-1]``, ``readers=[q+1]``): P-1 syncs per piece,
+(P-1)·n bytes read per rank, each from one neighbour. The write-safety argument is the ring
+all-reduce's (gpucomm.algorithms.allreduce).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gpucomm.algorithms._pieces import count, piece
+from gpucomm.ops.contract import Region
+
+if TYPE_CHECKING:
+    from gpucomm.engine import Engine
+
+__all__ = ["run", "direct", "ring"]
+
+
+def run(algo: str, engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
+    {"direct": direct, "ring": ring}[algo](engine, mine, outs)
+
+
+def _own(engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
+    own = outs[engine.rank]
+    if own.addr != mine.addr:
+        engine.kernels.copy(own, mine)
+
+
+def direct(engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
+    me, k = engine.rank, engine.kernels
+    everyone = engine.peers()
+    _own(engine, mine, outs)
+    cap = engine.half_bytes
+    for t in range(count([o.nbytes for o in outs], cap)):
+        offset = engine.write_offset()
+        mine_t = piece(mine, t, cap)
+        k.copy(engine.slot(me, offset, mine_t.nbytes), mine_t)
+        engine.sync(everyone, everyone)
+        for p in everyone:
+            if p != me:
+                out_t = piece(outs[p], t, cap)
+                k.copy(out_t, engine.slot(p, offset, out_t.nbytes))
+
+
+def ring(engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
+    P, q, k = engine.world_size, engine.rank, engine.kernels
+    if P == 1:
+        direct(engine, mine, outs)
+        return
+    prev, nxt = (q - 1) % P, (q + 1) % P
+    _own(engine, mine, outs)
+    cap = engine.half_bytes
+    for t in range(count([o.nbytes for o in outs], cap)):
+        mine_t = piece(mine, t, cap)
+        k.copy(engine.slot(q, engine.write_offset(), mine_t.nbytes), mine_t)
+        engine.sync([prev], [nxt])
+        for s in range(1, P):
+            out_t = piece(outs[(q - s) % P], t, cap)
+            received = engine.slot(prev, engine.read_offset(), out_t.nbytes)
+            if s == P - 1:
+                k.copy(out_t, received)
+            else:
+                forward = engine.slot(q, engine.write_offset(), out_t.nbytes)
+                k.copy(forward, received)
+                k.copy(out_t, forward)
+                engine.sync([prev], [nxt])

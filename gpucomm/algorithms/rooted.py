@@ -1,0 +1,115 @@
+"""Rooted collectives on the workspace: broadcast and reduce (direct or tree), gather and
+scatter (direct). Roots are communicator ranks; on the flat workspace they are local ranks too.
+
+direct broadcast (per piece of one half): the root copies its piece into its half; one sync
+(root: ``readers`` = everyone; others: ``sources`` = [root]); every other rank copies the piece
+from the root's half. The root's memory serves P-1 readers at once.
+
+direct reduce (per piece): every rank but the root copies its piece into its half; one sync
+(others: ``readers`` = [root]; root: ``sources`` = everyone); the root reduces all P pieces in
+rank order (its own straight from its tensor) into its tensor, rounding once.
+
+gather (per piece): like reduce, with P-1 copies at the root instead of a reduce.
+
+scatter (per piece of a P-th of a half per rank): the root copies piece i of ``inputs[i]``
+into sub-slot i of its half; one sync; rank i copies sub-slot i.
+
+tree broadcast and tree reduce: :mod:`gpucomm.algorithms.tree`.
+
+The non-root ranks of gather, reduce and broadcast wait for nobody in their step (they only
+signal, or only wait for the root): the carry-over of the engine makes their next write wait
+for the root's reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from gpucomm.algorithms import tree
+from gpucomm.algorithms._pieces import count, piece, ranges
+from gpucomm.ops.contract import Region
+from gpucomm.reduce_op import ReduceOp
+
+if TYPE_CHECKING:
+    from gpucomm.engine import Engine
+
+__all__ = ["broadcast", "reduce", "gather", "scatter"]
+
+
+def _roles(engine: Engine, root: int) -> tuple[bool, list[int]]:
+    me = engine.rank
+    return me == root, [p for p in engine.peers() if p != me]
+
+
+def broadcast(algo: str, engine: Engine, tensor: torch.Tensor, root: int) -> None:
+    if algo == "tree":
+        tree.broadcast_down(engine, Region.of(tensor), root)
+        return
+    is_root, others = _roles(engine, root)
+    whole = Region.of(tensor)
+    for start, nbytes in ranges(whole.nbytes, engine.half_bytes):
+        mine = whole.sub(start, nbytes)
+        offset = engine.write_offset()
+        if is_root:
+            engine.kernels.copy(engine.slot(root, offset, nbytes), mine)
+        engine.sync(sources=[] if is_root else [root], readers=others if is_root else [])
+        if not is_root:
+            engine.kernels.copy(mine, engine.slot(root, offset, nbytes))
+
+
+def reduce(algo: str, engine: Engine, tensor: torch.Tensor, root: int, op: ReduceOp) -> None:
+    whole = Region.of(tensor)
+    if algo == "tree":
+        tree.reduce_up(engine, whole, whole, tensor.dtype, op, root)
+        return
+    is_root, others = _roles(engine, root)
+    size = tensor.element_size()
+    for start, n in ranges(tensor.numel(), engine.half_bytes // size):
+        mine = whole.sub(start * size, n * size)
+        offset = engine.write_offset()
+        if not is_root:
+            engine.kernels.copy(engine.slot(engine.rank, offset, mine.nbytes), mine)
+        engine.sync(sources=others if is_root else [], readers=[] if is_root else [root])
+        if is_root:
+            srcs = [mine if p == root else engine.slot(p, offset, mine.nbytes) for p in engine.peers()]
+            engine.kernels.reduce(mine, srcs, tensor.dtype, op, engine.world_size)
+
+
+def gather(engine: Engine, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> None:
+    is_root, others = _roles(engine, root)
+    whole = Region.of(tensor)
+    outs = [Region.of(t) for t in outputs] if is_root and outputs is not None else []
+    if is_root:
+        engine.kernels.copy(outs[root], whole)
+    for start, nbytes in ranges(whole.nbytes, engine.half_bytes):
+        offset = engine.write_offset()
+        if not is_root:
+            engine.kernels.copy(engine.slot(engine.rank, offset, nbytes), whole.sub(start, nbytes))
+        engine.sync(sources=others if is_root else [], readers=[] if is_root else [root])
+        if is_root:
+            for p in others:
+                engine.kernels.copy(outs[p].sub(start, nbytes), engine.slot(p, offset, nbytes))
+
+
+def scatter(engine: Engine, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> None:
+    is_root, others = _roles(engine, root)
+    me, P = engine.rank, engine.world_size
+    whole = Region.of(tensor)
+    ins = [Region.of(t) for t in inputs] if is_root and inputs is not None else []
+    if is_root:
+        engine.kernels.copy(whole, ins[root])
+    # Every destination's piece has the same size, so sub-slot i starts at i * piece bytes:
+    # all ranks agree on where theirs is without a header.
+    cap = engine.half_bytes // P // 16 * 16  # 16-byte aligned sub-slots
+    for t in range(count([whole.nbytes], cap)):
+        mine = piece(whole, t, cap)
+        offset = engine.write_offset()
+        if is_root:
+            for i in others:
+                engine.kernels.copy(engine.slot(me, offset + i * mine.nbytes, mine.nbytes), piece(ins[i], t, cap))
+        engine.sync(sources=[] if is_root else [root], readers=others if is_root else [])
+        if not is_root:
+            engine.kernels.copy(mine, engine.slot(root, offset + me * mine.nbytes, mine.nbytes))
