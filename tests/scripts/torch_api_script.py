@@ -61,7 +61,7 @@ if rank == 0:
 elif rank == 1:
     dist.recv(t, src=0)
     out["recv"] = t.tolist()
-else:
+elif rank == 2:
     dist.isend(x, dst=0).wait()
 work = dist.all_reduce(x, async_op=True)
 work.wait()
