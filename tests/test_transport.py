@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from rank_store import rank_store, store_barrier
 from spawn import run_ranks
 
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError
@@ -25,20 +26,6 @@ from gpucomm.transport.workspace import Handshake
 DATA_BYTES = 4099  # odd on purpose: not a multiple of 16, 256 or a page
 FLAG_COUNT = 7
 CPU = torch.device("cpu")
-
-
-def _store(rank: int, world_size: int) -> dist.Store:
-    """A TCPStore from the harness's MASTER_ADDR/PORT, under a test-only PrefixStore."""
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0,
-        timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
-    )
-    return dist.PrefixStore("gpucomm_test/", store)
-
-
-def _barrier(store: dist.Store, name: str, rank: int, world_size: int) -> None:
-    store.set(f"{name}/{rank}", b"1")
-    store.wait([f"{name}/{r}" for r in range(world_size)], datetime.timedelta(seconds=60))
 
 
 def _finish(store: dist.Store, name: str, rank: int, world_size: int) -> None:
@@ -72,7 +59,7 @@ def _segments(prefix: str) -> list[str]:
 
 
 def _rank_data_check(rank, world_size, prefix, seed):
-    store = _store(rank, world_size)
+    store = rank_store(rank, world_size)
     ws = _open(store, prefix, rank, world_size)
     try:
         assert (ws.kind, ws.rank, ws.world_size, ws.device) == ("shm", rank, world_size, CPU)
@@ -80,13 +67,13 @@ def _rank_data_check(rank, world_size, prefix, seed):
             assert torch.count_nonzero(ws.flags(peer).bytes) == 0, f"peer {peer}'s flags not zero at open"
             assert ws.data(peer).nbytes == DATA_BYTES and ws.flags(peer).nbytes == FLAG_COUNT * 8
             assert ws.data(peer).addr % 256 == 0 and ws.flags(peer).addr % 4096 == 0
-        _barrier(store, f"{prefix}checked", rank, world_size)  # nobody writes before all checked zeros
+        store_barrier(store, f"{prefix}checked", rank, world_size)  # nobody writes before all checked zeros
         own = ws.data(rank)
         own.bytes.copy_(_pattern(seed, rank))
         for owner in range(world_size):  # one-sided writes into every peer's flag area
             ws.flag(owner, rank).view(torch.int64).fill_(_flag_value(rank, owner))
         ws.flag(rank, FLAG_COUNT - 1).view(torch.int64).fill_(-rank - 1)
-        _barrier(store, f"{prefix}written", rank, world_size)
+        store_barrier(store, f"{prefix}written", rank, world_size)
         for peer in range(world_size):
             expected = _pattern(seed, peer)
             region = ws.data(peer)
@@ -100,7 +87,7 @@ def _rank_data_check(rank, world_size, prefix, seed):
         assert mine == [_flag_value(writer, rank) for writer in range(world_size)], mine
         untouched = ws.flags(rank, world_size, FLAG_COUNT - 1 - world_size).bytes
         assert torch.count_nonzero(untouched) == 0
-        _barrier(store, f"{prefix}read", rank, world_size)
+        store_barrier(store, f"{prefix}read", rank, world_size)
         _finish(store, prefix, rank, world_size)
         return _segments(prefix)
     finally:
@@ -167,7 +154,7 @@ def test_timeout_names_the_missing_rank():
 
 
 def _rank_never_opens(rank, world_size, prefix):
-    store = _store(rank, world_size)
+    store = rank_store(rank, world_size)
     if rank != 1:  # rank 1 joins the store but never opens the workspace
         start = time.monotonic()
         with pytest.raises(CommTimeoutError) as info:
@@ -227,7 +214,7 @@ def _mapped_gpucomm_segments() -> int:
 
 
 def _rank_open_close_loop(rank, world_size, prefix, rounds):
-    store = _store(rank, world_size)
+    store = rank_store(rank, world_size)
     counts = []
     for i in range(rounds):
         ws = _open(store, f"{prefix}{i}/", rank, world_size)
@@ -236,8 +223,12 @@ def _rank_open_close_loop(rank, world_size, prefix, rounds):
         ws.close()
         del held
         counts.append((_fds(), _mapped_gpucomm_segments()))
+    # Every rank unlinks its own segment just after the last "opened" barrier: list /dev/shm
+    # only once all ranks are past that, or a peer's last segment may still be there.
+    store_barrier(store, f"{prefix}looped", rank, world_size)
+    left = [_segments(f"{prefix}{i}/") for i in range(rounds)]
     _finish(store, prefix, rank, world_size)
-    return counts, [_segments(f"{prefix}{i}/") for i in range(rounds)]
+    return counts, left
 
 
 def test_open_close_loop_leaks_nothing():
@@ -252,10 +243,10 @@ def test_open_close_loop_leaks_nothing():
 
 
 def _rank_killed_after_open(rank, world_size, prefix, seed):
-    store = _store(rank, world_size)
+    store = rank_store(rank, world_size)
     ws = _open(store, prefix, rank, world_size)
     ws.data(rank).bytes.copy_(_pattern(seed, rank))
-    _barrier(store, f"{prefix}written", rank, world_size)
+    store_barrier(store, f"{prefix}written", rank, world_size)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     # The dead rank's memory stays mapped here: its data is still readable.

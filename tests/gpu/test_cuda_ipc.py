@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from rank_store import rank_store, store_barrier
 from spawn import run_ranks
 
 from gpucomm.transport import cuda_ipc_available, open_workspace
@@ -18,19 +19,6 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
 
 DATA_BYTES = 4099  # odd on purpose
 FLAG_COUNT = 7
-
-
-def _store(rank: int, world_size: int) -> dist.Store:
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0,
-        timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
-    )
-    return dist.PrefixStore("gpucomm_test/", store)
-
-
-def _barrier(store: dist.Store, name: str, rank: int, world_size: int) -> None:
-    store.set(f"{name}/{rank}", b"1")
-    store.wait([f"{name}/{r}" for r in range(world_size)], datetime.timedelta(seconds=60))
 
 
 def _pattern(seed: int, rank: int) -> torch.Tensor:
@@ -53,7 +41,7 @@ def _raw_read(addr: int, nbytes: int) -> bytes:
 def _rank_cuda_check(rank, world_size, prefix, seed):
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
-    store = _store(rank, world_size)
+    store = rank_store(rank, world_size)
     ws = open_workspace(
         "cuda_ipc", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=DATA_BYTES,
         flag_count=FLAG_COUNT, device=device, timeout=60.0,
@@ -63,12 +51,12 @@ def _rank_cuda_check(rank, world_size, prefix, seed):
         for peer in range(world_size):
             assert ws.data(peer).bytes.device == device
             assert torch.count_nonzero(ws.flags(peer).bytes).item() == 0, f"peer {peer}'s flags not zero"
-        _barrier(store, f"{prefix}checked", rank, world_size)
+        store_barrier(store, f"{prefix}checked", rank, world_size)
         ws.data(rank).bytes.copy_(_pattern(seed, rank).to(device))
         for owner in range(world_size):  # writes into every peer's memory through the IPC mapping
             ws.flag(owner, rank).view(torch.int64).fill_(_flag_value(rank, owner))
         torch.cuda.synchronize(device)
-        _barrier(store, f"{prefix}written", rank, world_size)
+        store_barrier(store, f"{prefix}written", rank, world_size)
         for peer in range(world_size):
             expected = _pattern(seed, peer)
             region = ws.data(peer)
@@ -76,7 +64,7 @@ def _rank_cuda_check(rank, world_size, prefix, seed):
             assert _raw_read(region.addr, region.nbytes) == expected.numpy().tobytes(), f"peer {peer} (raw)"
         mine = ws.flags(rank, 0, world_size).view(torch.int64).tolist()
         assert mine == [_flag_value(w, rank) for w in range(world_size)], mine
-        _barrier(store, f"{prefix}read", rank, world_size)  # nobody unmaps while a peer still reads
+        store_barrier(store, f"{prefix}read", rank, world_size)  # nobody unmaps while a peer still reads
     finally:
         ws.close()
     ws.close()
