@@ -7,6 +7,7 @@ working: same names, same signatures, same rank conventions (``src``/``dst`` are
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import warnings
 from collections.abc import Sequence
@@ -14,11 +15,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from gpucomm.communicator import Communicator
+from gpucomm.communicator import Communicator, release_all
 from gpucomm.config import Config
 from gpucomm.errors import GpucommError, NotInitializedError
 from gpucomm.reduce_op import ReduceOp
-from gpucomm.rendezvous import rendezvous
+from gpucomm.rendezvous import release_stores, rendezvous
 from gpucomm.work import Work
 
 __all__ = [
@@ -128,6 +129,15 @@ def destroy_process_group(group: Communicator | None = None) -> None:
         comm.close()
     if world is not None:
         world.close()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """A process that never called destroy_process_group stops gpucomm's threads (gloo's, the
+    stores') before the interpreter tears itself down, so that it exits cleanly."""
+    _State.world, _State.groups = None, []
+    release_all()
+    release_stores()
 
 
 def is_initialized() -> bool:

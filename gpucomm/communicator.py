@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import weakref
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -39,7 +40,7 @@ from gpucomm.validation import (
 )
 from gpucomm.work import Work
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "release_all"]
 
 _POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 # Collectives whose tensors may differ in size between ranks (split sizes, per-pair lists).
@@ -47,6 +48,18 @@ _UNEVEN_SIZES = ("all_to_all", "all_to_all_single")
 # How gloo words a peer that died or never came: "Timed out waiting ...", "Connection closed by
 # peer", "Connection reset by peer", "Socket closed", "Broken pipe".
 _GLOO_PEER_FAILURES = ("imed out", "onnection closed", "onnection reset", "ocket closed", "roken pipe", "Read error", "Write error")
+
+
+# Communicators not closed yet: their threads are stopped at exit (release_all).
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+
+
+def release_all() -> None:
+    """Stop the threads of every communicator still open (gloo's, the inter-node groups'), for
+    a process that exits without destroying its groups. Nothing collective happens: peers may
+    be gone already, and the process's exit frees the workspaces."""
+    for comm in list(_LIVE):
+        comm._release_threads()
 
 
 def _rank_device(local_rank: int) -> torch.device | None:
@@ -98,7 +111,12 @@ class Communicator:
         self._closed = False
         self._liveness = Liveness(store, prefix, rank, world_size)
         self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
-        self._engine = self._make_engine()
+        try:
+            self._engine = self._make_engine()
+        except BaseException:
+            self._fallback.close()
+            raise
+        _LIVE.add(self)
 
     # -- life cycle ---------------------------------------------------------------------------
     def _make_engine(self) -> Engine | None:
@@ -113,9 +131,20 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         try:
             if self._engine is not None:
                 self._engine.close()
+        finally:
+            self._fallback.close()
+
+    def _release_threads(self) -> None:
+        """At exit: stop gloo's threads now, leave the workspace to the process's end."""
+        self._closed = True
+        _LIVE.discard(self)
+        try:
+            if self._engine is not None and self._engine.inter is not None:
+                self._engine.inter.close()
         finally:
             self._fallback.close()
 

@@ -24,6 +24,8 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_WORKSPACE_BYTES = 8 << 20
 # Smallest workspace that still holds a flag area and two aligned data halves.
 MIN_WORKSPACE_BYTES = 4096
+# Channels of the program kernel at most (one thread block each).
+MAX_CHANNELS = 64
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Config:
     debug: str = ""
     local_world_size: int | None = None
     check: str = "fingerprint"
+    channels: int = 0  # 0: auto (gpucomm.engine chooses)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -88,6 +91,14 @@ def _parse(name: str, value: object) -> object:
         if not seconds > 0:
             raise ValueError(f"gpucomm: GPUCOMM_TIMEOUT must be a positive number of seconds, got {value!r}")
         return float(seconds)
+    if name == "channels":
+        text = str(value).strip().lower()
+        if text in ("auto", "0"):
+            return 0
+        count = int(text) if text.isdigit() else -1
+        if not 1 <= count <= MAX_CHANNELS:
+            raise ValueError(f"gpucomm: GPUCOMM_CHANNELS must be auto or 1..{MAX_CHANNELS}, got {value!r}")
+        return count
     if name == "local_world_size":
         count = int(value)  # type: ignore[call-overload]
         if count < 1:

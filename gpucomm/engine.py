@@ -1,58 +1,38 @@
 """The workspace path: gpucomm's own kernels over the symmetric workspace.
 
-The engine owns what one communicator needs on this path (the workspace, the kernels, the epoch
-and round counters, the mailboxes of send/recv, the inter-node group of hierarchical
-collectives) and the primitives every algorithm in :mod:`gpucomm.algorithms` is built from.
+The engine owns what one communicator needs on this path: the workspace, the programs of the
+calls it has served (one per call shape, built by the algorithms through a
+:class:`gpucomm.program.Builder`), the executor that runs them, the mailboxes of send/recv and
+the inter-node group of hierarchical collectives.
 
 Layout of one rank's workspace::
 
-    flags: [channel 0: collectives | channel 1: p2p "data ready" | channel 2: p2p "consumed"]
-           each channel holds one int64 per peer p (flags[c * P + p]), written only by p
+    flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state]
+           sync flag c * P + p is channel c's flag written by rank p; state is
+           [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner
     data:  [p2p mailboxes (a quarter) | half 0 | half 1]
 
-Rounds and epochs (channel 0). Every collective is a sequence of ``sync()`` calls; every rank
-makes the same number of them per collective (ranks with nothing to do in a step still call
-``sync()`` with empty sets), so the epoch counter advances identically everywhere. A flag
-value packs the epoch and the call's fingerprint: ``epoch << FP_BITS | fingerprint``. Waiting
-for ``flag >= epoch << FP_BITS`` is the epoch test (flags are monotonic: nothing is ever
-reset); a peer whose flag carries *this* epoch must carry my fingerprint too, else the ranks
-called different collectives (or sizes, dtypes, ops, roots, algorithms) and
-:class:`CommMismatchError` is raised. The first sync of every collective signals every peer,
-not only those that wait, and in a rooted collective the root also waits for every peer in it:
-two ranks that both believe they are the root (``broadcast(t, src=rank)``) see each other's
-fingerprint and raise, where they would otherwise both return without waiting for anyone.
+Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
+epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
+torch reference kernels run it step by step from the host (:mod:`gpucomm.host_executor`).
+Either way a program means the same thing (:mod:`gpucomm.program`).
 
-Round k is the interval between sync k-1 and sync k (``self.round`` = syncs done so far).
-Data written in round k lives in half k % 2 ("round-k data"); it may be read only in round
-k + 1, i.e. after sync k and before the reader's sync k + 1. Each ``sync(sources, readers)``
-names whose round-k data this rank reads next (``sources``: it waits for them) and who reads
-its own round-k data (``readers``: it signals them). The engine adds a carry-over from the
-previous sync: it signals last sync's ``sources`` (I have finished reading your data) and waits
-for last sync's ``readers`` (you have finished reading mine). So before a rank writes round
-k + 1 data into half (k + 1) % 2, every reader of the round-(k-1) data that half held has
-passed sync k after its reads. The argument needs nothing else: it holds for full barriers
-(one-shot), neighbour-only steps (ring), parent/child steps (tree), one-sided steps (gather,
-scatter) and across collectives of different algorithms, because the carry-over lives in the
-engine, not in the algorithm. Signal and wait sets stay symmetric as long as the algorithms'
-declarations are (p is in my ``readers`` exactly when I am in p's ``sources``), which each
-algorithm module argues for its own steps.
-
-Send/recv (channels 1 and 2) do not touch the epoch: see :mod:`gpucomm.algorithms.p2p`.
+Send/recv do not touch the epochs: see :mod:`gpucomm.algorithms.p2p`.
 """
 
 from __future__ import annotations
 
-import time
-import zlib
-from collections.abc import Sequence
+import collections
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
-from gpucomm.errors import CommMismatchError, CommTimeoutError, UnsupportedError
+from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
+from gpucomm.program import Builder, Program
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.transport import open_workspace
 from gpucomm.work import Work
@@ -60,16 +40,13 @@ from gpucomm.work import Work
 if TYPE_CHECKING:
     from gpucomm.communicator import Communicator
 
-__all__ = ["Engine", "FP_BITS", "CHANNELS", "Topology"]
+__all__ = ["Engine", "Topology", "FlagLayout"]
 
-FP_BITS = 20  # low bits of a flag: the call's fingerprint; the rest: the epoch (2^43 steps)
 _ALIGN = 256  # every half starts 256-byte aligned: full 16-byte vectors for the kernels
-CHANNELS = 3  # flag channels: collectives, p2p data ready, p2p consumed
-COLLECTIVE, P2P_READY, P2P_DONE = range(CHANNELS)
 _P2P_SHARE = 4  # the mailboxes take 1/_P2P_SHARE of the data area
-# While sends or receives are pending, a collective's wait polls in slices this long and moves
-# the mailboxes between them, so that a rank blocked in a collective still feeds a peer's recv.
-_PROGRESS_SLICE_S = 0.002
+# Programs kept per communicator. A training loop calls a few shapes on the same buffers; a
+# caller that keeps passing new tensors only evicts old programs.
+_PROGRAM_CACHE = 256
 
 
 class Topology:
@@ -93,6 +70,24 @@ class Topology:
     @property
     def hierarchical(self) -> bool:
         return len(self.nodes) > 1
+
+
+class FlagLayout:
+    """Indices of the int64 words in a rank's flag area (module docstring)."""
+
+    def __init__(self, world_size: int, channels: int) -> None:
+        self.world_size = world_size
+        self.channels = channels
+        self.p2p_ready = channels * world_size
+        self.p2p_done = self.p2p_ready + world_size
+        self.state = self.p2p_done + world_size  # poison, then the epoch of every channel
+        self.count = self.state + 1 + channels
+
+    def sync_flag(self, channel: int, writer: int) -> int:
+        return channel * self.world_size + writer
+
+    def epoch(self, channel: int) -> int:
+        return self.state + 1 + channel
 
 
 class Engine:
@@ -120,7 +115,9 @@ class Engine:
                 f"gpucomm: GPUCOMM_WORKSPACE_BYTES={data_bytes} leaves halves of {self.half_bytes} bytes, too "
                 f"small for 16 bytes per rank of {self.world_size} ranks on a node; raise it"
             )
-        self.mail = p2p.Mailboxes(self, P2P_READY, P2P_DONE)  # checks its layout before anything is opened
+        self.channels = _channels(comm.config.channels, self.kernels.name, device, self.world_size)
+        self.flags = FlagLayout(self.world_size, self.channels)
+        self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
         node_tag = f"n{topology.node}/" if topology.hierarchical else ""
         self.workspace = open_workspace(
             transport,
@@ -129,19 +126,13 @@ class Engine:
             rank=self.rank,
             world_size=self.world_size,
             data_bytes=self.p2p_bytes + 2 * self.half_bytes,
-            flag_count=CHANNELS * self.world_size,
+            flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
         )
-        self.epoch = 0
-        self.round = 0  # syncs done: data written now is round `round` data
-        self.fingerprint = 0
-        self.op_name = ""  # the collective being served, for error messages
-        self._first = False  # the next sync is its collective's first
-        self._root: int | None = None  # the root of the current collective, if it has one
-        self._carry_sources: list[int] = []
-        self._carry_readers: list[int] = []
+        self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
         try:
+            self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
             self.workspace.close()
@@ -170,11 +161,21 @@ class Engine:
             return None
         return cls(comm, transport, device, topology)
 
+    def _make_executor(self) -> object:
+        if self.kernels.name == "torch":
+            from gpucomm.host_executor import HostExecutor
+
+            return HostExecutor(self)
+        from gpucomm.device_executor import DeviceExecutor
+
+        return DeviceExecutor(self)
+
     def close(self) -> None:
         try:
             if self.inter is not None:
                 self.inter.close()
         finally:
+            self._programs.clear()
             self.workspace.close()
 
     # -- planning -----------------------------------------------------------------------------
@@ -189,91 +190,56 @@ class Engine:
     def describe(self, algo: str) -> dict[str, object]:
         return {"algo": algo, "transport": self.transport, "kernels": self.kernels.name}
 
-    # -- primitives the algorithms use --------------------------------------------------------
-    def begin(self, op_name: str, fingerprint_fields: Sequence[object], root: int | None = None) -> None:
-        """Start one collective: name it for errors and derive its fingerprint (``root``, a
-        local rank, is part of it)."""
-        self.op_name = op_name
-        text = "|".join(str(f) for f in (op_name, *fingerprint_fields, root))
-        self.fingerprint = zlib.crc32(text.encode()) & ((1 << FP_BITS) - 1)
-        self._first = True
-        self._root = root
+    # -- programs -----------------------------------------------------------------------------
+    def program(
+        self,
+        name: str,
+        fields: tuple,
+        regions: Sequence[Region],
+        build: Callable[[Builder], None],
+        root: int | None = None,
+        local: tuple = (),
+    ) -> Program:
+        """The program of this call shape: built by ``build`` on first use, then reused.
 
-    def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = ()) -> None:
-        """End the current round: signal ``readers`` (they read my data of this round) and wait
-        for ``sources`` (I read theirs next), plus the carry-over of the last sync (module
-        docstring). Ranks are local ranks."""
-        me = self.rank
-        sources = [p for p in sources if p != me]
-        readers = [p for p in readers if p != me]
-        others = [p for p in range(self.world_size) if p != me]
-        wait_for = sorted(set(sources) | set(self._carry_readers))
-        if self._first:
-            signal_to = others
-            if self._root == me:
-                wait_for = others
-            self._first = False
+        ``fields`` (what every rank must agree on: dtype, count, op, algorithm, ...) go into the
+        fingerprint; ``regions`` (this rank's buffers) and ``local`` (what may differ between
+        ranks, such as all_to_all's split sizes) only into the cache key.
+        """
+        key = (name, fields, root, local, tuple((r.addr, r.nbytes) for r in regions))
+        program = self._programs.get(key)
+        if program is None:
+            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root)
+            build(builder)
+            program = builder.finish()
+            self._programs[key] = program
+            if len(self._programs) > _PROGRAM_CACHE:
+                self._programs.popitem(last=False)
         else:
-            signal_to = sorted(set(readers) | set(self._carry_sources))
-        self._carry_sources, self._carry_readers = sources, readers
-        self.epoch += 1
-        self.round += 1
-        ws = self.workspace
-        if signal_to:
-            self.kernels.signal([ws.flag(p, COLLECTIVE * self.world_size + me) for p in signal_to], self.epoch << FP_BITS | self.fingerprint)
-        if wait_for:
-            flags = [ws.flag(me, COLLECTIVE * self.world_size + p) for p in wait_for]
-            self.wait(flags, self.epoch << FP_BITS, wait_for, self.epoch)
-            self._check_fingerprints(wait_for, flags)
+            self._programs.move_to_end(key)
+        return program
 
-    def barrier_all(self) -> None:
-        """A sync with every local rank in both directions."""
-        everyone = self.peers()
-        self.sync(everyone, everyone)
+    def run(
+        self,
+        name: str,
+        fields: tuple,
+        regions: Sequence[Region],
+        build: Callable[[Builder], None],
+        root: int | None = None,
+        local: tuple = (),
+    ) -> None:
+        """Run the program of this call shape (arguments as :meth:`program`)."""
+        self.executor.run(self.program(name, fields, regions, build, root, local))
 
-    def wait(self, flags: Sequence[Region], target: int, peers: Sequence[int], epoch: int | None, deadline: float | None = None) -> None:
-        """Wait until every flag is ``>= target`` or raise :class:`CommTimeoutError` naming the
-        peers (local ranks) still missing; moves pending sends and receives meanwhile."""
-        deadline = time.monotonic() + self.timeout if deadline is None else deadline
-        flags, peers = list(flags), list(peers)
-        while True:
-            busy = self.mail.busy()
-            until = min(deadline, time.monotonic() + _PROGRESS_SLICE_S) if busy else deadline
-            missing = self.kernels.wait(flags, target, until)
-            if not missing:
-                return
-            flags, peers = [flags[i] for i in missing], [peers[i] for i in missing]
-            if time.monotonic() >= deadline:
-                raise CommTimeoutError(self.op_name, epoch, self.comm_rank, [self.members[p] for p in peers], self.timeout)
-            if busy:
-                self.mail.progress()
-
-    def _check_fingerprints(self, peers: Sequence[int], flags: Sequence[Region]) -> None:
-        if self.device.type == "cpu":
-            seen = [int(f.view(torch.int64)[0]) for f in flags]
-        else:
-            seen = torch.stack([f.view(torch.int64)[0] for f in flags]).tolist()
-        for peer, value in zip(peers, seen):
-            if value >> FP_BITS == self.epoch and value & ((1 << FP_BITS) - 1) != self.fingerprint:
-                raise CommMismatchError(
-                    f"gpucomm.{self.op_name} epoch {self.epoch}: rank {self.comm_rank} and rank {self.members[peer]} "
-                    f"called different collectives (or sizes, dtypes, ops, roots or algorithms) at the same step"
-                )
-
-    def write_offset(self) -> int:
-        """Byte offset (in the data area) of the half that data written now goes to."""
-        return self.p2p_bytes + (self.round % 2) * self.half_bytes
-
-    def read_offset(self) -> int:
-        """Byte offset of the half holding the data of the last round, readable now."""
-        return self.p2p_bytes + ((self.round - 1) % 2) * self.half_bytes
-
-    def slot(self, peer: int, offset: int, nbytes: int) -> Region:
-        """``nbytes`` bytes of local rank ``peer``'s data area from ``offset``."""
+    def mailbox(self, peer: int, offset: int, nbytes: int) -> Region:
+        """``nbytes`` bytes of local rank ``peer``'s send/recv area from ``offset``."""
         return self.workspace.data(peer, offset, nbytes)
 
-    def peers(self) -> list[int]:
-        return list(range(self.world_size))
+    def published(self, peer: int, offset: int, nbytes: int) -> Region:
+        """Bytes of ``peer``'s half that holds the data written before the last sync, read
+        from the host (after the executor's work so far has finished)."""
+        epoch = self.executor.epoch()
+        return self.workspace.data(peer, self.p2p_bytes + (epoch - 1) % 2 * self.half_bytes + offset, nbytes)
 
     def local_of(self, comm_rank: int) -> int:
         """The local rank of a communicator rank on this node (flat: the same rank)."""
@@ -281,63 +247,67 @@ class Engine:
 
     # -- collectives (the same arguments as GlooFallback's methods, plus the algorithm) ---------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
-        self.begin("all_reduce", (tensor.dtype, tensor.numel(), op.name, algo))
         if algo == "hierarchical":
             hierarchical.all_reduce(self, tensor, op)
         else:
-            allreduce.run(algo, self, tensor, op)
+            fields = (tensor.dtype, tensor.numel(), op.name, algo)
+            self.run("all_reduce", fields, [Region.of(tensor)], lambda b: allreduce.run(algo, b, tensor, op))
         return self.completed()
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp, *, algo: str) -> Work:
         root = self.local_of(dst)
-        self.begin("reduce", (tensor.dtype, tensor.numel(), op.name, algo), root)
-        rooted.reduce(algo, self, tensor, root, op)
+        fields = (tensor.dtype, tensor.numel(), op.name, algo)
+        self.run("reduce", fields, [Region.of(tensor)], lambda b: rooted.reduce(algo, b, tensor, root, op), root)
         return self.completed()
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, algo: str) -> Work:
         root = self.local_of(src)
-        self.begin("broadcast", (tensor.dtype, tensor.numel(), algo), root)
-        rooted.broadcast(algo, self, tensor, root)
+        fields = (tensor.dtype, tensor.numel(), algo)
+        self.run("broadcast", fields, [Region.of(tensor)], lambda b: rooted.broadcast(algo, b, tensor, root), root)
         return self.completed()
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, algo: str) -> Work:
-        self.begin("all_gather", (tensor.dtype, tensor.numel(), algo))
-        allgather.run(algo, self, Region.of(tensor), [Region.of(t) for t in outputs])
+        mine, outs = Region.of(tensor), [Region.of(t) for t in outputs]
+        self.run("all_gather", (tensor.dtype, tensor.numel(), algo), [mine, *outs], lambda b: allgather.run(algo, b, mine, outs))
         return self.completed()
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, algo: str) -> Work:
-        self.begin("all_gather_into_tensor", (tensor.dtype, tensor.numel(), algo))
-        whole, size = Region.of(output), tensor.numel() * tensor.element_size()
-        allgather.run(algo, self, Region.of(tensor), [whole.sub(p * size, size) for p in self.peers()])
+        mine, whole, size = Region.of(tensor), Region.of(output), tensor.numel() * tensor.element_size()
+        outs = [whole.sub(p * size, size) for p in range(self.world_size)]
+        fields = (tensor.dtype, tensor.numel(), algo)
+        self.run("all_gather_into_tensor", fields, [mine, whole], lambda b: allgather.run(algo, b, mine, outs))
         return self.completed()
 
     def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int, *, algo: str) -> Work:
         root = self.local_of(dst)
-        self.begin("gather", (tensor.dtype, tensor.numel(), algo), root)
-        rooted.gather(self, tensor, outputs, root)
+        regions = [Region.of(tensor), *(Region.of(t) for t in outputs or ())]
+        fields = (tensor.dtype, tensor.numel(), algo)
+        self.run("gather", fields, regions, lambda b: rooted.gather(b, tensor, outputs, root), root)
         return self.completed()
 
     def scatter(self, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, src: int, *, algo: str) -> Work:
         root = self.local_of(src)
-        self.begin("scatter", (tensor.dtype, tensor.numel(), algo), root)
-        rooted.scatter(self, tensor, inputs, root)
+        regions = [Region.of(tensor), *(Region.of(t) for t in inputs or ())]
+        fields = (tensor.dtype, tensor.numel(), algo)
+        self.run("scatter", fields, regions, lambda b: rooted.scatter(b, tensor, inputs, root), root)
         return self.completed()
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, algo: str) -> Work:
-        self.begin("reduce_scatter", (output.dtype, output.numel(), op.name, algo))
-        reducescatter.run(algo, self, [Region.of(t) for t in inputs], Region.of(output), output.dtype, op)
+        chunks, out = [Region.of(t) for t in inputs], Region.of(output)
+        fields = (output.dtype, output.numel(), op.name, algo)
+        self.run("reduce_scatter", fields, [*chunks, out], lambda b: reducescatter.run(algo, b, chunks, out, output.dtype, op))
         return self.completed()
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
-        self.begin("reduce_scatter_tensor", (output.dtype, output.numel(), op.name, algo))
-        whole, size = Region.of(input), output.numel() * output.element_size()
-        chunks = [whole.sub(p * size, size) for p in self.peers()]
-        reducescatter.run(algo, self, chunks, Region.of(output), output.dtype, op, source=whole)
+        whole, out, size = Region.of(input), Region.of(output), output.numel() * output.element_size()
+        chunks = [whole.sub(p * size, size) for p in range(self.world_size)]
+        fields = (output.dtype, output.numel(), op.name, algo)
+        build = lambda b: reducescatter.run(algo, b, chunks, out, output.dtype, op, source=whole)  # noqa: E731
+        self.run("reduce_scatter_tensor", fields, [whole, out], build)
         return self.completed()
 
     def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, algo: str) -> Work:
-        self.begin("all_to_all", (inputs[0].dtype, algo))
-        alltoall.run(self, [Region.of(t) for t in outputs], [Region.of(t) for t in inputs])
+        self._all_to_all("all_to_all", (inputs[0].dtype, algo), [Region.of(t) for t in outputs], [Region.of(t) for t in inputs])
         return self.completed()
 
     def all_to_all_single(
@@ -349,12 +319,22 @@ class Engine:
         *,
         algo: str,
     ) -> Work:
-        self.begin("all_to_all_single", (input.dtype, tuple(input.shape[1:]), algo))
         P = self.world_size
-        outs = _split(output, output_split_sizes, P)
-        ins = _split(input, input_split_sizes, P)
-        alltoall.run(self, outs, ins)
+        fields = (input.dtype, tuple(input.shape[1:]), algo)
+        self._all_to_all("all_to_all_single", fields, _split(output, output_split_sizes, P), _split(input, input_split_sizes, P))
         return self.completed()
+
+    def _all_to_all(self, name: str, fields: tuple, outs: list[Region], ins: list[Region]) -> None:
+        """The two programs of :mod:`gpucomm.algorithms.alltoall` and the host's look at the headers."""
+        sizes = tuple(r.nbytes for r in ins + outs)
+        regions = [*outs, *ins]
+        announce = lambda b: alltoall.announce(b, outs, ins, b.keep(alltoall.size_table(outs, ins, self.device)))  # noqa: E731
+        first = self.program(name, (*fields, "announce"), regions, announce, local=sizes)
+        self.executor.run(first)
+        P = self.world_size
+        matrix = [self.published(p, 0, 16 * P).view(torch.int64).tolist() for p in range(P)]
+        total = alltoall.rounds(matrix, self.half_bytes, self.members, name)
+        self.run(name, (*fields, "deliver", total), regions, lambda b: alltoall.deliver(b, outs, ins, total), local=sizes)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, *, algo: str) -> Work:
         return self.mail.isend(Region.of(tensor), self.local_of(dst), tag)
@@ -363,8 +343,7 @@ class Engine:
         return self.mail.irecv(Region.of(tensor), None if src is None else self.local_of(src), tag)
 
     def barrier(self, *, algo: str) -> Work:
-        self.begin("barrier", ())
-        self.barrier_all()
+        self.run("barrier", (), [], lambda b: b.barrier_all())
         return self.completed()
 
     def completed(self) -> Work:
@@ -374,6 +353,21 @@ class Engine:
         event = torch.cuda.Event()
         event.record()
         return Work(event=event)
+
+
+def _channels(knob: int, kernels: str, device: torch.device, world_size: int) -> int:
+    """How many channels the program kernel runs (1 for the host executor)."""
+    if kernels == "torch":
+        return 1
+    if knob:
+        return knob
+    if device.type != "cuda":
+        return 1  # the interpreter runs channels one after the other: more buy nothing
+    # Enough channels for a launch to keep the copy engines of the SMs busy, few enough that the
+    # channels of every rank sharing this GPU fit on it at once (waits spin inside them). To be
+    # measured on a lent GPU (docs/results/).
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(16, sms // (2 * world_size)))
 
 
 def _split(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[Region]:

@@ -66,7 +66,14 @@ class GlooFallback:
         self.pg = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
 
     def close(self) -> None:
-        shutdown = getattr(self.pg, "shutdown", None)
+        """Stop gloo's threads and release the group now, while the interpreter is whole.
+
+        A group left to the interpreter's own teardown can abort the process ("terminate called
+        without an active exception"): its threads release tensors, which takes the GIL, and a
+        finalising interpreter ends any thread that asks for it. Idempotent.
+        """
+        pg, self.pg = self.pg, None
+        shutdown = getattr(pg, "shutdown", None)
         if shutdown is not None:
             shutdown()
 

@@ -50,6 +50,12 @@ def _env_int(name: str, fn: str) -> int:
 _TCP_STORES: dict[tuple[str, int], dist.Store] = {}
 
 
+def release_stores() -> None:
+    """Drop the process's TCPStores (at exit, once every group built on them is closed), so that
+    their server threads stop while the interpreter is whole."""
+    _TCP_STORES.clear()
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
     store = _TCP_STORES.get((host, port))
     if store is None:

@@ -23,56 +23,56 @@ from gpucomm.algorithms._pieces import count, piece
 from gpucomm.ops.contract import Region
 
 if TYPE_CHECKING:
-    from gpucomm.engine import Engine
+    from gpucomm.program import Builder
 
 __all__ = ["run", "direct", "ring"]
 
 
-def run(algo: str, engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
-    {"direct": direct, "ring": ring}[algo](engine, mine, outs)
+def run(algo: str, b: Builder, mine: Region, outs: Sequence[Region]) -> None:
+    {"direct": direct, "ring": ring}[algo](b, mine, outs)
 
 
-def _own(engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
-    own = outs[engine.rank]
+def _own(b: Builder, mine: Region, outs: Sequence[Region]) -> None:
+    own = outs[b.rank]
     if own.addr != mine.addr:
-        engine.kernels.copy(own, mine)
+        b.copy(own, mine)
 
 
-def direct(engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
-    me, k = engine.rank, engine.kernels
-    everyone = engine.peers()
-    _own(engine, mine, outs)
-    cap = engine.half_bytes
+def direct(b: Builder, mine: Region, outs: Sequence[Region]) -> None:
+    me = b.rank
+    everyone = b.peers()
+    _own(b, mine, outs)
+    cap = b.half_bytes
     for t in range(count([o.nbytes for o in outs], cap)):
-        offset = engine.write_offset()
+        offset = b.write_offset()
         mine_t = piece(mine, t, cap)
-        k.copy(engine.slot(me, offset, mine_t.nbytes), mine_t)
-        engine.sync(everyone, everyone)
+        b.copy(b.slot(me, offset, mine_t.nbytes), mine_t)
+        b.sync(everyone, everyone)
         for p in everyone:
             if p != me:
                 out_t = piece(outs[p], t, cap)
-                k.copy(out_t, engine.slot(p, offset, out_t.nbytes))
+                b.copy(out_t, b.slot(p, offset, out_t.nbytes))
 
 
-def ring(engine: Engine, mine: Region, outs: Sequence[Region]) -> None:
-    P, q, k = engine.world_size, engine.rank, engine.kernels
+def ring(b: Builder, mine: Region, outs: Sequence[Region]) -> None:
+    P, q = b.world_size, b.rank
     if P == 1:
-        direct(engine, mine, outs)
+        direct(b, mine, outs)
         return
     prev, nxt = (q - 1) % P, (q + 1) % P
-    _own(engine, mine, outs)
-    cap = engine.half_bytes
+    _own(b, mine, outs)
+    cap = b.half_bytes
     for t in range(count([o.nbytes for o in outs], cap)):
         mine_t = piece(mine, t, cap)
-        k.copy(engine.slot(q, engine.write_offset(), mine_t.nbytes), mine_t)
-        engine.sync([prev], [nxt])
+        b.copy(b.slot(q, b.write_offset(), mine_t.nbytes), mine_t)
+        b.sync([prev], [nxt])
         for s in range(1, P):
             out_t = piece(outs[(q - s) % P], t, cap)
-            received = engine.slot(prev, engine.read_offset(), out_t.nbytes)
+            received = b.slot(prev, b.read_offset(), out_t.nbytes)
             if s == P - 1:
-                k.copy(out_t, received)
+                b.copy(out_t, received)
             else:
-                forward = engine.slot(q, engine.write_offset(), out_t.nbytes)
-                k.copy(forward, received)
-                k.copy(out_t, forward)
-                engine.sync([prev], [nxt])
+                forward = b.slot(q, b.write_offset(), out_t.nbytes)
+                b.copy(forward, received)
+                b.copy(out_t, forward)
+                b.sync([prev], [nxt])

@@ -1,6 +1,6 @@
 """all_reduce on the workspace: one-shot, two-shot, ring and tree.
 
-Rounds, halves and the ``sync(sources, readers)`` contract are the engine's (gpucomm.engine):
+Rounds, halves and the ``sync(sources, readers)`` contract are those of gpucomm.program:
 data written between two syncs is read by its readers after the next one, and only then.
 
 one-shot (per piece of up to one half): copy my piece into my half; sync with all; every rank
@@ -20,7 +20,7 @@ its half and into its tensor. Every step ends with ``sync(sources=[q-1], readers
 one step apart and piece k+1's first steps overlap piece k's last ones on the other ranks.
 Why a neighbour-only step may write its half: the half it writes last held data of two steps
 back, which only q+1 read, and the carry-over of the previous sync waited for q+1 to finish
-that read (engine docstring).
+that read (gpucomm.program).
 
 tree: :func:`gpucomm.algorithms.tree.reduce_up` to rank 0, then
 :func:`gpucomm.algorithms.tree.broadcast_down` from it (binary heap, pipelined by pieces).
@@ -43,92 +43,91 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.engine import Engine
+    from gpucomm.program import Builder
 
 __all__ = ["run", "oneshot", "twoshot", "ring", "tree_all_reduce"]
 
 
-def run(algo: str, engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
-    {"oneshot": oneshot, "twoshot": twoshot, "ring": ring, "tree": tree_all_reduce}[algo](engine, tensor, op)
+def run(algo: str, b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
+    {"oneshot": oneshot, "twoshot": twoshot, "ring": ring, "tree": tree_all_reduce}[algo](b, tensor, op)
 
 
-def oneshot(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
+def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     size = tensor.element_size()
     whole = Region.of(tensor)
-    everyone = engine.peers()
-    for start, count in ranges(tensor.numel(), engine.half_bytes // size):
+    everyone = b.peers()
+    for start, count in ranges(tensor.numel(), b.half_bytes // size):
         mine = whole.sub(start * size, count * size)
-        offset = engine.write_offset()
-        engine.kernels.copy(engine.slot(engine.rank, offset, mine.nbytes), mine)
-        engine.sync(everyone, everyone)
-        slots = [engine.slot(p, offset, mine.nbytes) for p in everyone]
-        engine.kernels.reduce(mine, slots, tensor.dtype, op, engine.world_size)
+        offset = b.write_offset()
+        b.copy(b.slot(b.rank, offset, mine.nbytes), mine)
+        b.sync(everyone, everyone)
+        slots = [b.slot(p, offset, mine.nbytes) for p in everyone]
+        b.reduce(mine, slots, tensor.dtype, op, b.world_size)
 
 
-def twoshot(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
+def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     size = tensor.element_size()
     whole = Region.of(tensor)
-    everyone = engine.peers()
-    P, me = engine.world_size, engine.rank
-    for start, count in ranges(tensor.numel(), engine.half_bytes // size):
+    everyone = b.peers()
+    P, me = b.world_size, b.rank
+    for start, count in ranges(tensor.numel(), b.half_bytes // size):
         mine = whole.sub(start * size, count * size)
-        staged = engine.write_offset()
-        engine.kernels.copy(engine.slot(me, staged, mine.nbytes), mine)
-        engine.sync(everyone, everyone)
+        staged = b.write_offset()
+        b.copy(b.slot(me, staged, mine.nbytes), mine)
+        b.sync(everyone, everyone)
         bounds = [count * p // P * size for p in range(P + 1)]
         lo, hi = bounds[me], bounds[me + 1]
-        reduced = engine.write_offset()
-        slices = [engine.slot(p, staged + lo, hi - lo) for p in everyone]
-        engine.kernels.reduce(engine.slot(me, reduced + lo, hi - lo), slices, tensor.dtype, op, P)
-        engine.sync(everyone, everyone)
+        reduced = b.write_offset()
+        slices = [b.slot(p, staged + lo, hi - lo) for p in everyone]
+        b.reduce(b.slot(me, reduced + lo, hi - lo), slices, tensor.dtype, op, P)
+        b.sync(everyone, everyone)
         for p in everyone:
             lo, hi = bounds[p], bounds[p + 1]
-            engine.kernels.copy(mine.sub(lo, hi - lo), engine.slot(p, reduced + lo, hi - lo))
+            b.copy(mine.sub(lo, hi - lo), b.slot(p, reduced + lo, hi - lo))
 
 
-def ring(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
-    P, q = engine.world_size, engine.rank
+def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
+    P, q = b.world_size, b.rank
     if P == 1:
-        oneshot(engine, tensor, op)
+        oneshot(b, tensor, op)
         return
     size = tensor.element_size()
     whole = Region.of(tensor)
     prev, nxt = (q - 1) % P, (q + 1) % P
-    k = engine.kernels
 
     def step() -> None:
-        engine.sync([prev], [nxt])
+        b.sync([prev], [nxt])
 
-    for start, count in ranges(tensor.numel(), P * (engine.half_bytes // size)):
+    for start, count in ranges(tensor.numel(), P * (b.half_bytes // size)):
         bounds = [(start + count * i // P) * size for i in range(P + 1)]
         chunk = [whole.sub(bounds[i], bounds[i + 1] - bounds[i]) for i in range(P)]
         # reduce-scatter
         first = chunk[(q - 1) % P]
-        k.copy(engine.slot(q, engine.write_offset(), first.nbytes), first)
+        b.copy(b.slot(q, b.write_offset(), first.nbytes), first)
         step()
         for t in range(1, P):
             c = (q - 1 - t) % P
             last = t == P - 1
-            partial = engine.slot(prev, engine.read_offset(), chunk[c].nbytes)
-            out = engine.slot(q, engine.write_offset(), chunk[c].nbytes)
-            k.reduce(out, [partial, chunk[c]], tensor.dtype, op if last else partial_op(op), P)
+            partial = b.slot(prev, b.read_offset(), chunk[c].nbytes)
+            out = b.slot(q, b.write_offset(), chunk[c].nbytes)
+            b.reduce(out, [partial, chunk[c]], tensor.dtype, op if last else partial_op(op), P)
             if last:
-                k.copy(chunk[c], out)
+                b.copy(chunk[c], out)
             step()
         # all-gather
         for t in range(1, P):
             c = (q - t) % P
-            received = engine.slot(prev, engine.read_offset(), chunk[c].nbytes)
+            received = b.slot(prev, b.read_offset(), chunk[c].nbytes)
             if t == P - 1:
-                k.copy(chunk[c], received)
+                b.copy(chunk[c], received)
             else:
-                forward = engine.slot(q, engine.write_offset(), chunk[c].nbytes)
-                k.copy(forward, received)
-                k.copy(chunk[c], forward)
+                forward = b.slot(q, b.write_offset(), chunk[c].nbytes)
+                b.copy(forward, received)
+                b.copy(chunk[c], forward)
                 step()
 
 
-def tree_all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
+def tree_all_reduce(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     whole = Region.of(tensor)
-    tree.reduce_up(engine, whole, whole, tensor.dtype, op, root=0)
-    tree.broadcast_down(engine, whole, root=0)
+    tree.reduce_up(b, whole, whole, tensor.dtype, op, root=0)
+    tree.broadcast_down(b, whole, root=0)

@@ -83,7 +83,9 @@ class InterNode:
             shard.copy_(buffer)
 
     def close(self) -> None:
-        for group in (self._nccl, self._gloo):
+        """Stop the groups' threads and release them now (see GlooFallback.close). Idempotent."""
+        groups, self._nccl, self._gloo = (self._nccl, self._gloo), None, None
+        for group in groups:
             shutdown = getattr(group, "shutdown", None)
             if shutdown is not None:
                 shutdown()
@@ -102,8 +104,11 @@ def all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
     ag = select.choose("all_gather_into_tensor", nbytes // max(L, 1), L, engine.transport, engine.knob_algo)
     if L > 1:
         intra_op = ReduceOp.SUM if op is ReduceOp.AVG else op
-        reducescatter.run(rs, engine, shards, shards[me], tensor.dtype, intra_op, source=whole)
+        fields = (tensor.dtype, n, op.name, "hierarchical", "node reduce-scatter", rs)
+        scatter = lambda b: reducescatter.run(rs, b, shards, shards[me], tensor.dtype, intra_op, source=whole)  # noqa: E731
+        engine.run("all_reduce", fields, [whole], scatter)
     if bounds[me + 1] > bounds[me]:  # the same on every member of the inter-node group
         engine.inter.all_reduce(tensor.view(-1)[bounds[me] : bounds[me + 1]], op)
     if L > 1:
-        allgather.run(ag, engine, shards[me], shards)
+        fields = (tensor.dtype, n, "hierarchical", "node all-gather", ag)
+        engine.run("all_reduce", fields, [whole], lambda b: allgather.run(ag, b, shards[me], shards))

@@ -5,8 +5,8 @@ send/recv are not collective, so the shared epoch counter cannot order them. Eac
 
 - in s's workspace, an outbox for r: ``SLOTS`` slots, each a 4-int64 header
   ``(tag, message bytes, offset of this piece, bytes of this piece)`` and a payload area;
-- in r's flag channel 1 ("data ready"), at index s: how many pieces s has posted to r;
-- in s's flag channel 2 ("consumed"), at index r: how many pieces r has taken.
+- among r's "data ready" flags, the one of s: how many pieces s has posted to r;
+- among s's "consumed" flags, the one of r: how many pieces r has taken.
 
 The sender puts piece k of its stream to r into slot k % SLOTS once r has consumed piece
 k - SLOTS (acquire of "consumed" before the write: r's reads of the slot are done), writes
@@ -105,10 +105,10 @@ class _Request:
 class Mailboxes:
     """The send/recv state of one engine (ranks are the engine's local ranks)."""
 
-    def __init__(self, engine: Engine, ready_channel: int, done_channel: int) -> None:
+    def __init__(self, engine: Engine, ready_flags: int, done_flags: int) -> None:
         self.engine = engine
-        self.ready_channel = ready_channel  # my flags there: pieces each peer posted to me
-        self.done_channel = done_channel  # my flags there: pieces each peer took from me
+        self.ready_flags = ready_flags  # index of my first "data ready" flag: pieces each peer posted to me
+        self.done_flags = done_flags  # index of my first "consumed" flag: pieces each peer took from me
         P = engine.world_size
         self.headers_bytes = -(-P * SLOTS * _HEADER_BYTES // 256) * 256
         self.payload = (engine.p2p_bytes - self.headers_bytes) // (P * SLOTS) // 16 * 16
@@ -126,22 +126,21 @@ class Mailboxes:
 
     # -- layout ---------------------------------------------------------------------------------
     def _header(self, owner: int, dst: int, slot: int) -> Region:
-        return self.engine.slot(owner, ((dst * SLOTS) + slot) * _HEADER_BYTES, _HEADER_BYTES)
+        return self.engine.mailbox(owner, ((dst * SLOTS) + slot) * _HEADER_BYTES, _HEADER_BYTES)
 
     def _payload(self, owner: int, dst: int, slot: int, nbytes: int) -> Region:
-        return self.engine.slot(owner, self.headers_bytes + (dst * SLOTS + slot) * self.payload, nbytes)
+        return self.engine.mailbox(owner, self.headers_bytes + (dst * SLOTS + slot) * self.payload, nbytes)
 
-    def _flag(self, owner: int, channel: int, writer: int) -> Region:
-        return self.engine.workspace.flag(owner, channel * self.engine.world_size + writer)
+    def _flag(self, owner: int, first: int, writer: int) -> Region:
+        return self.engine.workspace.flag(owner, first + writer)
 
-    def _counters(self, channel: int) -> list[int]:
-        """A snapshot of my flags of ``channel`` (plain loads: a hint, acquired before use)."""
-        P = self.engine.world_size
-        return self.engine.workspace.flags(self.engine.rank, channel * P, P).view(torch.int64).tolist()
+    def _counters(self, first: int) -> list[int]:
+        """A snapshot of my P flags from index ``first`` (plain loads: a hint, acquired before use)."""
+        return self.engine.workspace.flags(self.engine.rank, first, self.engine.world_size).view(torch.int64).tolist()
 
-    def _acquire(self, channel: int, writer: int, target: int) -> bool:
+    def _acquire(self, first: int, writer: int, target: int) -> bool:
         """Acquire-load my flag from ``writer``; True if it has reached ``target``."""
-        flag = self._flag(self.engine.rank, channel, writer)
+        flag = self._flag(self.engine.rank, first, writer)
         return not self.engine.kernels.wait([flag], target, 0.0)
 
     # -- posting --------------------------------------------------------------------------------
@@ -176,21 +175,21 @@ class Mailboxes:
         me = self.engine.rank
         moved = False
         if any(self.queues):
-            done = self._counters(self.done_channel)
+            done = self._counters(self.done_flags)
             for dst, queue in enumerate(self.queues):
                 while queue and self._slot_free(dst, done[dst]):
                     self._post(dst, queue)
                     moved = True
-        ready = self._counters(self.ready_channel)
+        ready = self._counters(self.ready_flags)
         for src in range(self.engine.world_size):
-            while src != me and ready[src] > self.consumed[src] and self._acquire(self.ready_channel, src, self.consumed[src] + 1):
+            while src != me and ready[src] > self.consumed[src] and self._acquire(self.ready_flags, src, self.consumed[src] + 1):
                 self._take(src)
                 moved = True
         return moved
 
     def _slot_free(self, dst: int, done_hint: int) -> bool:
         needed = self.posted[dst] - SLOTS + 1  # the reader must have taken piece posted - SLOTS
-        return needed <= 0 or (done_hint >= needed and self._acquire(self.done_channel, dst, needed))
+        return needed <= 0 or (done_hint >= needed and self._acquire(self.done_flags, dst, needed))
 
     def _post(self, dst: int, queue: collections.deque[_Send]) -> None:
         engine, item = self.engine, queue[0]
@@ -200,7 +199,7 @@ class Mailboxes:
         header = torch.tensor([item.tag, item.region.nbytes, item.sent, part.nbytes], dtype=torch.int64)
         self._header(engine.rank, dst, slot).view(torch.int64).copy_(header.to(engine.device))
         self.posted[dst] += 1
-        engine.kernels.signal([self._flag(dst, self.ready_channel, engine.rank)], self.posted[dst])
+        engine.kernels.signal([self._flag(dst, self.ready_flags, engine.rank)], self.posted[dst])
         item.sent += part.nbytes
         if item.sent == item.region.nbytes:
             item.done = True
@@ -217,7 +216,7 @@ class Mailboxes:
             engine.kernels.copy(message.target.sub(offset, nbytes), self._payload(src, engine.rank, slot, nbytes))
         message.received += nbytes
         self.consumed[src] += 1
-        engine.kernels.signal([self._flag(src, self.done_channel, engine.rank)], self.consumed[src])
+        engine.kernels.signal([self._flag(src, self.done_flags, engine.rank)], self.consumed[src])
         self.inbound[src] = None if message.complete else message
         if message.complete and message.request is not None:
             self._finish(message)

@@ -29,59 +29,59 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.engine import Engine
+    from gpucomm.program import Builder
 
 __all__ = ["run", "direct", "ring"]
 
 
-def run(algo: str, engine: Engine, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None) -> None:
+def run(algo: str, b: Builder, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None) -> None:
     """``source``: the contiguous input that ``chunks`` tile in order, if there is one."""
     if algo == "ring":
-        ring(engine, chunks, out, dtype, op)
+        ring(b, chunks, out, dtype, op)
     else:
-        direct(engine, chunks, out, dtype, op, source)
+        direct(b, chunks, out, dtype, op, source)
 
 
-def direct(engine: Engine, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None) -> None:
-    me, P, k = engine.rank, engine.world_size, engine.kernels
+def direct(b: Builder, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None) -> None:
+    me, P = b.rank, b.world_size
     size = itemsize(dtype)
-    cap = engine.half_bytes // P // size  # elements of each chunk per piece
+    cap = b.half_bytes // P // size  # elements of each chunk per piece
     for t in range(count([c.nbytes // size for c in chunks], cap)):
         parts = [piece(c, t, cap, size) for c in chunks]
         offsets = [0]
         for part in parts:
             offsets.append(offsets[-1] + part.nbytes)
-        base = engine.write_offset()
+        base = b.write_offset()
         if source is not None and all(p.nbytes == c.nbytes for p, c in zip(parts, chunks)):
-            k.copy(engine.slot(me, base, source.nbytes), source)  # one piece: stage in one copy
+            b.copy(b.slot(me, base, source.nbytes), source)  # one piece: stage in one copy
         else:
             for i, part in enumerate(parts):
-                k.copy(engine.slot(me, base + offsets[i], part.nbytes), part)
-        everyone = engine.peers()
-        engine.sync(everyone, everyone)
+                b.copy(b.slot(me, base + offsets[i], part.nbytes), part)
+        everyone = b.peers()
+        b.sync(everyone, everyone)
         nbytes = parts[me].nbytes
-        srcs = [engine.slot(p, base + offsets[me], nbytes) for p in everyone]
-        k.reduce(piece(out, t, cap, size), srcs, dtype, op, P)
+        srcs = [b.slot(p, base + offsets[me], nbytes) for p in everyone]
+        b.reduce(piece(out, t, cap, size), srcs, dtype, op, P)
 
 
-def ring(engine: Engine, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp) -> None:
-    P, q, k = engine.world_size, engine.rank, engine.kernels
+def ring(b: Builder, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp) -> None:
+    P, q = b.world_size, b.rank
     if P == 1:
-        direct(engine, chunks, out, dtype, op)
+        direct(b, chunks, out, dtype, op)
         return
     prev, nxt = (q - 1) % P, (q + 1) % P
     size = itemsize(dtype)
-    cap = engine.half_bytes // size
+    cap = b.half_bytes // size
     for t in range(count([c.nbytes // size for c in chunks], cap)):
         parts = [piece(c, t, cap, size) for c in chunks]
         first = parts[(q - 1) % P]
-        k.copy(engine.slot(q, engine.write_offset(), first.nbytes), first)
-        engine.sync([prev], [nxt])
+        b.copy(b.slot(q, b.write_offset(), first.nbytes), first)
+        b.sync([prev], [nxt])
         for s in range(1, P):
             c = (q - 1 - s) % P
-            partial = engine.slot(prev, engine.read_offset(), parts[c].nbytes)
+            partial = b.slot(prev, b.read_offset(), parts[c].nbytes)
             if s == P - 1:
-                k.reduce(piece(out, t, cap, size), [partial, parts[c]], dtype, op, P)
+                b.reduce(piece(out, t, cap, size), [partial, parts[c]], dtype, op, P)
             else:
-                k.reduce(engine.slot(q, engine.write_offset(), parts[c].nbytes), [partial, parts[c]], dtype, partial_op(op), P)
-                engine.sync([prev], [nxt])
+                b.reduce(b.slot(q, b.write_offset(), parts[c].nbytes), [partial, parts[c]], dtype, partial_op(op), P)
+                b.sync([prev], [nxt])

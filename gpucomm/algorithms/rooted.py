@@ -17,7 +17,7 @@ into sub-slot i of its half; one sync; rank i copies sub-slot i.
 tree broadcast and tree reduce: :mod:`gpucomm.algorithms.tree`.
 
 The non-root ranks of gather, reduce and broadcast wait for nobody in their step (they only
-signal, or only wait for the root): the carry-over of the engine makes their next write wait
+signal, or only wait for the root): the carry-over of the builder makes their next write wait
 for the root's reads.
 """
 
@@ -34,82 +34,82 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.engine import Engine
+    from gpucomm.program import Builder
 
 __all__ = ["broadcast", "reduce", "gather", "scatter"]
 
 
-def _roles(engine: Engine, root: int) -> tuple[bool, list[int]]:
-    me = engine.rank
-    return me == root, [p for p in engine.peers() if p != me]
+def _roles(b: Builder, root: int) -> tuple[bool, list[int]]:
+    me = b.rank
+    return me == root, [p for p in b.peers() if p != me]
 
 
-def broadcast(algo: str, engine: Engine, tensor: torch.Tensor, root: int) -> None:
+def broadcast(algo: str, b: Builder, tensor: torch.Tensor, root: int) -> None:
     if algo == "tree":
-        tree.broadcast_down(engine, Region.of(tensor), root)
+        tree.broadcast_down(b, Region.of(tensor), root)
         return
-    is_root, others = _roles(engine, root)
+    is_root, others = _roles(b, root)
     whole = Region.of(tensor)
-    for start, nbytes in ranges(whole.nbytes, engine.half_bytes):
+    for start, nbytes in ranges(whole.nbytes, b.half_bytes):
         mine = whole.sub(start, nbytes)
-        offset = engine.write_offset()
+        offset = b.write_offset()
         if is_root:
-            engine.kernels.copy(engine.slot(root, offset, nbytes), mine)
-        engine.sync(sources=[] if is_root else [root], readers=others if is_root else [])
+            b.copy(b.slot(root, offset, nbytes), mine)
+        b.sync(sources=[] if is_root else [root], readers=others if is_root else [])
         if not is_root:
-            engine.kernels.copy(mine, engine.slot(root, offset, nbytes))
+            b.copy(mine, b.slot(root, offset, nbytes))
 
 
-def reduce(algo: str, engine: Engine, tensor: torch.Tensor, root: int, op: ReduceOp) -> None:
+def reduce(algo: str, b: Builder, tensor: torch.Tensor, root: int, op: ReduceOp) -> None:
     whole = Region.of(tensor)
     if algo == "tree":
-        tree.reduce_up(engine, whole, whole, tensor.dtype, op, root)
+        tree.reduce_up(b, whole, whole, tensor.dtype, op, root)
         return
-    is_root, others = _roles(engine, root)
+    is_root, others = _roles(b, root)
     size = tensor.element_size()
-    for start, n in ranges(tensor.numel(), engine.half_bytes // size):
+    for start, n in ranges(tensor.numel(), b.half_bytes // size):
         mine = whole.sub(start * size, n * size)
-        offset = engine.write_offset()
+        offset = b.write_offset()
         if not is_root:
-            engine.kernels.copy(engine.slot(engine.rank, offset, mine.nbytes), mine)
-        engine.sync(sources=others if is_root else [], readers=[] if is_root else [root])
+            b.copy(b.slot(b.rank, offset, mine.nbytes), mine)
+        b.sync(sources=others if is_root else [], readers=[] if is_root else [root])
         if is_root:
-            srcs = [mine if p == root else engine.slot(p, offset, mine.nbytes) for p in engine.peers()]
-            engine.kernels.reduce(mine, srcs, tensor.dtype, op, engine.world_size)
+            srcs = [mine if p == root else b.slot(p, offset, mine.nbytes) for p in b.peers()]
+            b.reduce(mine, srcs, tensor.dtype, op, b.world_size)
 
 
-def gather(engine: Engine, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> None:
-    is_root, others = _roles(engine, root)
+def gather(b: Builder, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> None:
+    is_root, others = _roles(b, root)
     whole = Region.of(tensor)
     outs = [Region.of(t) for t in outputs] if is_root and outputs is not None else []
     if is_root:
-        engine.kernels.copy(outs[root], whole)
-    for start, nbytes in ranges(whole.nbytes, engine.half_bytes):
-        offset = engine.write_offset()
+        b.copy(outs[root], whole)
+    for start, nbytes in ranges(whole.nbytes, b.half_bytes):
+        offset = b.write_offset()
         if not is_root:
-            engine.kernels.copy(engine.slot(engine.rank, offset, nbytes), whole.sub(start, nbytes))
-        engine.sync(sources=others if is_root else [], readers=[] if is_root else [root])
+            b.copy(b.slot(b.rank, offset, nbytes), whole.sub(start, nbytes))
+        b.sync(sources=others if is_root else [], readers=[] if is_root else [root])
         if is_root:
             for p in others:
-                engine.kernels.copy(outs[p].sub(start, nbytes), engine.slot(p, offset, nbytes))
+                b.copy(outs[p].sub(start, nbytes), b.slot(p, offset, nbytes))
 
 
-def scatter(engine: Engine, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> None:
-    is_root, others = _roles(engine, root)
-    me, P = engine.rank, engine.world_size
+def scatter(b: Builder, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> None:
+    is_root, others = _roles(b, root)
+    me, P = b.rank, b.world_size
     whole = Region.of(tensor)
     ins = [Region.of(t) for t in inputs] if is_root and inputs is not None else []
     if is_root:
-        engine.kernels.copy(whole, ins[root])
+        b.copy(whole, ins[root])
     # Every destination's piece has the same size, so sub-slot i starts at i * piece bytes:
     # all ranks agree on where theirs is without a header.
-    cap = engine.half_bytes // P // 16 * 16  # 16-byte aligned sub-slots
+    cap = b.half_bytes // P // 16 * 16  # 16-byte aligned sub-slots
     for t in range(count([whole.nbytes], cap)):
         mine = piece(whole, t, cap)
-        offset = engine.write_offset()
+        offset = b.write_offset()
         if is_root:
             for i in others:
-                engine.kernels.copy(engine.slot(me, offset + i * mine.nbytes, mine.nbytes), piece(ins[i], t, cap))
-        engine.sync(sources=[] if is_root else [root], readers=others if is_root else [])
+                b.copy(b.slot(me, offset + i * mine.nbytes, mine.nbytes), piece(ins[i], t, cap))
+        b.sync(sources=[] if is_root else [root], readers=others if is_root else [])
         if not is_root:
-            engine.kernels.copy(mine, engine.slot(root, offset + me * mine.nbytes, mine.nbytes))
+            b.copy(mine, b.slot(root, offset + me * mine.nbytes, mine.nbytes))

@@ -3,8 +3,7 @@
 The tree is a heap on ranks renumbered from the root, v = (rank - root) mod P: v's children are
 2v+1 and 2v+2, its depth floor(log2(v+1)), the tree's height D = depth(P-1). Any P works.
 
-Both schedules cut the data into pieces of one half and run P-independent rounds (engine
-docstring: data written in round k is read in round k+1):
+Both schedules cut the data into pieces of one half and run P-independent rounds (gpucomm.program: data written in round k is read in round k+1):
 
 - ``reduce_up``: a node at depth d produces its partial of piece p in round p + D - d: a leaf
   copies its piece into its half, an inner node reduces ``[mine, child 1, child 2]`` (the
@@ -32,7 +31,7 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.engine import Engine
+    from gpucomm.program import Builder
 
 __all__ = ["Heap", "reduce_up", "broadcast_down"]
 
@@ -48,39 +47,39 @@ class Heap:
         self.children = [(c + root) % world_size for c in (2 * v + 1, 2 * v + 2) if c < world_size]
 
 
-def reduce_up(engine: Engine, src: Region, out: Region | None, dtype: torch.dtype, op: ReduceOp, root: int) -> None:
+def reduce_up(b: Builder, src: Region, out: Region | None, dtype: torch.dtype, op: ReduceOp, root: int) -> None:
     """Reduce every rank's ``src`` into the root's ``out`` (``out`` may be ``src``); other
     ranks' ``out`` is not touched."""
-    me, P, k = engine.rank, engine.world_size, engine.kernels
+    me, P = b.rank, b.world_size
     heap = Heap(P, root, me)
     size = itemsize(dtype)
-    pieces = ranges(src.nbytes // size, engine.half_bytes // size)
+    pieces = ranges(src.nbytes // size, b.half_bytes // size)
     n, lag = len(pieces), heap.height - heap.depth
     for rnd in range(n + heap.height):
         p = rnd - lag  # the piece I produce in this round
         if 0 <= p < n:
             start, count = pieces[p]
             mine = src.sub(start * size, count * size)
-            kids = [engine.slot(c, engine.read_offset(), mine.nbytes) for c in heap.children]
+            kids = [b.slot(c, b.read_offset(), mine.nbytes) for c in heap.children]
             if heap.parent is None:
-                k.reduce(out.sub(start * size, count * size), [mine, *kids], dtype, op, P)
+                b.reduce(out.sub(start * size, count * size), [mine, *kids], dtype, op, P)
             elif kids:
-                k.reduce(engine.slot(me, engine.write_offset(), mine.nbytes), [mine, *kids], dtype, partial_op(op), P)
+                b.reduce(b.slot(me, b.write_offset(), mine.nbytes), [mine, *kids], dtype, partial_op(op), P)
             else:
-                k.copy(engine.slot(me, engine.write_offset(), mine.nbytes), mine)
+                b.copy(b.slot(me, b.write_offset(), mine.nbytes), mine)
         if rnd < n + heap.height - 1:
             children_produce = 0 <= rnd + 1 - lag < n  # children made piece rnd+1-lag in this round
-            engine.sync(
+            b.sync(
                 sources=heap.children if children_produce else [],
                 readers=[heap.parent] if heap.parent is not None and 0 <= p < n else [],
             )
 
 
-def broadcast_down(engine: Engine, region: Region, root: int) -> None:
+def broadcast_down(b: Builder, region: Region, root: int) -> None:
     """Copy the root's ``region`` into every rank's ``region`` (bytes)."""
-    me, P, k = engine.rank, engine.world_size, engine.kernels
+    me, P = b.rank, b.world_size
     heap = Heap(P, root, me)
-    pieces = ranges(region.nbytes, engine.half_bytes)
+    pieces = ranges(region.nbytes, b.half_bytes)
     n, d = len(pieces), heap.depth
     for rnd in range(n + heap.height):
         p = rnd - d  # the piece I handle in this round
@@ -89,17 +88,17 @@ def broadcast_down(engine: Engine, region: Region, root: int) -> None:
             mine = region.sub(start, count)
             if heap.parent is None:
                 if heap.children:
-                    k.copy(engine.slot(me, engine.write_offset(), count), mine)
+                    b.copy(b.slot(me, b.write_offset(), count), mine)
             else:
-                received = engine.slot(heap.parent, engine.read_offset(), count)
+                received = b.slot(heap.parent, b.read_offset(), count)
                 if heap.children:
-                    forward = engine.slot(me, engine.write_offset(), count)
-                    k.copy(forward, received)
-                    k.copy(mine, forward)
+                    forward = b.slot(me, b.write_offset(), count)
+                    b.copy(forward, received)
+                    b.copy(mine, forward)
                 else:
-                    k.copy(mine, received)
+                    b.copy(mine, received)
         if rnd < n + heap.height - 1:
-            engine.sync(
+            b.sync(
                 sources=[heap.parent] if heap.parent is not None and 0 <= rnd + 1 - d < n else [],
                 readers=heap.children if 0 <= p < n else [],
             )

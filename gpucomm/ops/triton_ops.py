@@ -15,6 +15,7 @@ import torch
 
 from gpucomm._kernels.triton import copy as copy_kernel
 from gpucomm._kernels.triton import flags as flag_kernels
+from gpucomm._kernels.triton import program as program_kernel
 from gpucomm._kernels.triton import reduce as reduce_kernel
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import Region
@@ -25,6 +26,11 @@ __all__ = ["TritonKernels"]
 # Address tables are tiny but cost a host-to-device copy; a workspace reuses the same few, so
 # they are kept (bounded: pieces of large tensors and user buffers bring new addresses).
 _TABLE_CACHE_SIZE = 1024
+
+# Elements per vector step of the program kernel. On a GPU, 1024 lanes of 8 warps keep several
+# 16-byte accesses in flight per thread; under the interpreter every step costs Python overhead,
+# so it takes bigger steps.
+_PROGRAM_BLOCK = {"cuda": 1024, "cpu": 4096}
 
 # The wait kernel polls a bounded number of times per launch, then the host checks the clock.
 # A round should take about _ROUND_S: long enough that launches are rare, short enough that a
@@ -115,3 +121,36 @@ class TritonKernels:
                 self._spins = min(self._spins * 2, _MAX_SPINS)
             elif now - start > _ROUND_S * 2:
                 self._spins = max(self._spins // 2, _MIN_SPINS)
+
+    def run_program(
+        self,
+        instructions: torch.Tensor,
+        operands: torch.Tensor,
+        peers: torch.Tensor,
+        state_addr: int,
+        record_addr: int,
+        *,
+        channels: int,
+        rank: int,
+        world: int,
+        fingerprint: int,
+        half_bytes: int,
+        granule: int,
+        timeout_ns: int,
+        dtype: torch.dtype | None,
+        op: int,
+        copy_bytes: int,
+        aligned: bool,
+    ) -> None:
+        """One launch of the program kernel (gpucomm.device_executor describes the arguments)."""
+        self._check_device("run_program", Region.of(instructions))
+        if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
+            dtype = torch.int32
+        program_kernel.launch(
+            instructions, operands, peers, state_addr, record_addr,
+            channels=channels, rank=rank, world=world, fingerprint=fingerprint, half_bytes=half_bytes,
+            granule=granule, timeout_ns=timeout_ns, dtype=reduce_kernel.TL_DTYPES[dtype], op=op,
+            copy_bytes=copy_bytes, elem_bytes=torch.empty(0, dtype=dtype).element_size(), aligned=aligned,
+            block=_PROGRAM_BLOCK[self.device.type],
+        )
+

@@ -1,5 +1,5 @@
 """Shared @triton.jit helpers: pointers from raw addresses, loads into the accumulation type,
-stores with one rounding.
+the reduction operators, stores with one rounding.
 
 bf16 is handled as raw 16-bit patterns with integer arithmetic. The Triton interpreter converts
 fp32 to bf16 by truncation while torch and the GPU round to nearest even, so converting with
@@ -69,3 +69,34 @@ def store_rounded(addr, offs, acc, mask, DTYPE: tl.constexpr, ALIGNED: tl.conste
     else:
         ptr = as_pointer(addr, DTYPE, ALIGNED)
         tl.store(ptr + offs, acc, mask=mask)
+
+
+@triton.jit
+def combine(acc, x, OP: tl.constexpr):
+    """``acc OP x`` in the accumulation type; OP is a gpucomm.ReduceOp value (AVG sums)."""
+    if OP == 1:
+        return acc * x
+    elif OP == 2:
+        # NaN wins, like torch.minimum.
+        return tl.minimum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+    elif OP == 3:
+        return tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        return acc + x  # SUM and AVG
+
+
+@triton.jit
+def divide(acc, divisor):
+    """AVG's one division: IEEE for floats, truncating for integers."""
+    # Broadcasting the divisor into acc's type works whether the launcher passed it as a value
+    # or Triton specialised it into a constant.
+    d = tl.zeros_like(acc) + divisor
+    if acc.dtype == tl.float32:
+        # Plain `/` on fp32 compiles to an approximate division on NVIDIA GPUs; div_rn is the
+        # IEEE-correct one that torch (and the interpreter's numpy) compute.
+        return tl.math.div_rn(acc, d)
+    elif acc.dtype == tl.float64:
+        return acc / d
+    else:
+        # Integer `//` in Triton truncates towards zero (C semantics), as AVG promises.
+        return acc // d

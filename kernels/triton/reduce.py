@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpucomm._kernels.triton._common import load_acc, store_rounded
+from gpucomm._kernels.triton._common import combine, divide, load_acc, store_rounded
 
 __all__ = ["reduce_kernel", "reduce", "TL_DTYPES", "OP_SUM", "OP_PRODUCT", "OP_MIN", "OP_MAX", "OP_AVG"]
 
@@ -24,35 +24,6 @@ TL_DTYPES = {
     torch.int32: tl.int32,
     torch.int64: tl.int64,
 }
-
-
-@triton.jit
-def _combine(acc, x, OP: tl.constexpr):
-    if OP == 1:
-        return acc * x
-    elif OP == 2:
-        # NaN wins, like torch.minimum.
-        return tl.minimum(acc, x, propagate_nan=tl.PropagateNan.ALL)
-    elif OP == 3:
-        return tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
-    else:
-        return acc + x  # SUM and AVG
-
-
-@triton.jit
-def _divide(acc, divisor):
-    # Broadcasting the divisor into acc's type works whether the launcher passed it as a value
-    # or Triton specialised it into a constant.
-    d = tl.zeros_like(acc) + divisor
-    if acc.dtype == tl.float32:
-        # Plain `/` on fp32 compiles to an approximate division on NVIDIA GPUs; div_rn is the
-        # IEEE-correct one that torch (and the interpreter's numpy) compute.
-        return tl.math.div_rn(acc, d)
-    elif acc.dtype == tl.float64:
-        return acc / d
-    else:
-        # Integer `//` in Triton truncates towards zero (C semantics), as AVG promises.
-        return acc // d
 
 
 @triton.jit(do_not_specialize=["divisor"])
@@ -72,9 +43,9 @@ def reduce_kernel(
     mask = offs < n_elements
     acc = load_acc(tl.load(addr_ptr + 1), offs, mask, DTYPE, ALIGNED)
     for k in tl.static_range(1, K):
-        acc = _combine(acc, load_acc(tl.load(addr_ptr + 1 + k), offs, mask, DTYPE, ALIGNED), OP)
+        acc = combine(acc, load_acc(tl.load(addr_ptr + 1 + k), offs, mask, DTYPE, ALIGNED), OP)
     if OP == 4:
-        acc = _divide(acc, divisor)
+        acc = divide(acc, divisor)
     # Every source is read before out is written, so out may alias a source at the same offset.
     store_rounded(tl.load(addr_ptr), offs, acc, mask, DTYPE, ALIGNED)
 

@@ -1,0 +1,312 @@
+"""The program kernel: one launch runs a whole collective, its waits included.
+
+A *program* is a list of instructions that every rank of a workspace runs in the same order
+(gpucomm/program.py builds them from the algorithms). Each program of the launch grid is one
+*channel*: it runs every instruction, but moves only the bytes whose in-half position falls in
+the granules it owns (granule g belongs to channel g % channels), and it synchronises only
+with the same channel of the other ranks. Channels of one launch never wait for each other, so
+nothing depends on which of them are resident (on a GPU) or in which order they run (the
+interpreter runs them one after the other).
+
+Instructions (``WORDS`` int64 each):
+
+- ``COPY  nbytes pos 1 operand``: operands[operand] = operands[operand + 1], byte for byte;
+- ``REDUCE nbytes pos k operand divide divisor``: operands[operand] = the fold of the k operands
+  after it, in order, in the accumulation type, divided once by ``divisor`` if ``divide``,
+  rounded once;
+- ``SYNC signal_mask wait_mask``: advance this channel's epoch e, release-store
+  ``e << FP_BITS | fingerprint`` into this channel's flag at every rank in ``signal_mask``,
+  then acquire-wait until the flag of every rank in ``wait_mask`` reaches epoch e.
+
+``pos`` is the in-half position of the instruction's first byte: the workspace operands of one
+instruction share it, so the channel that writes a byte of a half is the one that reads it on
+every rank. An operand (``OPERAND_WORDS`` int64) is ``[-1, 0, address]`` (memory of this
+process) or ``[rank, round, offset]``: ``offset`` bytes into the half that data of ``round``
+lives in, counted in syncs from the start of the launch: half ``(epoch at launch + round) % 2``.
+
+State on the device: the epoch of every channel and a poison word live in the rank's own flag
+area (``state_addr``: [poison, epoch of channel 0, epoch of channel 1, ...]); a launch loads
+them, advances them and stores them back, so a replayed CUDA graph continues from where the
+last launch left off. Every wait ends at its deadline (``clock_ns``); a timeout, or a peer's flag
+at this epoch with another fingerprint, writes the channel's error record (``RECORD_WORDS``
+int64 at ``record_addr``: [kind, epoch, instruction, peer mask, value seen, fingerprint]),
+sets the poison word and ends the channel; every later launch sees the poison and does nothing.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton.clock import clock_ns
+
+__all__ = [
+    "program_kernel",
+    "launch",
+    "WORDS",
+    "OPERAND_WORDS",
+    "COPY",
+    "REDUCE",
+    "SYNC",
+    "FP_BITS",
+    "RECORD_WORDS",
+    "TIMEOUT",
+    "MISMATCH",
+]
+
+# The instruction set; gpucomm/program.py holds the same numbers (tests/test_program.py checks).
+WORDS = 8
+OPERAND_WORDS = 3
+COPY, REDUCE, SYNC = 1, 2, 3
+FP_BITS = 20
+RECORD_WORDS = 8
+TIMEOUT, MISMATCH = 1, 2
+
+# The same numbers as the kernels see them (Triton reads only constexpr globals).
+_WORDS = tl.constexpr(WORDS)
+_OPERAND_WORDS = tl.constexpr(OPERAND_WORDS)
+_COPY = tl.constexpr(COPY)
+_SYNC = tl.constexpr(SYNC)
+_FP_BITS = tl.constexpr(FP_BITS)
+_FP_MASK = tl.constexpr((1 << FP_BITS) - 1)
+_RECORD_WORDS = tl.constexpr(RECORD_WORDS)
+_TIMEOUT = tl.constexpr(TIMEOUT)
+_MISMATCH = tl.constexpr(MISMATCH)
+
+
+@triton.jit
+def _address(opnd_ptr, index, peers_ptr, e0, half_bytes):
+    """The address operand ``index`` names, in this process."""
+    peer = tl.load(opnd_ptr + index * _OPERAND_WORDS)
+    rnd = tl.load(opnd_ptr + index * _OPERAND_WORDS + 1)
+    offset = tl.load(opnd_ptr + index * _OPERAND_WORDS + 2)
+    base = tl.load(peers_ptr + tl.maximum(peer, 0))
+    in_workspace = base + ((e0 + rnd) & 1) * half_bytes + offset
+    return tl.where(peer < 0, offset, in_workspace)
+
+
+@triton.jit
+def _copy_range(dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+    n = nbytes // COPY_BYTES
+    d = as_pointer(dst, COPY_ELEM, ALIGNED)
+    s = as_pointer(src, COPY_ELEM, ALIGNED)
+    body = _vector_body(n, COPY_BYTES, ALIGNED)
+    for start in range(0, body, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < body
+        tl.store(d + offs, tl.load(s + offs, mask=mask), mask=mask)
+    # The last elements that do not fill a 16-byte vector (none unless ALIGNED).
+    offs = body + tl.arange(0, 16)
+    mask = offs < n
+    tl.store(d + offs, tl.load(s + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _vector_body(n, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
+    """How many of n elements fill whole 16-byte vectors, marked as such so that masked loads
+    and stores over them compile to vector instructions; all n unless ALIGNED."""
+    if ALIGNED:
+        VEC: tl.constexpr = 16 // ELEM_BYTES
+        return tl.multiple_of(n // VEC * VEC, VEC)
+    else:
+        return n
+
+
+@triton.jit
+def _reduce_range(
+    out, opnd_ptr, first_src, n_src, lo, nbytes, peers_ptr, e0, half_bytes, do_divide, divisor,
+    DTYPE: tl.constexpr, OP: tl.constexpr, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    n = nbytes // ELEM_BYTES
+    body = _vector_body(n, ELEM_BYTES, ALIGNED)
+    for start in range(0, body, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        _reduce_step(out, opnd_ptr, first_src, n_src, lo, offs, offs < body, peers_ptr, e0, half_bytes, do_divide, divisor, DTYPE, OP, ALIGNED)
+    offs = body + tl.arange(0, 16)
+    _reduce_step(out, opnd_ptr, first_src, n_src, lo, offs, offs < n, peers_ptr, e0, half_bytes, do_divide, divisor, DTYPE, OP, ALIGNED)
+
+
+@triton.jit
+def _reduce_step(
+    out, opnd_ptr, first_src, n_src, lo, offs, mask, peers_ptr, e0, half_bytes, do_divide, divisor,
+    DTYPE: tl.constexpr, OP: tl.constexpr, ALIGNED: tl.constexpr,
+):
+    acc = load_acc(_address(opnd_ptr, first_src, peers_ptr, e0, half_bytes) + lo, offs, mask, DTYPE, ALIGNED)
+    for j in range(1, n_src):
+        src = _address(opnd_ptr, first_src + j, peers_ptr, e0, half_bytes) + lo
+        acc = combine(acc, load_acc(src, offs, mask, DTYPE, ALIGNED), OP)
+    if do_divide != 0:
+        acc = divide(acc, divisor.to(acc.dtype))
+    # Every source of these elements is read before they are stored: out may alias one.
+    store_rounded(out + lo, offs, acc, mask, DTYPE, ALIGNED)
+
+
+@triton.jit
+def _move(
+    row, opnd_ptr, peers_ptr, e0, half_bytes, granule, channel, channels,
+    DTYPE: tl.constexpr, OP: tl.constexpr, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr,
+    ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns."""
+    opcode = tl.load(row)
+    nbytes = tl.load(row + 1)
+    pos = tl.load(row + 2)
+    n_src = tl.load(row + 3)
+    first = tl.load(row + 4)
+    do_divide = tl.load(row + 5)
+    divisor = tl.load(row + 6)
+    dst = _address(opnd_ptr, first, peers_ptr, e0, half_bytes)
+    end = pos + nbytes
+    g_first = pos // granule
+    g = g_first + (channel - g_first % channels + channels) % channels
+    while g * granule < end:
+        lo = tl.maximum(g * granule, pos) - pos
+        hi = tl.minimum((g + 1) * granule, end) - pos
+        if opcode == _COPY:
+            src = _address(opnd_ptr, first + 1, peers_ptr, e0, half_bytes)
+            _copy_range(dst + lo, src + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, BLOCK)
+        else:
+            _reduce_range(
+                dst, opnd_ptr, first + 1, n_src, lo, hi - lo, peers_ptr, e0, half_bytes, do_divide, divisor,
+                DTYPE, OP, ELEM_BYTES, ALIGNED, BLOCK,
+            )
+        g += channels
+
+
+@triton.jit
+def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, PEERS: tl.constexpr):
+    """One SYNC of this channel: (new epoch, error kind, peers at fault as a mask, a value seen)."""
+    signal_mask = tl.load(row + 1)
+    wait_mask = tl.load(row + 2)
+    e = e + 1
+    target = e << _FP_BITS
+    lanes = tl.arange(0, PEERS)
+    bits = tl.full((PEERS,), 1, tl.int64) << lanes.to(tl.int64)
+    member = lanes < world
+    flag_areas = tl.load(peers_ptr + world + lanes, mask=member, other=0)
+    # Every thread of the channel has stored its data before the flag is released.
+    tl.debug_barrier()
+    signalled = member & ((signal_mask & bits) != 0)
+    at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
+    value = tl.zeros((PEERS,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
+    # Release at system scope: a peer (another GPU, or the host) that acquires the new value sees
+    # everything this channel wrote before.
+    tl.atomic_xchg(at_peers, value, mask=signalled, sem="release", scope="sys")
+    awaited = member & ((wait_mask & bits) != 0)
+    mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
+    zero = tl.zeros((PEERS,), tl.int64)
+    # An atomic add of 0 is an acquire load every GPU and the interpreter support.
+    seen = tl.where(awaited, tl.atomic_add(mine, zero, mask=awaited, sem="acquire", scope="sys"), value)
+    start = clock_ns()
+    # seen - target < 0: the peer is behind (a difference, so that the test survives wraparound).
+    while (tl.sum(((seen - target) < 0).to(tl.int32), axis=0) > 0) & (clock_ns() - start <= timeout_ns):
+        seen = tl.where(awaited, tl.atomic_add(mine, zero, mask=awaited, sem="acquire", scope="sys"), value)
+    # Every thread reads peer data only after the acquire above.
+    tl.debug_barrier()
+    behind = (seen - target) < 0
+    other_call = ((seen >> _FP_BITS) == e) & ((seen & _FP_MASK) != fingerprint)
+    behind_mask = tl.sum(tl.where(behind, bits, 0), axis=0)
+    other_mask = tl.sum(tl.where(other_call, bits, 0), axis=0)
+    kind = tl.where(other_mask != 0, _MISMATCH, tl.where(behind_mask != 0, _TIMEOUT, 0))
+    culprits = tl.where(other_mask != 0, other_mask, behind_mask)
+    first = tl.min(tl.where((culprits & bits) != 0, lanes, PEERS), axis=0)
+    seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
+    return e, kind, culprits, seen_first
+
+
+@triton.jit
+def _record(record_addr, state, channel, kind, e, instruction, culprits, seen, fingerprint):
+    """Write this channel's error record, then poison the communicator's later launches."""
+    rec = (record_addr + channel * _RECORD_WORDS * 8).to(tl.pointer_type(tl.int64))
+    tl.store(rec + 1, e)
+    tl.store(rec + 2, instruction)
+    tl.store(rec + 3, culprits)
+    tl.store(rec + 4, seen)
+    tl.store(rec + 5, fingerprint.to(tl.int64))
+    # The kind last, with release: whoever sees it sees the fields.
+    tl.atomic_xchg(rec, kind.to(tl.int64), sem="release", scope="sys")
+    tl.atomic_xchg(state, tl.full((), 1, tl.int64), sem="release", scope="sys")
+
+
+@triton.jit(
+    do_not_specialize=[
+        "n_instr", "state_addr", "record_addr", "rank", "world", "fingerprint", "half_bytes", "granule", "timeout_ns",
+    ]
+)
+def program_kernel(
+    prog_ptr,  # int64[n_instr * WORDS]: the instructions
+    n_instr,  # how many
+    opnd_ptr,  # int64[OPERAND_WORDS * operands]: the operands the instructions name
+    peers_ptr,  # int64[2 * world]: each rank's half 0 address, then each rank's flag area address
+    state_addr,  # this rank's state words: [poison, epoch of channel 0, epoch of channel 1, ...]
+    record_addr,  # this rank's error records, RECORD_WORDS int64 per channel
+    rank,  # this rank, in the workspace
+    world,  # ranks of the workspace (<= PEERS)
+    fingerprint,  # of the call: every flag carries it (< 2**FP_BITS)
+    half_bytes,  # bytes from half 0 to half 1
+    granule,  # bytes of in-half positions a channel owns in turn
+    timeout_ns,  # a wait gives up after this long
+    DTYPE: tl.constexpr,  # element type of REDUCE
+    OP: tl.constexpr,  # gpucomm.ReduceOp value of REDUCE's fold (SUM for AVG: the division is per instruction)
+    COPY_ELEM: tl.constexpr,  # the integer type COPY moves
+    COPY_BYTES: tl.constexpr,  # its size, which divides every COPY's size, position and addresses
+    ELEM_BYTES: tl.constexpr,  # size of DTYPE
+    ALIGNED: tl.constexpr,  # every address, position and the granule are multiples of 16 bytes
+    PEERS: tl.constexpr,  # power of two >= world
+    BLOCK: tl.constexpr,  # elements per vector step
+):
+    channel = tl.program_id(0)
+    channels = tl.num_programs(0)
+    state = state_addr.to(tl.pointer_type(tl.int64))
+    e0 = tl.load(state + 1 + channel)
+    e = e0
+    running = tl.load(state) == 0
+    i = 0
+    while running & (i < n_instr):
+        row = prog_ptr + i * _WORDS
+        if tl.load(row) == _SYNC:
+            e, kind, culprits, seen = _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, PEERS)
+            if kind != 0:
+                _record(record_addr, state, channel, kind, e, i, culprits, seen, fingerprint)
+            running = kind == 0
+        else:
+            _move(
+                row, opnd_ptr, peers_ptr, e0, half_bytes, granule, channel, channels,
+                DTYPE, OP, COPY_ELEM, COPY_BYTES, ELEM_BYTES, ALIGNED, BLOCK,
+            )
+        i += 1
+    tl.store(state + 1 + channel, e)
+
+
+_COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
+
+
+def launch(
+    prog: torch.Tensor,
+    operands: torch.Tensor,
+    peers: torch.Tensor,
+    state_addr: int,
+    record_addr: int,
+    *,
+    channels: int,
+    rank: int,
+    world: int,
+    fingerprint: int,
+    half_bytes: int,
+    granule: int,
+    timeout_ns: int,
+    dtype: tl.dtype,
+    op: int,
+    copy_bytes: int,
+    elem_bytes: int,
+    aligned: bool,
+    block: int,
+    num_warps: int = 8,
+) -> None:
+    """Launch ``program_kernel`` over ``channels`` programs (see the module docstring)."""
+    program_kernel[(channels,)](
+        prog, prog.numel() // WORDS, operands, peers, state_addr, record_addr, rank, world, fingerprint,
+        half_bytes, granule, timeout_ns,
+        DTYPE=dtype, OP=op, COPY_ELEM=_COPY_ELEMS[copy_bytes], COPY_BYTES=copy_bytes, ELEM_BYTES=elem_bytes,
+        ALIGNED=aligned, PEERS=max(16, triton.next_power_of_2(world)), BLOCK=block, num_warps=num_warps,
+    )
