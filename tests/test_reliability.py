@@ -1,5 +1,7 @@
-"""No hang, a named culprit, mismatches caught, nothing leaked: on the gloo path and the shm
-workspace path (the cuda_ipc versions live in tests/gpu)."""
+"""No hang, a named culprit, mismatches caught, nothing leaked: on the gloo path, the shm
+workspace path with the torch kernels, and the shm workspace path with the Triton program kernel
+under the interpreter (two channels), where every wait happens inside the kernel (the cuda_ipc
+versions live in tests/gpu)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from spawn import run_ranks
 PATHS = {
     "gloo": {"transport": "gloo"},
     "shm": {"transport": "shm", "kernels": "torch"},
+    "triton": {"transport": "shm", "kernels": "triton", "channels": 2},
 }
+# The interpreter must be on before triton is imported: the harness sets it in each rank.
+ENV = {"triton": {"TRITON_INTERPRET": "1"}}
+# The interpreter runs a launch in tens of milliseconds: fewer calls for the loops on it.
+SHARE = {"gloo": 1, "shm": 1, "triton": 10}
 
 
 def _killed_peer(rank: int, world_size: int, knobs: dict, victim: int, when: str, timeout: float) -> float | None:
@@ -51,7 +58,7 @@ def _killed_peer(rank: int, world_size: int, knobs: dict, victim: int, when: str
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_killed_rank_is_named_within_timeout_plus_5s(path: str, when: str) -> None:
     timeout = 4.0
-    results = run_ranks(_killed_peer, 3, PATHS[path], 1, when, timeout, allow_exit=(1,), timeout=120)
+    results = run_ranks(_killed_peer, 3, PATHS[path], 1, when, timeout, allow_exit=(1,), timeout=120, env=ENV.get(path))
     for rank in (0, 2):
         assert results[rank] is not None and results[rank] <= timeout + 5, f"rank {rank}: {results[rank]}"
 
@@ -72,7 +79,7 @@ def _slow_peer(rank: int, world_size: int, knobs: dict) -> list[float]:
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_slow_peer_within_timeout_gives_the_right_result(path: str) -> None:
-    assert run_ranks(_slow_peer, 3, PATHS[path]) == [[3.0]] * 3
+    assert run_ranks(_slow_peer, 3, PATHS[path], env=ENV.get(path)) == [[3.0]] * 3
 
 
 def _mismatch(rank: int, world_size: int, knobs: dict, kind: str) -> str:
@@ -110,9 +117,7 @@ def _mismatch(rank: int, world_size: int, knobs: dict, kind: str) -> str:
 @pytest.mark.parametrize("kind", ["size", "op", "dtype", "collective", "root"])
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_mismatched_calls_raise_on_every_rank(path: str, kind: str) -> None:
-    if path == "shm" and kind == "root":
-        pytest.skip("broadcast is served by gloo until the workspace serves every collective")
-    messages = run_ranks(_mismatch, 2, PATHS[path], kind, timeout=120)
+    messages = run_ranks(_mismatch, 2, PATHS[path], kind, timeout=120, env=ENV.get(path))
     for rank, message in enumerate(messages):
         assert f"rank {rank}" in message and "different" in message, message
 
@@ -143,7 +148,7 @@ def _init_close_loop(rank: int, world_size: int, knobs: dict, rounds: int) -> li
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_init_close_100_times_leaks_nothing(path: str) -> None:
-    for warm, end in run_ranks(_init_close_loop, 2, PATHS[path], 100, timeout=300):
+    for warm, end in run_ranks(_init_close_loop, 2, PATHS[path], 100 // SHARE[path], timeout=300, env=ENV.get(path)):
         assert end[0] <= warm[0], f"open files grew from {warm[0]} to {end[0]}"
         assert end[2] == 0, f"{end[2]} gpucomm entries left in /dev/shm"
         # Allocator noise stays within a few MiB; a leaked 8 MiB workspace per round would not.
@@ -173,9 +178,10 @@ def _soak_calls(request: pytest.FixtureRequest) -> int:
     return 10_000 if request.config.getoption("--run-slow") else 2_000
 
 
-def test_soak_small_all_reduces(request: pytest.FixtureRequest) -> None:
-    calls = _soak_calls(request)
-    for warm, end, wrong in run_ranks(_soak, 3, PATHS["shm"], calls, timeout=600):
+@pytest.mark.parametrize("path", ["shm", "triton"])
+def test_soak_small_all_reduces(path: str, request: pytest.FixtureRequest) -> None:
+    calls = _soak_calls(request) // SHARE[path]
+    for warm, end, wrong in run_ranks(_soak, 3, PATHS[path], calls, timeout=600, env=ENV.get(path)):
         assert wrong == 0
         assert end[0] <= warm[0] and end[1] - warm[1] < 8 << 20, (warm, end)
 
@@ -220,8 +226,8 @@ def _fuzz(rank: int, world_size: int, knobs: dict, seed: int, calls: int) -> tup
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_fuzz_random_collectives(path: str, request: pytest.FixtureRequest) -> None:
     seed = random.randrange(1 << 30)
-    calls = 10000 if request.config.getoption("--run-slow") else 1500
-    results = run_ranks(_fuzz, 3, PATHS[path], seed, calls, timeout=600)
+    calls = (10000 if request.config.getoption("--run-slow") else 1500) // SHARE[path]
+    results = run_ranks(_fuzz, 3, PATHS[path], seed, calls, timeout=600, env=ENV.get(path))
     failures = [f for fails, _ in results for f in fails]
     assert not failures, f"seed {seed}:\n" + "\n".join(failures[:30])
     assert all(d == results[0][1] for _, d in results), f"seed {seed}: all_reduce results differ between ranks"
