@@ -28,6 +28,7 @@ from gpucomm.config import Config
 from gpucomm.engine import Engine
 from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
+from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
 from gpucomm.reduce_op import ReduceOp, as_reduce_op
 from gpucomm.validation import (
@@ -111,20 +112,52 @@ class Communicator:
         self._closed = False
         self._liveness = Liveness(store, prefix, rank, world_size)
         self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
+        self._engines: dict[str, Engine] = {}  # device type -> the workspace engine serving it
         try:
-            self._engine = self._make_engine()
+            for device_type, (transport, kernels) in self._workspace_plan().items():
+                engine = Engine.create(self, transport, kernels)
+                if engine is not None:
+                    self._engines[device_type] = engine
         except BaseException:
+            self._close_engines()
             self._fallback.close()
             raise
         _LIVE.add(self)
 
     # -- life cycle ---------------------------------------------------------------------------
-    def _make_engine(self) -> Engine | None:
-        if self.config.kernels == "cuda" and self.device is None:
+    def _workspace_plan(self) -> dict[str, tuple[str, str]]:
+        """Which transport and kernels serve the tensors of each device type (the rest: gloo).
+
+        ``auto``: CUDA tensors on the CUDA IPC workspace, CPU tensors on the shared-memory one when
+        every rank runs on this host. A transport named explicitly serves its own device type and
+        must work. The kernels knob applies where it can: CPU tensors run the torch kernels unless
+        the Triton interpreter is on, whatever kernels a GPU uses.
+        """
+        config = self.config
+        if config.kernels == "cuda" and self.device is None:
             raise UnsupportedError("gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device, and this host has none")
-        if self.config.transport == "gloo":
-            return None
-        return Engine.create(self)
+        if config.transport == "gloo":
+            return {}
+        if config.transport == "shm":
+            return {"cpu": ("shm", config.kernels)}
+        if config.transport == "cuda_ipc":
+            if self.device is None:
+                raise UnsupportedError("gpucomm: GPUCOMM_TRANSPORT=cuda_ipc needs a CUDA device, and this host has none")
+            return {"cuda": ("cuda_ipc", config.kernels)}
+        plan = {}
+        if self.device is not None:
+            plan["cuda"] = ("cuda_ipc", config.kernels)
+        if self._liveness.one_host():
+            plan["cpu"] = ("shm", config.kernels if kernels_run_on_cpu(config.kernels) else "auto")
+        return plan
+
+    def _close_engines(self) -> None:
+        engines, self._engines = list(self._engines.values()), {}
+        try:
+            for engine in engines:
+                engine.close()
+        finally:
+            engines.clear()
 
     def close(self) -> None:
         """Free the workspace and the gloo group. Idempotent."""
@@ -133,20 +166,34 @@ class Communicator:
         self._closed = True
         _LIVE.discard(self)
         try:
-            if self._engine is not None:
-                self._engine.close()
+            self._close_engines()
         finally:
             self._fallback.close()
 
     def _release_threads(self) -> None:
-        """At exit: stop gloo's threads now, leave the workspace to the process's end."""
+        """At exit: stop gloo's threads now, leave the workspaces to the process's end."""
         self._closed = True
         _LIVE.discard(self)
         try:
-            if self._engine is not None and self._engine.inter is not None:
-                self._engine.inter.close()
+            for engine in self._engines.values():
+                if engine.inter is not None:
+                    engine.inter.close()
         finally:
             self._fallback.close()
+
+    def paths(self) -> dict[str, str]:
+        """What serves the tensors of each device type, in words: ``{"cpu": "workspace
+        transport=shm kernels=torch", "cuda": "gloo"}`` (collectives the workspace does not serve
+        go to gloo whatever this says)."""
+        types = ["cpu", "cuda"] if self.device is not None else ["cpu"]
+        described = {}
+        for device_type in types:
+            engine = self._engines.get(device_type)
+            if engine is None:
+                described[device_type] = "gloo"
+            else:
+                described[device_type] = f"workspace transport={engine.transport} kernels={engine.kernels.name}"
+        return described
 
     def __enter__(self) -> Communicator:
         return self
@@ -210,7 +257,11 @@ class Communicator:
         if fn not in _POINT_TO_POINT:
             self._calls += 1
         translate = self._translate(fn, self._calls, peer)  # type: ignore[arg-type]
-        engine = self._engine
+        # A barrier has no tensor: it waits on the host's workspace where there is one, so that it
+        # returns once every rank has arrived, as torch.distributed's does.
+        engine = self._engines.get("cpu" if tensor is None else tensor.device.type)
+        if engine is None and tensor is None and self._engines:
+            engine = next(iter(self._engines.values()))
         algo = engine.serves(fn, tensor) if engine is not None else None
         if log.logger.isEnabledFor(logging.INFO):
             detail = {"path": "gloo"} if algo is None else {"path": "workspace", **engine.describe(algo)}

@@ -93,7 +93,7 @@ class FlagLayout:
 class Engine:
     """The workspace path of one communicator (of its node's members when it spans nodes)."""
 
-    def __init__(self, comm: Communicator, transport: str, device: torch.device, topology: Topology) -> None:
+    def __init__(self, comm: Communicator, transport: str, kernels: str, device: torch.device, topology: Topology) -> None:
         self.topology = topology
         self.members = topology.nodes[topology.node]  # communicator rank of each local rank
         self.rank = topology.local
@@ -104,7 +104,7 @@ class Engine:
         self.knob_algo = comm.config.algo
         self.transport = transport
         self.device = device
-        self.kernels = get_kernels(comm.config.kernels, device)
+        self.kernels = get_kernels(kernels, device)
         data_bytes = comm.config.workspace_bytes
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
@@ -139,13 +139,9 @@ class Engine:
             raise
 
     @classmethod
-    def create(cls, comm: Communicator) -> Engine | None:
-        """The engine the knobs ask for, or None where the fallback serves everything."""
-        transport = comm.config.transport
-        if transport == "auto":
-            if comm.device is None:
-                return None
-            transport = "cuda_ipc"
+    def create(cls, comm: Communicator, transport: str, kernels: str) -> Engine | None:
+        """The engine of ``transport`` ("shm" or "cuda_ipc") with ``kernels``, or None where no
+        workspace layout serves this communicator (then gloo serves its tensors)."""
         device = torch.device("cpu") if transport == "shm" else comm.device
         if device is None:
             raise UnsupportedError(f"gpucomm: GPUCOMM_TRANSPORT={transport} needs a CUDA device, and this host has none")
@@ -159,7 +155,7 @@ class Engine:
                     f"{[len(m) for m in topology.nodes]} (local_world_size={comm.local_world_size})"
                 )
             return None
-        return cls(comm, transport, device, topology)
+        return cls(comm, transport, kernels, device, topology)
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":

@@ -6,34 +6,71 @@ flag and a bounded acquire-poll of this rank's flags. The epoch lives on the hos
 the host is one thread). Waits raise at once, on the rank that waited:
 :class:`CommTimeoutError` naming the ranks still missing at the deadline, or
 :class:`CommMismatchError` when a peer's flag carries this epoch with another call's fingerprint.
-While sends or receives are pending, a wait moves the mailboxes between polls, so that a rank
+While sends or receives are pending, a wait moves the mailboxes now and then, so that a rank
 blocked in a collective still feeds a peer's recv.
 
-Each program is bound once per half parity: its operands resolved to tensor views, so that a
-repeated call does no more than the copies, the reductions and the flag traffic.
+Each program is bound once per half parity: its operands resolved to tensor views, its
+reductions given their accumulation buffers and its flags their addresses, so that a repeated
+call costs no more than the copies, the in-place folds and the flag traffic.
+
+How a wait spends its time (:class:`Backoff`): while every rank of the host has a core to itself
+it spins, since a peer arrives within microseconds and a sleep would cost tens; when ranks
+outnumber the cores it yields the core between polls, since the peer it waits for may need that
+very core; and once a wait has lasted a while (a peer busy with other work) it sleeps in steps
+that grow with the time waited, so that the latency added stays a small share of the wait.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from gpucomm.errors import CommMismatchError, CommTimeoutError
-from gpucomm.ops.contract import FLAG_DTYPE, Region
+from gpucomm.ops import host_atomics
+from gpucomm.ops.contract import Region
+from gpucomm.ops.reference import fold_into, needs_scratch
 from gpucomm.program import COPY, FP_BITS, REDUCE, Program, Slot
-from gpucomm.reduce_op import ReduceOp
+from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 
 if TYPE_CHECKING:
     from gpucomm.engine import Engine
 
-__all__ = ["HostExecutor"]
+__all__ = ["HostExecutor", "Backoff"]
 
-# While sends or receives are pending, a wait polls in slices this long and moves the mailboxes
-# between them.
-_PROGRESS_SLICE_S = 0.002
+_FP_MASK = (1 << FP_BITS) - 1
+# A wait that has lasted this long is waiting for a busy peer, not for the interconnect: it
+# starts sleeping, each sleep a _SLEEP_SHARE of the time waited so far (at most _MAX_SLEEP_S),
+# which bounds the latency the sleeps add to that share.
+_SPIN_S = 2e-3
+_SLEEP_SHARE = 0.05
+_MAX_SLEEP_S = 1e-3
+# While sends or receives are pending, a wait moves the mailboxes every this many polls.
+_PROGRESS_POLLS = 64
 
 Step = Callable[[], None]
+
+
+class Backoff:
+    """What a host wait does between two polls (module docstring).
+
+    Args:
+        ranks_here: ranks of the workspace on this host.
+        cores: cores this process may run on (default: its affinity mask).
+    """
+
+    def __init__(self, ranks_here: int, cores: int | None = None) -> None:
+        self.cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        self.oversubscribed = ranks_here > self.cores
+
+    def __call__(self, waited_s: float) -> None:
+        if waited_s > _SPIN_S:
+            time.sleep(min(_MAX_SLEEP_S, waited_s * _SLEEP_SHARE))
+        elif self.oversubscribed:
+            os.sched_yield()
 
 
 class HostExecutor:
@@ -44,7 +81,11 @@ class HostExecutor:
         self.kernels = engine.kernels
         self.workspace = engine.workspace
         self.rank = engine.rank
-        self.world_size = engine.world_size
+        self.backoff = Backoff(engine.world_size)
+        self._host_flags = engine.device.type == "cpu"
+        if self._host_flags:
+            self._store = host_atomics.raw_store_release()
+            self._load = host_atomics.raw_load_acquire()
         self._epoch = 0
         self._program: Program | None = None  # the program being run, for error messages
 
@@ -67,12 +108,11 @@ class HostExecutor:
         for ins in program.instructions:
             if ins[0] == COPY:
                 dst, src = self._region(ins[3], parity), self._region(ins[4], parity)
-                steps.append(lambda dst=dst, src=src: self.kernels.copy(dst, src))
+                steps.append(_bound_copy(dst, src))
             elif ins[0] == REDUCE:
                 out = self._region(ins[3], parity)
                 srcs = [self._region(s, parity) for s in ins[4]]
-                op = ReduceOp.AVG if ins[5] else program.op
-                steps.append(lambda out=out, srcs=srcs, op=op, divisor=ins[6]: self.kernels.reduce(out, srcs, program.dtype, op, divisor))
+                steps.append(_bound_reduce(out, srcs, program.dtype, ReduceOp.AVG if ins[5] else program.op, ins[6]))
             else:
                 steps.append(self._bind_sync(program, ins[1], ins[2]))
         return steps
@@ -85,55 +125,96 @@ class HostExecutor:
         return self.workspace.data(operand.peer, offset, operand.nbytes)
 
     def _bind_sync(self, program: Program, signal: Sequence[int], wait: Sequence[int]) -> Step:
-        flags = self.engine.flags
-        me = self.rank
+        flags, me = self.engine.flags, self.rank
         at_peers = [self.workspace.flag(p, flags.sync_flag(0, me)) for p in signal]
         mine = [self.workspace.flag(me, flags.sync_flag(0, p)) for p in wait]
         peers = list(wait)
+        if not self._host_flags:
+            return lambda: self._device_sync(program, at_peers, mine, peers)
+        store, release = self._store, host_atomics.RELEASE
+        signal_addrs = [f.addr for f in at_peers]
+        wait_addrs = [f.addr for f in mine]
 
         def sync() -> None:
             self._epoch += 1
             target = self._epoch << FP_BITS
-            if at_peers:
-                self.kernels.signal(at_peers, target | program.fingerprint)
-            if mine:
-                self._wait(mine, target, peers)
-                self._check_fingerprints(mine, peers, program)
+            value = target | program.fingerprint
+            for addr in signal_addrs:
+                store(addr, value, release)
+            if wait_addrs:
+                self._check(program, peers, self._poll(wait_addrs, target, peers))
 
         return sync
 
     # -- waiting ----------------------------------------------------------------------------------
-    def _wait(self, flags: list[Region], target: int, peers: list[int]) -> None:
-        """Wait until every flag is >= ``target`` or raise naming the peers still missing."""
-        deadline = time.monotonic() + self.engine.timeout
-        mail = self.engine.mail
+    def _poll(self, addrs: list[int], target: int, peers: list[int]) -> list[int]:
+        """Acquire-poll the flags at ``addrs`` until each is >= ``target``; the values seen.
+        Raises :class:`CommTimeoutError` naming the peers still short at the deadline."""
+        load, acquire = self._load, host_atomics.ACQUIRE
+        seen = [load(addr, acquire) for addr in addrs]
+        pending = [i for i, value in enumerate(seen) if value - target < 0]
+        if not pending:
+            return seen
+        start = time.monotonic()
+        deadline = start + self.engine.timeout
+        mail, polls = self.engine.mail, 0
         while True:
-            busy = mail.busy()
-            until = min(deadline, time.monotonic() + _PROGRESS_SLICE_S) if busy else deadline
-            missing = self.kernels.wait(flags, target, until)
-            if not missing:
-                return
-            flags, peers = [flags[i] for i in missing], [peers[i] for i in missing]
-            if time.monotonic() >= deadline:
-                raise CommTimeoutError(
-                    self._program.name, self._epoch, self.engine.comm_rank, [self.engine.members[p] for p in peers], self.engine.timeout
-                )
-            if busy:
+            now = time.monotonic()
+            if now >= deadline:
+                self._timeout([peers[i] for i in pending])
+            self.backoff(now - start)
+            polls += 1
+            if polls % _PROGRESS_POLLS == 0 and mail.busy():
                 mail.progress()
+            still = []
+            for i in pending:
+                seen[i] = load(addrs[i], acquire)
+                if seen[i] - target < 0:
+                    still.append(i)
+            if not still:
+                return seen
+            pending = still
 
-    def _check_fingerprints(self, flags: list[Region], peers: list[int], program: Program) -> None:
-        if flags[0].device.type == "cpu":
-            from gpucomm.ops import host_atomics
+    def _device_sync(self, program: Program, at_peers: list[Region], mine: list[Region], peers: list[int]) -> None:
+        """A SYNC on flags in GPU memory (the torch kernels on the CUDA IPC workspace)."""
+        self._epoch += 1
+        target = self._epoch << FP_BITS
+        if at_peers:
+            self.kernels.signal(at_peers, target | program.fingerprint)
+        if mine:
+            missing = self.kernels.wait(mine, target, time.monotonic() + self.engine.timeout)
+            if missing:
+                self._timeout([peers[i] for i in missing])
+            seen = torch.stack([f.view(torch.int64)[0] for f in mine]).tolist()
+            self._check(program, peers, seen)
 
-            seen = [host_atomics.load_acquire(f.addr) for f in flags]
-        else:
-            import torch
+    def _timeout(self, peers: list[int]) -> None:
+        engine = self.engine
+        raise CommTimeoutError(self._program.name, self._epoch, engine.comm_rank, [engine.members[p] for p in peers], engine.timeout)
 
-            seen = torch.stack([f.view(FLAG_DTYPE)[0] for f in flags]).tolist()
+    def _check(self, program: Program, peers: list[int], seen: list[int]) -> None:
+        """A peer at this epoch with another fingerprint called something else."""
         for peer, value in zip(peers, seen):
-            if value >> FP_BITS == self._epoch and value & ((1 << FP_BITS) - 1) != program.fingerprint:
+            if value >> FP_BITS == self._epoch and value & _FP_MASK != program.fingerprint:
                 raise CommMismatchError(
                     f"gpucomm.{program.name} epoch {self._epoch}: rank {self.engine.comm_rank} and rank "
                     f"{self.engine.members[peer]} called different collectives (or sizes, dtypes, ops, roots or "
                     f"algorithms) at the same step"
                 )
+
+
+def _bound_copy(dst: Region, src: Region) -> Step:
+    d, s = dst.bytes, src.bytes
+    if (dst.addr | src.addr | dst.nbytes) % 8 == 0:
+        try:  # eight-byte elements where the layout allows: the copy loop moves words, not bytes
+            d, s = dst.view(torch.int64), src.view(torch.int64)
+        except RuntimeError:  # a view whose storage offset torch cannot reinterpret
+            pass
+    return lambda: d.copy_(s)
+
+
+def _bound_reduce(out: Region, srcs: list[Region], dtype: torch.dtype, op: ReduceOp, divisor: int) -> Step:
+    target = out.view(dtype)
+    views = [s.view(dtype) for s in srcs]
+    acc = torch.empty_like(target, dtype=accumulation_dtype(dtype)) if needs_scratch(out, srcs, dtype) else None
+    return lambda: fold_into(target, views, op, divisor, acc)

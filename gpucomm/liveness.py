@@ -30,6 +30,12 @@ class Liveness:
         self.host = socket.gethostname()
         store.set(f"{self.prefix}proc/{rank}", f"{self.host} {os.getpid()}")
 
+    def one_host(self) -> bool:
+        """Whether every rank published this host's name (waits for all of them: collective)."""
+        keys = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
+        self.store.wait(keys)
+        return all(self.store.get(key).decode().partition(" ")[0] == self.host for key in keys)
+
     def culprits(self, seq: int, grace: float = GRACE_S) -> list[int]:
         """Ranks that are dead (same host) or did not check in for call ``seq`` within ``grace``."""
         try:

@@ -13,11 +13,11 @@ import functools
 
 from gpucomm.errors import UnsupportedError
 
-__all__ = ["store_release", "load_acquire"]
+__all__ = ["store_release", "load_acquire", "raw_store_release", "raw_load_acquire", "ACQUIRE", "RELEASE"]
 
 # The memory orders of the GCC __atomic builtins (gcc/libatomic ABI).
-_ATOMIC_ACQUIRE = 2
-_ATOMIC_RELEASE = 3
+_ATOMIC_ACQUIRE = ACQUIRE = 2
+_ATOMIC_RELEASE = RELEASE = 3
 
 
 @functools.cache
@@ -55,3 +55,16 @@ def load_acquire(addr: int) -> int:
     """Load the int64 at ``addr`` with acquire ordering."""
     _check("load_acquire", addr)
     return _libatomic().__atomic_load_8(addr, _ATOMIC_ACQUIRE)
+
+
+def raw_store_release() -> ctypes._CFuncPtr:
+    """libatomic's ``__atomic_store_8(addr, value, order)``, for loops that checked their
+    addresses once: call it with ``RELEASE``."""
+    return _libatomic().__atomic_store_8
+
+
+def raw_load_acquire() -> ctypes._CFuncPtr:
+    """libatomic's ``__atomic_load_8(addr, order)``, for polling loops that checked their
+    addresses once: call it with ``ACQUIRE``."""
+    return _libatomic().__atomic_load_8
+

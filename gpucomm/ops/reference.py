@@ -18,7 +18,7 @@ from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_re
 from gpucomm.ops.contract import FLAG_DTYPE, Region
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 
-__all__ = ["TorchKernels"]
+__all__ = ["TorchKernels", "fold_into", "needs_scratch"]
 
 # Host polling backs off from busy spinning to short sleeps, so that a rank waiting on a slow
 # peer does not starve it of a core (CI machines have two).
@@ -26,22 +26,49 @@ _SPIN_POLLS = 200
 _MAX_SLEEP_S = 1e-3
 
 
-def _fold(acc: torch.Tensor, x: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-    if op == ReduceOp.PRODUCT:
-        return torch.mul(acc, x)
-    if op == ReduceOp.MIN:
-        return torch.minimum(acc, x)  # NaN propagates
-    if op == ReduceOp.MAX:
-        return torch.maximum(acc, x)
-    return torch.add(acc, x)  # SUM and AVG
+_FOLD = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.AVG: torch.add,  # then one division
+    ReduceOp.PRODUCT: torch.mul,
+    ReduceOp.MIN: torch.minimum,  # NaN propagates, as in the other implementations
+    ReduceOp.MAX: torch.maximum,
+}
 
 
-def _divide(acc: torch.Tensor, divisor: int) -> torch.Tensor:
+def needs_scratch(out: Region, srcs: Sequence[Region], dtype: torch.dtype) -> bool:
+    """Whether :func:`fold_into` needs an accumulation buffer: 16-bit floats accumulate in fp32,
+    and an ``out`` that is a later source must not be written before that source is read."""
+    return accumulation_dtype(dtype) != dtype or any(s.addr == out.addr for s in srcs[1:])
+
+
+def fold_into(out: torch.Tensor, srcs: Sequence[torch.Tensor], op: ReduceOp, divisor: int, acc: torch.Tensor | None) -> None:
+    """``out = op(srcs[0], srcs[1], ...)``, folded left to right in place, rounded once.
+
+    ``out`` and ``srcs`` are views of the element type; ``acc`` (or ``out`` itself when None,
+    see :func:`needs_scratch`) holds the running result in the accumulation type. In-place folds
+    move each byte once per source, at memory speed, where a new tensor per step would not.
+    """
+    fold = _FOLD[op]
+    target = out if acc is None else acc
+    if target.data_ptr() != srcs[0].data_ptr():
+        target.copy_(srcs[0])  # widening to fp32 is exact
+    for src in srcs[1:]:
+        fold(target, src, out=target)  # mixed 16-bit sources are promoted to fp32 first
+    if op is ReduceOp.AVG:
+        _divide(target, divisor)
+    if acc is not None:
+        out.copy_(acc)  # the one rounding, to nearest even
+
+
+def _divide(acc: torch.Tensor, divisor: int) -> None:
     if not acc.is_floating_point():
-        return torch.div(acc, divisor, rounding_mode="trunc")
-    # A tensor divisor, not a Python scalar: CUDA torch turns division by a scalar into a
-    # multiplication by its reciprocal, which is not the correctly rounded quotient.
-    return torch.div(acc, torch.full_like(acc, divisor))
+        torch.div(acc, divisor, rounding_mode="trunc", out=acc)
+    elif acc.is_cuda:
+        # A tensor divisor: CUDA torch turns division by a scalar into a multiplication by its
+        # reciprocal, which is not the correctly rounded quotient.
+        torch.div(acc, torch.full_like(acc, divisor), out=acc)
+    else:
+        acc.div_(divisor)  # CPU torch divides fp32 and fp64 by a scalar exactly
 
 
 class TorchKernels:
@@ -76,15 +103,9 @@ class TorchKernels:
         op = check_reduce(out, srcs, dtype, op, divisor)
         if out.nbytes == 0:
             return
-        acc_dtype = accumulation_dtype(dtype)
-        # .to() copies for 16-bit floats, and _fold/_divide make new tensors, so every source is
-        # read before out is written: out may alias a source.
-        acc = srcs[0].view(dtype).to(acc_dtype)
-        for src in srcs[1:]:
-            acc = _fold(acc, src.view(dtype).to(acc_dtype), op)
-        if op == ReduceOp.AVG:
-            acc = _divide(acc, divisor)
-        out.view(dtype).copy_(acc)  # the one rounding, to nearest even
+        target = out.view(dtype)
+        acc = torch.empty_like(target, dtype=accumulation_dtype(dtype)) if needs_scratch(out, srcs, dtype) else None
+        fold_into(target, [s.view(dtype) for s in srcs], op, divisor, acc)
 
     def signal(self, flags: Sequence[Region], epoch: int) -> None:
         check_flags("signal", flags)

@@ -10,7 +10,7 @@ import torch
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Kernels
 
-__all__ = ["get_kernels", "KERNEL_NAMES"]
+__all__ = ["get_kernels", "kernels_run_on_cpu", "KERNEL_NAMES"]
 
 KERNEL_NAMES = ("auto", "triton", "cuda", "torch")
 
@@ -19,6 +19,11 @@ _instances: dict[tuple[str, torch.device], Kernels] = {}
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernels_run_on_cpu(name: str) -> bool:
+    """Whether the kernels ``name`` can serve CPU tensors here (Triton only under the interpreter)."""
+    return name in ("auto", "torch") or (name == "triton" and _interpreting())
 
 
 def _normalise(device: torch.device | str) -> torch.device:
