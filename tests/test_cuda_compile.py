@@ -28,12 +28,15 @@ from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.ops.cuda_ops import (
     HEADER,
     KERNEL_PACKAGE,
+    PROGRAM_FOLDS,
     SOURCES,
     THREADS,
     CudaKernels,
+    _check_program,
     _target,
     compile_options,
     kernel_source,
+    program_kernel_name,
     reduce_kernel_name,
 )
 from gpucomm.reduce_op import ReduceOp
@@ -116,16 +119,14 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], 
         return dict(zip(jobs, pool.map(lambda job: build(*job), jobs)))
 
 
-def _reduce_names(fused: bool) -> set[str]:
-    return {reduce_kernel_name(dtype, op, fused) for dtype in SUPPORTED_DTYPES for op in ReduceOp}
-
-
 EXPECTED_KERNELS = {
     "copy.cu": {"gpucomm_copy"},
     "flags.cu": {"gpucomm_signal", "gpucomm_wait"},
-    "reduce.cu": _reduce_names(fused=False),
-    "oneshot_allreduce.cu": _reduce_names(fused=True),
+    "reduce.cu": {reduce_kernel_name(dtype, op) for dtype in SUPPORTED_DTYPES for op in ReduceOp},
+    "program.cu": {program_kernel_name(None, ReduceOp.SUM)}
+    | {program_kernel_name(dtype, op) for dtype in SUPPORTED_DTYPES for op in PROGRAM_FOLDS},
 }
+PROGRAM_KERNELS = sorted(EXPECTED_KERNELS["program.cu"])
 
 
 def test_every_shipped_source_is_compiled_here() -> None:
@@ -133,9 +134,10 @@ def test_every_shipped_source_is_compiled_here() -> None:
     assert shipped == set(SOURCES) == set(EXPECTED_KERNELS)
 
 
-def test_sources_include_only_headers_nvrtc_ships() -> None:
-    # NVRTC has no host standard library; it provides cuda_fp16.h and cuda_bf16.h itself.
-    allowed = {'"common.cuh"', "<cuda_fp16.h>", "<cuda_bf16.h>"}
+def test_sources_include_only_common_cuh() -> None:
+    # NVRTC is handed common.cuh and finds no other header: no host standard library, and not
+    # cuda_fp16.h or cuda_bf16.h either without the toolkit's include directory (NVRTC 13.5).
+    allowed = {'"common.cuh"'}
     for file in (*SOURCES, HEADER):
         includes = set(re.findall(r"^\s*#\s*include\s+(\S+)", kernel_source(file), flags=re.MULTILINE))
         assert includes <= allowed, f"{file} includes {sorted(includes - allowed)}"
@@ -163,8 +165,23 @@ def test_signal_stores_with_release_at_system_scope(compiled, arch: int) -> None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_program_kernels_release_flags_at_system_scope(compiled, arch: int) -> None:
+    # A SYNC's signal, the error record's kind and the poison word: release stores at system
+    # scope, each lowered to a system-wide fence and a strong system-scope store.
+    for name in PROGRAM_KERNELS:
+        ptx = compiled["program.cu", arch].ptx[name]
+        assert ptx.count("st.release.sys.global.b64") >= 3, name  # signal, record kind, poison
+        sass = compiled["program.cu", arch].sass[name]
+        stores = [i for i, ins in enumerate(sass) if ins.startswith("STG.E.64.STRONG.SYS ")]
+        assert stores, (name, sass)
+        for i in stores:
+            fence = max((j for j in range(i) if sass[j].startswith("MEMBAR")), default=None)
+            assert fence is not None and sass[fence] == "MEMBAR.ALL.SYS", (name, sass[: i + 1])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_waits_load_with_acquire_at_system_scope_and_a_deadline(compiled, arch: int) -> None:
-    waiting = [("flags.cu", "gpucomm_wait")] + [("oneshot_allreduce.cu", name) for name in EXPECTED_KERNELS["oneshot_allreduce.cu"]]
+    waiting = [("flags.cu", "gpucomm_wait")] + [("program.cu", name) for name in PROGRAM_KERNELS]
     for file, name in waiting:
         ptx = compiled[file, arch].ptx[name]
         assert "ld.acquire.sys.global.b64" in ptx, name
@@ -186,17 +203,37 @@ def test_waits_load_with_acquire_at_system_scope_and_a_deadline(compiled, arch: 
 def test_reduces_contract_no_multiply_add(compiled, arch: int) -> None:
     # A fused multiply-add would round once where torch rounds twice. AVG's division is excluded:
     # IEEE division itself is computed with FMAs and is correctly rounded.
-    for file in ("reduce.cu", "oneshot_allreduce.cu"):
-        for name, sass in compiled[file, arch].sass.items():
-            if "_avg_" in name:
-                continue
-            fmas = [ins for ins in sass if re.match(r"(@!?P\d+\s+)?(FFMA|DFMA)\b", ins)]
-            assert not fmas, (name, fmas)
+    for name, sass in compiled["reduce.cu", arch].sass.items():
+        if "_avg_" in name:
+            continue
+        fmas = [ins for ins in sass if re.match(r"(@!?P\d+\s+)?(FFMA|DFMA)\b", ins)]
+        assert not fmas, (name, fmas)
+
+
+# Float arithmetic in PTX: add.rn.f32, mul.f64, fma.rn.f32, div.rn.f32, ...
+_FLOAT_ARITHMETIC = re.compile(r"\b(add|sub|mul|fma|mad|div)((?:\.\w+)*)\.f(?:32|64)\b")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_program_reduces_round_every_step(compiled, arch: int) -> None:
+    # Every program kernel honours a REDUCE's divide flag, so its SASS holds the FMAs of IEEE
+    # division whatever its fold; the check is on the PTX instead. ptxas may fuse a mul and an
+    # add into an FMA only when neither names its rounding (PTX ISA, "add"/"mul"), so: no
+    # fma/mad at all, every add/sub/mul with .rn, every division IEEE (div.rn).
+    for name in PROGRAM_KERNELS:
+        found = _FLOAT_ARITHMETIC.findall(compiled["program.cu", arch].ptx[name])
+        unrounded = sorted({op + mods for op, mods in found if op in ("fma", "mad") or ".rn" not in mods})
+        assert not unrounded, (name, unrounded)
+        folds_floats = any(f"_{dtype}" in name for dtype in ("float32", "float64", "float16", "bfloat16"))
+        assert any(op == "div" for op, _ in found) == folds_floats, (name, found[:5])
+        if name.startswith("gpucomm_program_sum_") and folds_floats:
+            assert ("add", ".rn") in found, name
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bulk_paths_move_16_byte_vectors(compiled, arch: int) -> None:
     kernels = [("copy.cu", "gpucomm_copy")] + [("reduce.cu", name) for name in EXPECTED_KERNELS["reduce.cu"]]
+    kernels += [("program.cu", name) for name in PROGRAM_KERNELS]
     for file, name in kernels:
         sass = compiled[file, arch].sass[name]
         assert any(ins.startswith("LDG.E.128") for ins in sass), name
@@ -232,3 +269,63 @@ def test_cpu_device_is_unsupported_with_the_reason() -> None:
 def test_cuda_device_without_cuda_is_unsupported_with_the_reason() -> None:
     with pytest.raises(UnsupportedError, match=r"torch\.cuda\.is_available\(\) is False"):
         CudaKernels(torch.device("cuda", 0))
+
+
+def _program_args(**changes: object) -> dict:
+    """Valid run_program arguments for 2 ranks (tables on the CPU, the kernels' device here)."""
+    args = {
+        "device": torch.device("cpu"),
+        "instructions": torch.zeros(16, dtype=torch.int64),
+        "operands": torch.zeros(6, dtype=torch.int64),
+        "peers": torch.zeros(4, dtype=torch.int64),
+        "state_addr": 4096,
+        "record_addr": 8192,
+        "channels": 2,
+        "rank": 1,
+        "world": 2,
+        "fingerprint": (1 << 20) - 1,
+        "half_bytes": 1 << 20,
+        "granule": 16,
+        "timeout_ns": 10**9,
+        "dtype": torch.bfloat16,
+        "op": int(ReduceOp.MAX),
+    }
+    args.update(changes)
+    return args
+
+
+def test_run_program_picks_the_kernel_of_the_dtype_and_fold() -> None:
+    assert _check_program(**_program_args()) == "gpucomm_program_max_bfloat16"
+    assert _check_program(**_program_args(dtype=torch.int64, op=0)) == "gpucomm_program_sum_int64"
+    # No REDUCE in the program: the copy kernel, whatever op the executor passes.
+    assert _check_program(**_program_args(dtype=None, op=0)) == "gpucomm_program_copy"
+    # Every name it can pick is one program.cu exports.
+    names = {_check_program(**_program_args(dtype=d, op=int(op))) for d in SUPPORTED_DTYPES for op in PROGRAM_FOLDS}
+    assert names | {"gpucomm_program_copy"} == EXPECTED_KERNELS["program.cu"]
+
+
+@pytest.mark.parametrize(
+    "changes, error, words",
+    [
+        ({"op": int(ReduceOp.AVG)}, ValueError, r"op must be a fold.*AVG programs fold as SUM.*got 4"),
+        ({"dtype": torch.uint8}, TypeError, r"dtype must be None or one of .*got torch.uint8"),
+        ({"world": 64, "peers": torch.zeros(128, dtype=torch.int64)}, ValueError, r"world must be in \[1, 63\], got 64"),
+        ({"rank": 2}, ValueError, r"rank must be in \[0, 1\], got 2"),
+        ({"rank": 1.0}, TypeError, r"rank must be an int, got float"),
+        ({"fingerprint": 1 << 20}, ValueError, r"fingerprint must be in \[0, 1048575\]"),
+        ({"channels": 0}, ValueError, r"channels must be in \[1, "),
+        ({"granule": 0}, ValueError, r"granule must be in \[1, "),
+        ({"timeout_ns": -1}, ValueError, r"timeout_ns must be in \[0, "),
+        ({"record_addr": 0}, ValueError, r"record_addr must be in \[1, "),
+        ({"instructions": torch.zeros(12, dtype=torch.int64)}, ValueError, r"instructions must hold a positive multiple of 8 int64, got 12"),
+        ({"operands": torch.zeros(0, dtype=torch.int64)}, ValueError, r"operands must hold a positive multiple of 3 int64, got 0"),
+        ({"operands": torch.zeros(6, dtype=torch.int32)}, TypeError, r"operands must be an int64 tensor, got torch.int32"),
+        ({"instructions": torch.zeros(2, 8, dtype=torch.int64)}, ValueError, r"instructions must be a contiguous 1-D tensor, got shape \(2, 8\)"),
+        ({"peers": torch.zeros(3, dtype=torch.int64)}, ValueError, r"peers must hold 2 \* world = 4 addresses, got 3"),
+        ({"peers": [0, 0, 0, 0]}, TypeError, r"peers must be a torch.Tensor, got list"),
+        ({"device": torch.device("cuda", 0)}, ValueError, r"instructions is on cpu, expected cuda:0"),
+    ],
+)
+def test_run_program_rejects_bad_arguments_before_launching(changes: dict, error: type, words: str) -> None:
+    with pytest.raises(error, match=r"CudaKernels\.run_program: " + words):
+        _check_program(**_program_args(**changes))

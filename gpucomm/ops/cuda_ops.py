@@ -1,9 +1,10 @@
 """The CUDA C++ kernels (``kernels/cuda/*.cu``): run-time compilation and launchers.
 
 :class:`CudaKernels` implements the kernel contract (:mod:`gpucomm.ops.contract`) on one CUDA
-device. The ``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is
-compiled by NVRTC on first use for the device's architecture and memoised in the instance, keyed
-by (file, sorted defines, architecture). Launches go on torch's current stream of that device.
+device, and runs the device executor's programs (``run_program``, with ``program.cu``). The
+``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is compiled by
+NVRTC on first use for the device's architecture and memoised in the instance, keyed by (file,
+sorted defines, architecture). Launches go on torch's current stream of that device.
 
 NVRTC is driven through CuPy's thin binding (``cupy_backends.cuda.libs.nvrtc``) rather than
 ``cupy.RawModule``: RawModule appends ``-ftz=true`` after the caller's options, and flushing
@@ -26,6 +27,7 @@ import torch
 from gpucomm.errors import KernelCompileError, UnsupportedError
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.program import FP_BITS, OPERAND_WORDS, WORDS
 from gpucomm.reduce_op import ReduceOp
 
 __all__ = [
@@ -36,11 +38,14 @@ __all__ = [
     "THREADS",
     "compile_options",
     "kernel_source",
+    "program_kernel_name",
     "reduce_kernel_name",
+    "PROGRAM_FOLDS",
+    "MAX_PROGRAM_WORLD",
 ]
 
 KERNEL_PACKAGE = "gpucomm._kernels.cuda"
-SOURCES = ("copy.cu", "reduce.cu", "flags.cu", "oneshot_allreduce.cu")
+SOURCES = ("copy.cu", "reduce.cu", "flags.cu", "program.cu")
 HEADER = "common.cuh"
 
 # Threads per block of every launch, passed to the sources as -DGPUCOMM_THREADS (their
@@ -68,11 +73,24 @@ _OP_NAMES = {
 }
 _DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES}
 
+# The folds the program kernels are built for: a program's AVG folds as SUM and each of its
+# REDUCEs says whether it divides (gpucomm.program).
+PROGRAM_FOLDS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX)
+# A SYNC names its peers in an int64 bit mask (program.cu's MAX_PEERS - 1).
+MAX_PROGRAM_WORLD = 63
 
-def reduce_kernel_name(dtype: torch.dtype, op: ReduceOp, fused: bool = False) -> str:
-    """The ``extern "C"`` name of the reduce (or fused one-shot all-reduce) kernel for dtype × op."""
-    kind = "oneshot_allreduce" if fused else "reduce"
-    return f"gpucomm_{kind}_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
+
+def reduce_kernel_name(dtype: torch.dtype, op: ReduceOp) -> str:
+    """The ``extern "C"`` name of the reduce kernel for dtype × op."""
+    return f"gpucomm_reduce_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
+
+
+def program_kernel_name(dtype: torch.dtype | None, op: ReduceOp) -> str:
+    """The ``extern "C"`` name of the program kernel for a program's dtype and fold (one of
+    PROGRAM_FOLDS); ``dtype`` None (a program without REDUCE) names the copy-only kernel."""
+    if dtype is None:
+        return "gpucomm_program_copy"
+    return f"gpucomm_program_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
 
 
 def compile_options(arch: str, defines: Mapping[str, object]) -> tuple[str, ...]:
@@ -213,38 +231,47 @@ class CudaKernels:
         self._launch("flags.cu", "gpucomm_wait", 1, args)
         return _missing(status, epoch)
 
-    def oneshot_allreduce(
+    def run_program(
         self,
-        out: Region,
-        srcs: Sequence[Region],
-        flags: Sequence[Region],
-        epoch: int,
-        deadline: float,
-        dtype: torch.dtype,
-        op: ReduceOp,
-        divisor: int = 1,
-    ) -> list[int]:
-        """``wait(flags, epoch, deadline)`` then ``reduce(out, srcs, dtype, op, divisor)``, in one launch.
+        instructions: torch.Tensor,
+        operands: torch.Tensor,
+        peers: torch.Tensor,
+        state_addr: int,
+        record_addr: int,
+        *,
+        channels: int,
+        rank: int,
+        world: int,
+        fingerprint: int,
+        half_bytes: int,
+        granule: int,
+        timeout_ns: int,
+        dtype: torch.dtype | None,
+        op: int,
+        copy_bytes: int,
+        aligned: bool,
+    ) -> None:
+        """One launch of ``kernels/cuda/program.cu``: ``channels`` blocks on torch's current stream.
 
-        Returns the indices of the flags that missed the deadline (empty on success); on a
-        timeout ``out`` is partly written and must not be used.
+        The arguments mean what they mean for ``TritonKernels.run_program``
+        (:mod:`gpucomm.device_executor` describes them). ``copy_bytes`` and ``aligned`` are
+        accepted for that common signature and not needed: the CUDA kernel picks its access width
+        from each range's own addresses, so a misaligned access (a fatal CUDA error) cannot happen,
+        and the aligned parts of an otherwise unaligned program still move 16-byte vectors.
+
+        Nothing here waits for the device or allocates: a CUDA graph can capture the launch.
         """
-        op, n = self._check_reduce("oneshot_allreduce", out, srcs, dtype, op, divisor)
-        self._check_flags("oneshot_allreduce", flags, epoch)
-        if n == 0:
-            return self.wait(flags, epoch, deadline)
-        srcs_table = self._table([s.addr for s in srcs])
-        flags_table = self._table([f.addr for f in flags])
-        status = self._status(len(flags), epoch)
-        args = (
-            np.uint64(out.addr), np.uint64(srcs_table.data_ptr()), np.int32(len(srcs)), np.uint64(n),
-            np.int64(divisor), np.uint64(flags_table.data_ptr()), np.int32(len(flags)), np.int64(epoch),
-            np.uint64(_timeout_ns(deadline)), np.uint64(status.data_ptr()),
+        kernel = _check_program(
+            self._device, instructions, operands, peers, state_addr, record_addr, channels, rank, world,
+            fingerprint, half_bytes, granule, timeout_ns, dtype, op,
         )
-        # Every block polls every flag over the interconnect: keep the grid to one wave.
-        blocks = min(self._blocks(-(-out.nbytes // 16)), self._sm_count)
-        self._launch("oneshot_allreduce.cu", reduce_kernel_name(dtype, op, fused=True), blocks, args)
-        return _missing(status, epoch)
+        args = (
+            np.uint64(instructions.data_ptr()), np.int64(instructions.numel() // WORDS),
+            np.uint64(operands.data_ptr()), np.uint64(peers.data_ptr()), np.uint64(state_addr),
+            np.uint64(record_addr), np.int32(rank), np.int32(world), np.int64(fingerprint),
+            np.int64(half_bytes), np.int64(granule), np.uint64(timeout_ns),
+        )
+        self._launch("program.cu", kernel, channels, args)
 
     # -- checks (shared ones in gpucomm.ops._validate, plus: the memory must be CUDA's) --------
 
@@ -352,6 +379,69 @@ def _target(capability: tuple[int, int], supported: Sequence[int]) -> tuple[str,
     if not older:
         raise _unsupported(f"NVRTC supports {sorted(supported)}, none at or below this device's sm_{cc}")
     return f"compute_{max(older)}", "ptx"
+
+
+def _check_program(
+    device: torch.device,
+    instructions: torch.Tensor,
+    operands: torch.Tensor,
+    peers: torch.Tensor,
+    state_addr: int,
+    record_addr: int,
+    channels: int,
+    rank: int,
+    world: int,
+    fingerprint: int,
+    half_bytes: int,
+    granule: int,
+    timeout_ns: int,
+    dtype: torch.dtype | None,
+    op: int,
+) -> str:
+    """Check run_program's arguments (cheaply: it runs on every call); the kernel's name."""
+    fn = "CudaKernels.run_program"
+    _check_int(fn, "world", world, 1, MAX_PROGRAM_WORLD)
+    for name, table, width in (("instructions", instructions, WORDS), ("operands", operands, OPERAND_WORDS)):
+        _check_table(fn, name, table, device)
+        if table.numel() == 0 or table.numel() % width:
+            raise ValueError(f"{fn}: {name} must hold a positive multiple of {width} int64, got {table.numel()}")
+    _check_table(fn, "peers", peers, device)
+    if peers.numel() != 2 * world:
+        raise ValueError(f"{fn}: peers must hold 2 * world = {2 * world} addresses, got {peers.numel()}")
+    _check_int(fn, "rank", rank, 0, world - 1)
+    _check_int(fn, "channels", channels, 1, 2**31 - 1)
+    _check_int(fn, "fingerprint", fingerprint, 0, (1 << FP_BITS) - 1)
+    _check_int(fn, "granule", granule, 1, 2**63 - 1)
+    _check_int(fn, "half_bytes", half_bytes, 0, 2**63 - 1)
+    _check_int(fn, "timeout_ns", timeout_ns, 0, 2**64 - 1)
+    _check_int(fn, "state_addr", state_addr, 1, 2**64 - 1)
+    _check_int(fn, "record_addr", record_addr, 1, 2**64 - 1)
+    if dtype is None:
+        return program_kernel_name(None, ReduceOp.SUM)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{fn}: dtype must be None or one of {list(SUPPORTED_DTYPES)}, got {dtype}")
+    if isinstance(op, bool) or op not in PROGRAM_FOLDS:
+        folds = [f"{int(f)} ({f.name})" for f in PROGRAM_FOLDS]
+        raise ValueError(f"{fn}: op must be a fold, one of {folds} (AVG programs fold as SUM), got {op!r}")
+    return program_kernel_name(dtype, ReduceOp(op))
+
+
+def _check_table(fn: str, name: str, table: object, device: torch.device) -> None:
+    if not isinstance(table, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(table).__name__}")
+    if table.dtype != torch.int64:
+        raise TypeError(f"{fn}: {name} must be an int64 tensor, got {table.dtype}")
+    if table.dim() != 1 or not table.is_contiguous():
+        raise ValueError(f"{fn}: {name} must be a contiguous 1-D tensor, got shape {tuple(table.shape)}")
+    if table.device != device:
+        raise ValueError(f"{fn}: {name} is on {table.device}, expected {device} (the kernels' device)")
+
+
+def _check_int(fn: str, name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{fn}: {name} must be in [{low}, {high}], got {value}")
 
 
 def _timeout_ns(deadline: float) -> int:

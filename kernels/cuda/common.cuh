@@ -1,17 +1,16 @@
 // Shared device code of gpucomm's CUDA C++ kernels.
 //
 // Compiled at run time by NVRTC (gpucomm/ops/cuda_ops.py) and ahead of time by nvcc in CI
-// (tests/test_cuda_compile.py), so it includes only the headers NVRTC ships (cuda_fp16.h,
-// cuda_bf16.h) and spells integer types without <cstdint>.
+// (tests/test_cuda_compile.py), so it includes no header at all: NVRTC finds none, not even
+// cuda_fp16.h or cuda_bf16.h, without the toolkit's include directory, which a pip-installed CUDA
+// does not have (checked with NVRTC 13.5). Integer types are spelled without <cstdint>, and the
+// 16-bit float conversions are written out below.
 //
 // Numerics: every float operation goes through an explicitly rounded intrinsic (__fadd_rn,
 // __fmul_rn, __fdiv_rn, ...), which the compiler never contracts into an FMA, so results are
 // bitwise those of the torch reference (gpucomm/ops/reference.py) whatever --fmad says.
 
 #pragma once
-
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 
 // Threads per block; the loader passes -DGPUCOMM_THREADS so that host and device agree.
 #ifndef GPUCOMM_THREADS
@@ -108,19 +107,44 @@ struct F64 {
 };
 
 // 16-bit floats are stored as raw bits so that they can live in a union with uint4; they
-// accumulate in fp32 and round once, to nearest even, at the store.
+// accumulate in fp32 and round once, to nearest even, at the store. The conversions are those of
+// cuda_fp16.h / cuda_bf16.h, written out (see the top of this file).
+__device__ __forceinline__ float f16_to_f32(unsigned short bits) {
+    float value;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
+    return value;
+}
+
+__device__ __forceinline__ unsigned short f32_to_f16_rn(float value) {
+    unsigned short bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+    return bits;
+}
+
+// bf16 is the top half of an fp32: widening is exact.
+__device__ __forceinline__ float bf16_to_f32(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }
+
+// Round to nearest, ties to even, in integer arithmetic (every architecture from sm_70; the same
+// formula as torch's and the Triton kernels'). A NaN stays a quiet NaN rather than carrying into
+// the exponent.
+__device__ __forceinline__ unsigned short f32_to_bf16_rn(float value) {
+    const unsigned bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x40u);
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 struct F16 {
     typedef unsigned short S;
     typedef float A;
-    static __device__ __forceinline__ A load(S x) { return __half2float(__ushort_as_half(x)); }
-    static __device__ __forceinline__ S store(A a) { return __half_as_ushort(__float2half_rn(a)); }
+    static __device__ __forceinline__ A load(S x) { return f16_to_f32(x); }
+    static __device__ __forceinline__ S store(A a) { return f32_to_f16_rn(a); }
 };
 
 struct BF16 {
     typedef unsigned short S;
     typedef float A;
-    static __device__ __forceinline__ A load(S x) { return __bfloat162float(__ushort_as_bfloat16(x)); }
-    static __device__ __forceinline__ S store(A a) { return __bfloat16_as_ushort(__float2bfloat16_rn(a)); }
+    static __device__ __forceinline__ A load(S x) { return bf16_to_f32(x); }
+    static __device__ __forceinline__ S store(A a) { return f32_to_bf16_rn(a); }
 };
 
 struct I32 {
@@ -169,38 +193,52 @@ template <class A> __device__ __forceinline__ A max_nan(A a, A b) {
     return a < b ? b : a;
 }
 
+// A fold operator: apply(a, b) combines two values in the accumulation type; AVG folds as a sum
+// and `divides` marks it so that the reduction divides once at the end.
 struct OpSum {
+    static constexpr bool divides = false;
     template <class A> static __device__ __forceinline__ A apply(A a, A b) { return add(a, b); }
-    template <class A> static __device__ __forceinline__ A finish(A a, gc_i64) { return a; }
 };
 struct OpProd {
+    static constexpr bool divides = false;
     template <class A> static __device__ __forceinline__ A apply(A a, A b) { return mul(a, b); }
-    template <class A> static __device__ __forceinline__ A finish(A a, gc_i64) { return a; }
 };
 struct OpMin {
+    static constexpr bool divides = false;
     template <class A> static __device__ __forceinline__ A apply(A a, A b) { return min_nan(a, b); }
-    template <class A> static __device__ __forceinline__ A finish(A a, gc_i64) { return a; }
 };
 struct OpMax {
+    static constexpr bool divides = false;
     template <class A> static __device__ __forceinline__ A apply(A a, A b) { return max_nan(a, b); }
-    template <class A> static __device__ __forceinline__ A finish(A a, gc_i64) { return a; }
 };
 struct OpAvg {
+    static constexpr bool divides = true;
     template <class A> static __device__ __forceinline__ A apply(A a, A b) { return add(a, b); }
-    template <class A> static __device__ __forceinline__ A finish(A a, gc_i64 d) { return divide(a, d); }
 };
 
-// out[i] = finish(op(...op(op(src0[i], src1[i]), src2[i])..., src_{k-1}[i])), element by element,
-// over the whole grid. srcs is a device table of k addresses. out may alias a source at the same
-// offset: each element is read from every source before it is written.
+// Accesses at integer addresses. A pointer made from an integer is generic (the compiler cannot
+// know which space it points into), so these say "global" explicitly; .cg keeps the data in L2
+// only: it is moved once, and L1 is not coherent with writes by peer GPUs.
+template <class T> __device__ __forceinline__ T load_global(gc_u64 addr) { return __ldcg((const T*)addr); }
+template <class T> __device__ __forceinline__ void store_global(gc_u64 addr, T value) { __stcg((T*)addr, value); }
+
+// The source addresses of a reduction read from a device table (reduce.cu). Other callers pass
+// any type with the same operator() (program.cu resolves them from its operand table).
+struct SourceTable {
+    const gc_u64* addrs;
+    __device__ __forceinline__ gc_u64 operator()(int j) const { return addrs[j]; }
+};
+
+// out[i] = op(...op(op(src(0)[i], src(1)[i]), src(2)[i])..., src(k-1)[i]) for i in [0, n), folded
+// in the accumulation type, divided once by `divisor` if `divides`, rounded once at the store.
+// Thread `tid` of `stride` cooperating threads takes every stride-th element (or vector). out may
+// alias a source at the same offset: each element is read from every source before it is written.
 //
 // When out and every source are 16-byte aligned, the body moves uint4 vectors and a scalar loop
-// takes the last n % V elements; otherwise everything goes through the scalar loop. Sources are
-// read with __ldcg (global space, cached in L2 only): the addresses arrive as integers, so plain
-// loads would be generic, and L1 holds nothing worth keeping for data read once.
-template <class D, class Op>
-__device__ __forceinline__ void reduce_grid(void* out, const gc_u64* srcs, int k, gc_u64 n,
-                                            gc_i64 divisor) {
+// takes the last n % V elements; otherwise everything goes through the scalar loop.
+template <class D, class Op, class Sources>
+__device__ __forceinline__ void reduce_span(gc_u64 out, const Sources& src, int k, gc_u64 n, bool divides,
+                                            gc_i64 divisor, gc_u64 tid, gc_u64 stride) {
     typedef typename D::S S;
     typedef typename D::A A;
     const int V = 16 / sizeof(S);
@@ -209,34 +247,38 @@ __device__ __forceinline__ void reduce_grid(void* out, const gc_u64* srcs, int k
         S e[V];
     };
 
-    gc_u64 any_bits = (gc_u64)out;
-    for (int j = 0; j < k; ++j) any_bits |= srcs[j];
+    gc_u64 any_bits = out;
+    for (int j = 0; j < k; ++j) any_bits |= src(j);
     const gc_u64 nvec = (any_bits & 15) == 0 ? n / V : 0;
-    const gc_u64 tid = global_thread();
-    const gc_u64 stride = grid_threads();
 
     for (gc_u64 v = tid; v < nvec; v += stride) {
         Vec in;
         A acc[V];
-        in.raw = __ldcg((const uint4*)srcs[0] + v);
+        in.raw = load_global<uint4>(src(0) + v * 16);
 #pragma unroll
         for (int e = 0; e < V; ++e) acc[e] = D::load(in.e[e]);
         for (int j = 1; j < k; ++j) {
-            in.raw = __ldcg((const uint4*)srcs[j] + v);
+            in.raw = load_global<uint4>(src(j) + v * 16);
 #pragma unroll
             for (int e = 0; e < V; ++e) acc[e] = Op::apply(acc[e], D::load(in.e[e]));
         }
         Vec res;
 #pragma unroll
-        for (int e = 0; e < V; ++e) res.e[e] = D::store(Op::finish(acc[e], divisor));
-        ((uint4*)out)[v] = res.raw;
+        for (int e = 0; e < V; ++e) res.e[e] = D::store(divides ? divide(acc[e], divisor) : acc[e]);
+        store_global<uint4>(out + v * 16, res.raw);
     }
 
     for (gc_u64 i = nvec * V + tid; i < n; i += stride) {
-        A acc = D::load(__ldcg((const S*)srcs[0] + i));
-        for (int j = 1; j < k; ++j) acc = Op::apply(acc, D::load(__ldcg((const S*)srcs[j] + i)));
-        ((S*)out)[i] = D::store(Op::finish(acc, divisor));
+        A acc = D::load(load_global<S>(src(0) + i * sizeof(S)));
+        for (int j = 1; j < k; ++j) acc = Op::apply(acc, D::load(load_global<S>(src(j) + i * sizeof(S))));
+        store_global<S>(out + i * sizeof(S), D::store(divides ? divide(acc, divisor) : acc));
     }
+}
+
+// reduce_span over the whole grid, sources from a device table of k addresses; AVG divides.
+template <class D, class Op>
+__device__ __forceinline__ void reduce_grid(void* out, const gc_u64* srcs, int k, gc_u64 n, gc_i64 divisor) {
+    reduce_span<D, Op>((gc_u64)out, SourceTable{srcs}, k, n, Op::divides, divisor, global_thread(), grid_threads());
 }
 
 }  // namespace gpucomm
@@ -251,9 +293,13 @@ __device__ __forceinline__ void reduce_grid(void* out, const gc_u64* srcs, int k
     MACRO(op_name, OpType, int32, gpucomm::I32)        \
     MACRO(op_name, OpType, int64, gpucomm::I64)
 
-#define GPUCOMM_FOR_EACH_OP_AND_DTYPE(MACRO)                  \
+// The folds: every op but AVG, which folds as a sum (the program kernels divide per instruction).
+#define GPUCOMM_FOR_EACH_FOLD_AND_DTYPE(MACRO)                \
     GPUCOMM_FOR_EACH_DTYPE(MACRO, sum, gpucomm::OpSum)        \
     GPUCOMM_FOR_EACH_DTYPE(MACRO, prod, gpucomm::OpProd)      \
     GPUCOMM_FOR_EACH_DTYPE(MACRO, min, gpucomm::OpMin)        \
-    GPUCOMM_FOR_EACH_DTYPE(MACRO, max, gpucomm::OpMax)        \
+    GPUCOMM_FOR_EACH_DTYPE(MACRO, max, gpucomm::OpMax)
+
+#define GPUCOMM_FOR_EACH_OP_AND_DTYPE(MACRO)                  \
+    GPUCOMM_FOR_EACH_FOLD_AND_DTYPE(MACRO)                    \
     GPUCOMM_FOR_EACH_DTYPE(MACRO, avg, gpucomm::OpAvg)

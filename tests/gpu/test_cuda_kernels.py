@@ -1,6 +1,7 @@
 """CudaKernels on a GPU: bit for bit the results of TorchKernels (on CPU, the oracle) and of
 TritonKernels, for every op × dtype at odd sizes and unaligned offsets; copy at every alignment;
-signal/wait and the fused one-shot all-reduce, including timeouts.
+signal/wait, including timeouts. The program kernels (tests/gpu/test_program_kernels.py) are
+checked the same way.
 
 Skipped without CUDA or without CuPy.
 """
@@ -192,34 +193,6 @@ def test_wait_times_out_with_the_missing_indices_by_the_deadline(cuda_kernels, d
     elapsed = time.monotonic() - start
     assert missing == [2, 4]
     assert timeout * 0.9 <= elapsed < timeout + 0.1, elapsed
-
-
-def test_oneshot_allreduce_waits_then_reduces(cuda_kernels, device, gen) -> None:
-    dtype, n, p = torch.bfloat16, 4099, 4
-    cpu = _inputs(dtype, ReduceOp.SUM, [n] * (p + 1), gen, special="")
-    want = _reduce(TorchKernels(), [b.clone() for b in cpu], [0] * (p + 1), n, dtype, ReduceOp.AVG)
-    bufs = [b.to(device) for b in cpu]
-    bufs[-1].fill_(float("nan"))
-    _, flags = _flags(device, [9] * p)
-    regions = [Region.of(b) for b in bufs]
-    missing = cuda_kernels.oneshot_allreduce(
-        regions[-1], regions[:-1], flags, 9, time.monotonic() + 5.0, dtype, ReduceOp.AVG, DIVISOR
-    )
-    assert missing == []
-    _assert_same_bits(bufs[-1], want, "oneshot AVG bf16")
-
-
-def test_oneshot_allreduce_times_out_with_the_missing_indices(cuda_kernels, device) -> None:
-    bufs = [torch.ones(4099, device=device) for _ in range(3)]
-    _, flags = _flags(device, [9, 8])
-    regions = [Region.of(b) for b in bufs]
-    timeout = 0.2
-    start = time.monotonic()
-    missing = cuda_kernels.oneshot_allreduce(
-        regions[-1], regions[:-1], flags, 9, start + timeout, torch.float32, ReduceOp.SUM
-    )
-    assert missing == [1]
-    assert time.monotonic() - start < timeout + 0.1
 
 
 def test_sources_compile_once_per_instance(cuda_kernels, device) -> None:

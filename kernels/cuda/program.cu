@@ -1,0 +1,304 @@
+// The program kernel: one launch runs a whole collective, its waits included. The CUDA C++ twin
+// of kernels/triton/program.py (read its docstring for the model); the two agree on every layout.
+//
+// A *program* is a table of instructions that every rank runs in the same order. Each block of
+// the grid is one *channel*: it runs every instruction but moves only the bytes whose in-half
+// position falls in the granules it owns (granule g belongs to channel g % channels), and it
+// syncs only with the same channel of the other ranks. Blocks never wait for each other, so
+// nothing depends on which of them are resident at once.
+//
+// Instructions (WORDS int64 each):
+//   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
+//   REDUCE nbytes pos k operand divide divisor     operands[operand] = fold of the k after it
+//   SYNC   signal_mask wait_mask                   advance the epoch e; release-store
+//          (e << FP_BITS) | fingerprint into this channel's flag at every rank of signal_mask;
+//          acquire-wait for the flag of every rank of wait_mask to reach epoch e
+// An operand (OPERAND_WORDS int64) is [-1, 0, address] or [rank, round, offset]: offset bytes
+// into the half of `rank` that data of `round` lives in, half (epoch at launch + round) % 2.
+//
+// State on the device (state = [poison, epoch of channel 0, epoch of channel 1, ...], in the
+// rank's own flag area): a launch loads its channel's epoch, advances it and stores it back, so
+// a replayed CUDA graph goes on from where the last launch left off. Every wait ends by its
+// deadline (%globaltimer); a timeout, or a peer's flag at this epoch with another fingerprint,
+// writes the channel's error record (RECORD_WORDS int64 at record, in host memory the device
+// reaches through UVA: [kind, epoch, instruction, culprit rank mask, value seen, fingerprint],
+// the kind stored last with release), sets the poison word and ends the channel; every later
+// launch sees the poison and does nothing.
+//
+// Kernels: gpucomm_program_<op>_<dtype> for every fold op (sum, prod, min, max; AVG folds as a
+// sum and its REDUCEs divide) x dtype, and gpucomm_program_copy for programs without a REDUCE.
+// Launch with one block of GPUCOMM_THREADS threads per channel.
+
+#include "common.cuh"
+
+namespace {
+
+// The instruction set; gpucomm/program.py holds the same numbers (tests/test_program.py checks).
+constexpr int WORDS = 8;
+constexpr int OPERAND_WORDS = 3;
+constexpr int COPY = 1;
+constexpr int REDUCE = 2;
+constexpr int SYNC = 3;
+constexpr int FP_BITS = 20;
+constexpr int RECORD_WORDS = 8;
+constexpr int TIMEOUT = 1;
+constexpr int MISMATCH = 2;
+
+constexpr gc_i64 FP_MASK = (1ll << FP_BITS) - 1;
+// A SYNC names its peers in an int64 bit mask.
+constexpr int MAX_PEERS = 64;
+// Operand addresses an instruction resolves once into shared memory: a one-shot reduce over
+// every rank needs MAX_PEERS at most. Operands beyond (no algorithm makes them) are resolved
+// where they are read.
+constexpr int CACHED_OPERANDS = MAX_PEERS;
+
+static_assert(GPUCOMM_THREADS >= MAX_PEERS, "thread p signals and waits for rank p");
+
+// What one launch of one channel knows: the kernel's arguments, its place in the grid and the
+// channel's epoch at launch.
+struct Launch {
+    const gc_i64* prog;      // the instructions
+    gc_i64 n_instr;          // how many
+    const gc_i64* operands;  // the operands they name
+    const gc_i64* peers;     // each rank's half-0 address, then each rank's flag-area address
+    gc_i64* state;           // [poison, epoch of channel 0, epoch of channel 1, ...]
+    gc_i64* record;          // RECORD_WORDS int64 per channel
+    int rank;                // this rank, in the workspace
+    int world;               // ranks of the workspace (<= MAX_PEERS - 1)
+    gc_i64 fingerprint;      // of the call: every flag carries it (< 2**FP_BITS)
+    gc_i64 half_bytes;       // bytes from half 0 to half 1
+    gc_i64 granule;          // bytes of in-half positions a channel owns in turn
+    gc_u64 timeout_ns;       // a wait gives up after this long
+    int channel;             // this block
+    int channels;            // the grid
+    gc_i64 e0;               // the channel's epoch at launch: it picks the half of every round
+};
+
+// ---------------------------------------------------------------------------------------------
+// COPY and REDUCE
+// ---------------------------------------------------------------------------------------------
+
+// The address operand `index` names, in this process.
+__device__ __forceinline__ gc_u64 address(const Launch& L, gc_i64 index) {
+    const gc_i64* operand = L.operands + index * OPERAND_WORDS;
+    const gc_i64 peer = operand[0], round = operand[1], offset = operand[2];
+    if (peer < 0) return (gc_u64)offset;
+    return (gc_u64)(L.peers[peer] + ((L.e0 + round) & 1) * L.half_bytes + offset);
+}
+
+// Operand j of an instruction whose first operand is `first`.
+struct Operands {
+    const Launch* L;
+    const gc_u64* cached;
+    gc_i64 first;
+    __device__ __forceinline__ gc_u64 operator()(int j) const {
+        return j < CACHED_OPERANDS ? cached[j] : address(*L, first + j);
+    }
+};
+
+// The sources of a REDUCE (the operands after its output), `lo` bytes in: reduce_span's view.
+struct Sources {
+    Operands operands;
+    gc_u64 lo;
+    __device__ __forceinline__ gc_u64 operator()(int j) const { return operands(1 + j) + lo; }
+};
+
+// Resolve the first operands of an instruction into shared memory, one thread each.
+__device__ __forceinline__ void cache_operands(const Launch& L, gc_i64 first, int count, gc_u64* cached) {
+    __syncthreads();  // every thread is done with the last instruction's operands
+    if ((int)threadIdx.x < count && threadIdx.x < CACHED_OPERANDS) cached[threadIdx.x] = address(L, first + threadIdx.x);
+    __syncthreads();
+}
+
+template <class W>
+__device__ __forceinline__ void copy_units(gc_u64 dst, gc_u64 src, gc_u64 nbytes) {
+    for (gc_u64 i = threadIdx.x; i < nbytes / sizeof(W); i += blockDim.x) {
+        gpucomm::store_global<W>(dst + i * sizeof(W), gpucomm::load_global<W>(src + i * sizeof(W)));
+    }
+}
+
+// dst = src over nbytes, by the threads of this block: 16-byte vectors while both addresses are
+// 16-byte aligned, the rest in the widest unit that divides both addresses and the size. The
+// units follow from the addresses themselves, so that no access can ever be misaligned.
+__device__ __forceinline__ void copy_range(gc_u64 dst, gc_u64 src, gc_u64 nbytes) {
+    const gc_u64 body = ((dst | src) & 15) == 0 ? nbytes / 16 * 16 : 0;
+    copy_units<uint4>(dst, src, body);
+    dst += body;
+    src += body;
+    nbytes -= body;
+    const gc_u64 bits = dst | src | nbytes;
+    if ((bits & 7) == 0) {
+        copy_units<gc_u64>(dst, src, nbytes);
+    } else if ((bits & 3) == 0) {
+        copy_units<unsigned int>(dst, src, nbytes);
+    } else if ((bits & 1) == 0) {
+        copy_units<unsigned short>(dst, src, nbytes);
+    } else {
+        copy_units<unsigned char>(dst, src, nbytes);
+    }
+}
+
+// One REDUCE's bytes [lo, lo + nbytes), by the threads of this block, with common.cuh's numerics.
+template <class D, class Op>
+struct Fold {
+    static __device__ __forceinline__ void range(const Operands& operands, int n_src, gc_i64 lo, gc_i64 nbytes,
+                                                 bool divides, gc_i64 divisor) {
+        gpucomm::reduce_span<D, Op>(operands(0) + lo, Sources{operands, (gc_u64)lo}, n_src,
+                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x);
+    }
+};
+
+// The copy-only kernel's: gpucomm.program sets a program's dtype with its first REDUCE, and the
+// host launches this kernel only for programs without a dtype, so it never meets a REDUCE.
+template <>
+struct Fold<void, void> {
+    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64) {}
+};
+
+// One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns.
+template <class D, class Op>
+__device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached) {
+    const gc_i64 nbytes = row[1], pos = row[2], first = row[4];
+    const int n_src = (int)row[3];
+    cache_operands(L, first, n_src + 1, cached);
+    const Operands operands{&L, cached, first};
+    const gc_i64 end = pos + nbytes;
+    const gc_i64 g_first = pos / L.granule;
+    gc_i64 g = g_first + (L.channel - g_first % L.channels + L.channels) % L.channels;
+    for (; g * L.granule < end; g += L.channels) {
+        const gc_i64 lo = max(g * L.granule, pos) - pos;
+        const gc_i64 hi = min((g + 1) * L.granule, end) - pos;
+        if (reduces) {
+            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6]);
+        } else {
+            copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SYNC and errors
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ gc_i64 flag_value(gc_i64 e) { return (gc_i64)((gc_u64)e << FP_BITS); }
+
+// seen has not reached target: a signed difference, so that the test survives wraparound.
+__device__ __forceinline__ bool behind(gc_i64 seen, gc_i64 target) {
+    return (gc_i64)((gc_u64)seen - (gc_u64)target) < 0;
+}
+
+// A flag at epoch e that carries another call's fingerprint.
+__device__ __forceinline__ bool other_call(gc_i64 seen, gc_i64 e, gc_i64 fingerprint) {
+    return (seen >> FP_BITS) == e && (seen & FP_MASK) != fingerprint;
+}
+
+// This channel's flag that rank `writer` writes, in rank `owner`'s flag area.
+__device__ __forceinline__ gc_i64* flag(const Launch& L, int owner, int writer) {
+    return (gc_i64*)L.peers[L.world + owner] + (gc_i64)L.channel * L.world + writer;
+}
+
+// Acquire-load a flag until it reaches target or timeout_ns have passed; the last value seen.
+__device__ __forceinline__ gc_i64 poll(const gc_i64* at, gc_i64 target, gc_u64 timeout_ns) {
+    gc_i64 seen = gpucomm::load_acquire_sys(at);
+    const gc_u64 start = gpucomm::global_timer_ns();
+    while (behind(seen, target) && gpucomm::global_timer_ns() - start <= timeout_ns) {
+        seen = gpucomm::load_acquire_sys(at);
+    }
+    return seen;
+}
+
+// Write this channel's error record from the flags seen at SYNC `instruction` (epoch e), then
+// poison the workspace's later launches. A mismatch outranks a timeout, as in the Triton kernel.
+__device__ void record_error(const Launch& L, gc_i64 e, gc_i64 instruction, const gc_i64* seen) {
+    gc_u64 late = 0, other = 0;
+    for (int p = 0; p < L.world; ++p) {
+        if (behind(seen[p], flag_value(e))) late |= 1ull << p;
+        if (other_call(seen[p], e, L.fingerprint)) other |= 1ull << p;
+    }
+    const gc_u64 culprits = other ? other : late;
+    gc_i64* rec = L.record + (gc_i64)L.channel * RECORD_WORDS;
+    rec[1] = e;
+    rec[2] = instruction;
+    rec[3] = (gc_i64)culprits;
+    rec[4] = seen[__ffsll((gc_i64)culprits) - 1];
+    rec[5] = L.fingerprint;
+    // The kind last, with release: whoever sees it sees the fields.
+    gpucomm::store_release_sys(rec, other ? MISMATCH : TIMEOUT);
+    gpucomm::store_release_sys(L.state, 1);
+}
+
+// One SYNC of this channel at its new epoch e. Thread p < world signals rank p and waits for
+// rank p. True if every awaited rank arrived with this call's fingerprint; otherwise the error
+// record is written and the channel must stop.
+__device__ bool sync(const Launch& L, const gc_i64* row, gc_i64 e, gc_i64 instruction, gc_i64* seen) {
+    const gc_u64 signal_mask = row[1], wait_mask = row[2];
+    const gc_i64 value = flag_value(e) | L.fingerprint;
+    const int p = threadIdx.x;
+    // Every thread's data is written before any flag is released: the barrier orders the other
+    // threads' writes before the release store (which is cumulative), at system scope.
+    __syncthreads();
+    bool failed = false;
+    if (p < L.world) {
+        if (signal_mask >> p & 1) gpucomm::store_release_sys(flag(L, p, L.rank), value);
+        // A rank not awaited reads as arrived.
+        const gc_i64 got = (wait_mask >> p & 1) ? poll(flag(L, L.rank, p), flag_value(e), L.timeout_ns) : value;
+        seen[p] = got;
+        failed = behind(got, flag_value(e)) || other_call(got, e, L.fingerprint);
+    }
+    // Every thread reads peer data only after the acquires above; the verdict is the block's.
+    if (!__syncthreads_or(failed)) return true;
+    if (p == 0) record_error(L, e, instruction, seen);
+    return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel body
+// ---------------------------------------------------------------------------------------------
+
+template <class D, class Op>
+__device__ __forceinline__ void run_program(Launch L) {
+    __shared__ gc_u64 cached[CACHED_OPERANDS];
+    __shared__ gc_i64 seen[MAX_PEERS];
+    gc_i64* epoch = L.state + 1 + L.channel;
+    L.e0 = *epoch;
+    // One thread looks at the poison for the whole block (another channel may set it meanwhile,
+    // and every thread must take the same path); the barrier also orders every thread's read of
+    // the epoch before thread 0 stores it back.
+    const bool poisoned = __syncthreads_or(threadIdx.x == 0 && gpucomm::load_acquire_sys(L.state) != 0);
+    gc_i64 e = L.e0;
+    bool running = !poisoned;
+    for (gc_i64 i = 0; running && i < L.n_instr; ++i) {
+        const gc_i64* row = L.prog + i * WORDS;
+        const gc_i64 opcode = row[0];
+        if (opcode == SYNC) {
+            running = sync(L, row, ++e, i, seen);
+        } else if (opcode == COPY || opcode == REDUCE) {
+            move<D, Op>(L, row, opcode == REDUCE, cached);
+        }
+        // Any other row moves nothing: the executor uploads one row of zeros for an empty program.
+    }
+    if (threadIdx.x == 0) *epoch = e;
+}
+
+}  // namespace
+
+// The arguments of every program kernel (gpucomm.ops.cuda_ops.CudaKernels.run_program passes them).
+#define GPUCOMM_PROGRAM_PARAMS                                                                        \
+    const gc_i64 *prog, gc_i64 n_instr, const gc_i64 *operands, const gc_i64 *peers, gc_i64 *state,   \
+        gc_i64 *record, int rank, int world, gc_i64 fingerprint, gc_i64 half_bytes, gc_i64 granule,    \
+        gc_u64 timeout_ns
+#define GPUCOMM_PROGRAM_LAUNCH                                                                        \
+    Launch{prog, n_instr, operands, peers, state, record, rank, world, fingerprint, half_bytes,        \
+           granule, timeout_ns, (int)blockIdx.x, (int)gridDim.x, 0}
+
+#define GPUCOMM_PROGRAM_KERNEL(op_name, OpType, dtype_name, DType)                                   \
+    extern "C" __global__ void __launch_bounds__(GPUCOMM_THREADS)                                    \
+        gpucomm_program_##op_name##_##dtype_name(GPUCOMM_PROGRAM_PARAMS) {                           \
+        run_program<DType, OpType>(GPUCOMM_PROGRAM_LAUNCH);                                          \
+    }
+
+GPUCOMM_FOR_EACH_FOLD_AND_DTYPE(GPUCOMM_PROGRAM_KERNEL)
+
+extern "C" __global__ void __launch_bounds__(GPUCOMM_THREADS) gpucomm_program_copy(GPUCOMM_PROGRAM_PARAMS) {
+    run_program<void, void>(GPUCOMM_PROGRAM_LAUNCH);
+}
