@@ -20,7 +20,7 @@ ARCHS = (80, 90)
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 # Memory instructions and divisions, e.g. "atom.global.sys.release.exch.b64", "div.rn.f32".
-_INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div)\.[\w.]+")
+_INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div|bar)\.[\w.]+")
 
 
 def _variants() -> dict[str, tuple]:
@@ -88,6 +88,23 @@ def _variants() -> dict[str, tuple]:
                 },
                 divisible,
             )
+    from gpucomm._kernels.triton import program
+
+    program_signature = {
+        "prog_ptr": "*i64", "n_instr": "i64", "opnd_ptr": "*i64", "peers_ptr": "*i64", "state_addr": "i64",
+        "record_addr": "i64", "rank": "i32", "world": "i32", "fingerprint": "i64", "half_bytes": "i64",
+        "granule": "i64", "timeout_ns": "i64",
+    }
+    program_variants = [(dtype, "SUM") for dtype in DTYPES] + [("float32", op) for op in ("PRODUCT", "MIN", "MAX")]
+    program_variants.append(("bfloat16", "MIN"))
+    for dtype, op in program_variants:
+        constexprs = {
+            "DTYPE": getattr(tl, dtype), "OP": getattr(reduce, f"OP_{op}"), "COPY_ELEM": tl.int64, "COPY_BYTES": 8,
+            "ELEM_BYTES": {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4), "ALIGNED": True,
+            "PEERS": 16, "BLOCK": 1024,
+        }
+        signature = {**program_signature, **{name: "constexpr" for name in constexprs}}
+        variants[f"program-{op}-{dtype}"] = (program.program_kernel, signature, constexprs, {})
     # Triton may turn an int argument equal to 1 into a constant; the kernels must compile then too.
     kernel, signature, constexprs, attrs = variants["reduce-AVG-float32"]
     variants["reduce-AVG-float32-divisor1"] = (
@@ -118,7 +135,9 @@ def _worker() -> dict[str, list[str] | str]:
             except Exception as exc:  # reported per variant, so one failure does not hide others
                 report[f"{name}-sm{arch}"] = f"{type(exc).__name__}: {exc}"
                 continue
-            report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(compiled.asm["ptx"])))
+            ptx = compiled.asm["ptx"]
+            markers = ["%globaltimer"] if "%globaltimer" in ptx else []
+            report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(ptx))) + markers
     return report
 
 
@@ -183,6 +202,27 @@ def test_reduce_compiles(ptx, arch: int, dtype: str, op: str) -> None:
         # fp32 division must be the IEEE one (the bitwise contract), never div.full/div.approx.
         divisions = [i for i in seen if i.startswith("div.")]
         assert divisions == ["div.rn.f32"], seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("variant", ["SUM-float32", "SUM-bfloat16", "SUM-float64", "SUM-int64", "MIN-bfloat16", "MAX-float32"])
+def test_program_kernel_compiles_with_system_scope_flags_a_clock_and_vectors(ptx, arch: int, variant: str) -> None:
+    seen = _instructions(ptx, f"program-{variant}-sm{arch}")
+    assert _has(seen, "atom", "release", "sys", "exch"), seen  # SYNC's signal
+    assert _has(seen, "atom", "acquire", "sys", "add"), seen  # SYNC's wait
+    assert "%globaltimer" in seen, seen  # the deadline of every wait
+    assert _has(seen, "bar", "sync"), seen  # the channel's threads line up around SYNC and moves
+    assert any(i.startswith(("ld.global.v", "ld.global.nc.v")) for i in seen), seen  # 16-byte vectors
+    if variant.endswith("float32"):
+        # AVG's division is the IEEE one (the program's integer divisions are its own arithmetic).
+        divisions = [i for i in seen if i.startswith("div.") and i.endswith("f32")]
+        assert divisions == ["div.rn.f32"], seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("op", ["SUM", "PRODUCT", "MIN", "MAX"])
+def test_program_kernel_compiles_every_fold(ptx, arch: int, op: str) -> None:
+    _instructions(ptx, f"program-{op}-float32-sm{arch}")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

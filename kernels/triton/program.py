@@ -148,6 +148,9 @@ def _move(
     ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns."""
+    # The previous instruction may have written bytes this one reads, from other threads of the
+    # channel (a REDUCE moves DTYPE elements, a COPY wider units: the threads do not line up).
+    tl.debug_barrier()
     opcode = tl.load(row)
     nbytes = tl.load(row + 1)
     pos = tl.load(row + 2)
