@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from gpucomm import log
+from gpucomm import dtypes, log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
 from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
@@ -204,8 +204,20 @@ class Communicator:
 
         return translate
 
-    def _run(self, fn: str, tensor: torch.Tensor | None, async_op: bool, serve: Callable[[object], Work], **fields: object) -> Work | None:
-        """Route one validated call to a path, check that all ranks agree on it, log it, run it."""
+    def _run(
+        self,
+        fn: str,
+        tensor: torch.Tensor | None,
+        async_op: bool,
+        serve: Callable[[object], Work],
+        finish: Callable[[], None] | None = None,
+        **fields: object,
+    ) -> Work | None:
+        """Route one validated call to a path, check that all ranks agree on it, log it, run it.
+
+        ``tensor`` is what travels (the wire form from :mod:`gpucomm.dtypes`); ``finish`` runs
+        once the path's work is complete (writing a staged result back into the caller's tensor).
+        """
         peer = fields.get("peer") if fn in _POINT_TO_POINT else None
         if fn not in _POINT_TO_POINT:
             self._calls += 1
@@ -225,6 +237,8 @@ class Communicator:
             work = serve(path)
         except RuntimeError as err:
             raise translate(err) from err
+        if finish is not None:
+            work = Work([work], finish=finish)
         work._on_error = translate
         if async_op:
             return work
@@ -252,13 +266,16 @@ class Communicator:
             raise error
 
     # -- collectives --------------------------------------------------------------------------
+    # Each method validates the caller's tensors, then hands the path their wire form
+    # (gpucomm.dtypes): the tensors themselves for the six native dtypes, byte views for data
+    # movement, accumulation-type copies for reductions, written back once at the end.
     def all_reduce(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks, in place, on every rank.
 
         All ranks in the group must call this simultaneously.
 
         Args:
-            tensor: input and output; contiguous, any supported dtype.
+            tensor: input and output; contiguous, any dtype of :data:`gpucomm.dtypes.REDUCIBLE`.
             op: a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG).
             async_op: return a Work instead of waiting.
         """
@@ -266,7 +283,9 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         rop = as_reduce_op(op, fn)
-        return self._run(fn, tensor, async_op, lambda p: p.all_reduce(tensor, rop), op=rop.name)
+        st = dtypes.staged([tensor], rop, fn)
+        wire = st.wire[0]
+        return self._run(fn, wire, async_op, lambda p: p.all_reduce(wire, st.op), st.write_back, op=rop.name, **_sent_as(tensor, wire))
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; other ranks' tensors are unchanged."""
@@ -275,7 +294,10 @@ class Communicator:
         check_tensor(tensor, fn, device=self.device)
         check_rank(dst, self.world_size, fn, "dst")
         rop = as_reduce_op(op, fn)
-        return self._run(fn, tensor, async_op, lambda p: p.reduce(tensor, dst, rop), op=rop.name, root=dst)
+        st = dtypes.staged([tensor], rop, fn)
+        wire = st.wire[0]
+        finish = st.write_back if self.rank == dst else None
+        return self._run(fn, wire, async_op, lambda p: p.reduce(wire, dst, st.op), finish, op=rop.name, root=dst, **_sent_as(tensor, wire))
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` of ``src`` into ``tensor`` on every rank."""
@@ -283,7 +305,8 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         check_rank(src, self.world_size, fn, "src")
-        return self._run(fn, tensor, async_op, lambda p: p.broadcast(tensor, src), root=src)
+        wire = dtypes.as_bytes(tensor)
+        return self._run(fn, wire, async_op, lambda p: p.broadcast(wire, src), root=src, **_sent_as(tensor, wire))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``tensor_list[i]`` = ``tensor`` of rank i, on every rank."""
@@ -291,7 +314,8 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         outputs = check_tensor_list(tensor_list, self.world_size, fn, "tensor_list", tensor, self.device)
-        return self._run(fn, tensor, async_op, lambda p: p.all_gather(outputs, tensor))
+        wire, wire_outs = dtypes.as_bytes(tensor), [dtypes.as_bytes(t) for t in outputs]
+        return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), **_sent_as(tensor, wire))
 
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order)."""
@@ -301,7 +325,8 @@ class Communicator:
         check_tensor(output_tensor, fn, "output_tensor", self.device)
         check_same(output_tensor, input_tensor, fn, "output_tensor")
         check_numel(output_tensor, input_tensor.numel() * self.world_size, fn, "output_tensor (world_size x input)")
-        return self._run(fn, input_tensor, async_op, lambda p: p.all_gather_into_tensor(output_tensor, input_tensor))
+        wire_in, wire_out = dtypes.as_bytes(input_tensor), dtypes.as_bytes(output_tensor)
+        return self._run(fn, wire_in, async_op, lambda p: p.all_gather_into_tensor(wire_out, wire_in), **_sent_as(input_tensor, wire_in))
 
     def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, async_op: bool = False) -> Work | None:
         """``gather_list[i]`` on ``dst`` = ``tensor`` of rank i; other ranks pass no list."""
@@ -313,10 +338,11 @@ class Communicator:
         if self.rank == dst:
             if gather_list is None:
                 raise ValueError(f"gpucomm.{fn}: gather_list is required on the destination rank {dst}")
-            outputs = check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)
+            outputs = [dtypes.as_bytes(t) for t in check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)]
         elif gather_list:
             raise ValueError(f"gpucomm.{fn}: gather_list must be None or empty on rank {self.rank}, which is not the destination {dst}")
-        return self._run(fn, tensor, async_op, lambda p: p.gather(tensor, outputs, dst), root=dst)
+        wire = dtypes.as_bytes(tensor)
+        return self._run(fn, wire, async_op, lambda p: p.gather(wire, outputs, dst), root=dst, **_sent_as(tensor, wire))
 
     def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, async_op: bool = False) -> Work | None:
         """``tensor`` on rank i = ``scatter_list[i]`` of ``src``."""
@@ -328,10 +354,11 @@ class Communicator:
         if self.rank == src:
             if scatter_list is None:
                 raise ValueError(f"gpucomm.{fn}: scatter_list is required on the source rank {src}")
-            inputs = check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)
+            inputs = [dtypes.as_bytes(t) for t in check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)]
         elif scatter_list:
             raise ValueError(f"gpucomm.{fn}: scatter_list must be None or empty on rank {self.rank}, which is not the source {src}")
-        return self._run(fn, tensor, async_op, lambda p: p.scatter(tensor, inputs, src), root=src)
+        wire = dtypes.as_bytes(tensor)
+        return self._run(fn, wire, async_op, lambda p: p.scatter(wire, inputs, src), root=src, **_sent_as(tensor, wire))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """``output`` on rank i = the reduction over ranks of ``input_list[i]``."""
@@ -340,7 +367,9 @@ class Communicator:
         check_tensor(output, fn, "output", self.device)
         inputs = check_tensor_list(input_list, self.world_size, fn, "input_list", output, self.device)
         rop = as_reduce_op(op, fn)
-        return self._run(fn, output, async_op, lambda p: p.reduce_scatter(output, inputs, rop), op=rop.name)
+        out, ins = dtypes.staged([output], rop, fn), dtypes.staged(inputs, rop, fn)
+        wire = out.wire[0]
+        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter(wire, ins.wire, out.op), out.write_back, op=rop.name, **_sent_as(output, wire))
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """``output`` on rank i = the reduction over ranks of chunk i of ``input`` (dim 0)."""
@@ -351,7 +380,9 @@ class Communicator:
         check_same(input, output, fn, "input")
         check_numel(input, output.numel() * self.world_size, fn, "input (world_size x output)")
         rop = as_reduce_op(op, fn)
-        return self._run(fn, output, async_op, lambda p: p.reduce_scatter_tensor(output, input, rop), op=rop.name)
+        out, inp = dtypes.staged([output], rop, fn), dtypes.staged([input], rop, fn)
+        wire, wire_in = out.wire[0], inp.wire[0]
+        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter_tensor(wire, wire_in, out.op), out.write_back, op=rop.name, **_sent_as(output, wire))
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], async_op: bool = False) -> Work | None:
         """``output_tensor_list[j]`` on rank i = ``input_tensor_list[i]`` of rank j (sizes may differ per pair)."""
@@ -365,7 +396,8 @@ class Communicator:
         inputs = [check_tensor(t, fn, f"input_tensor_list[{i}]", self.device) for i, t in enumerate(input_tensor_list)]
         for i, t in enumerate(outputs + inputs):
             check_same(t, inputs[0], fn, f"tensor {i} of the lists")
-        return self._run(fn, inputs[0], async_op, lambda p: p.all_to_all(outputs, inputs))
+        wire_outs, wire_ins = [dtypes.as_bytes(t) for t in outputs], [dtypes.as_bytes(t) for t in inputs]
+        return self._run(fn, wire_ins[0], async_op, lambda p: p.all_to_all(wire_outs, wire_ins), **_sent_as(inputs[0], wire_ins[0]))
 
     def all_to_all_single(
         self,
@@ -387,7 +419,9 @@ class Communicator:
             raise ValueError(f"gpucomm.{fn}: input and output must agree beyond dim 0, got {tuple(input.shape)} and {tuple(output.shape)}")
         in_splits = check_splits(input_split_sizes, self.world_size, input.shape[0], fn, "input_split_sizes")
         out_splits = check_splits(output_split_sizes, self.world_size, output.shape[0], fn, "output_split_sizes")
-        return self._run(fn, input, async_op, lambda p: p.all_to_all_single(output, input, out_splits, in_splits))
+        # The byte view keeps dim 0, so the split sizes (rows) stay as they are.
+        wire_in, wire_out = dtypes.as_bytes(input), dtypes.as_bytes(output)
+        return self._run(fn, wire_in, async_op, lambda p: p.all_to_all_single(wire_out, wire_in, out_splits, in_splits), **_sent_as(input, wire_in))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst``; matched by a ``recv`` with the same tag on ``dst``."""
@@ -400,17 +434,21 @@ class Communicator:
         return work.source if work.source is not None else src  # type: ignore[return-value]
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
+        """Start sending ``tensor`` to ``dst`` and return at once; ``wait()`` on the Work completes it."""
         return self._p2p("isend", tensor, dst, tag)
 
     def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> Work:
+        """Post a receive into ``tensor`` and return at once; after ``wait()``, ``source`` names the sender."""
         return self._p2p("irecv", tensor, src, tag)
 
     def _p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, tag: int) -> Work:
         sending = fn.endswith("send")
         self._check_p2p(fn, tensor, peer, "dst" if sending else "src", tag)
+        wire = dtypes.as_bytes(tensor)
+        extra = _sent_as(tensor, wire)
         if sending:
-            return self._run(fn, tensor, True, lambda p: p.send(tensor, peer, tag), peer=peer, tag=tag)  # type: ignore[return-value]
-        return self._run(fn, tensor, True, lambda p: p.recv(tensor, peer, tag), peer=peer, tag=tag)  # type: ignore[return-value]
+            return self._run(fn, wire, True, lambda p: p.send(wire, peer, tag), peer=peer, tag=tag, **extra)  # type: ignore[return-value]
+        return self._run(fn, wire, True, lambda p: p.recv(wire, peer, tag), peer=peer, tag=tag, **extra)  # type: ignore[return-value]
 
     def _check_p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, name: str, tag: int) -> None:
         self._check_usable(fn)
@@ -427,6 +465,13 @@ class Communicator:
         fn = "barrier"
         self._check_usable(fn)
         return self._run(fn, None, async_op, lambda p: p.barrier())
+
+
+def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
+    """The caller's dtype, for the log and the call's fingerprint, where the wire form differs."""
+    if wire.dtype == tensor.dtype:
+        return {}
+    return {"user_dtype": str(tensor.dtype).removeprefix("torch.")}
 
 
 class _Planned:
