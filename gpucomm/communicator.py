@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import weakref
 import zlib
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from gpucomm.engine import Engine
 from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
 from gpucomm.liveness import Liveness
-from gpucomm.reduce_op import ReduceOp, as_reduce_op
+from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.validation import (
     check_numel,
     check_rank,
@@ -91,6 +92,7 @@ class Communicator:
         local_rank: int | None = None,
         local_world_size: int | None = None,
         global_ranks: Sequence[int] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.config = config if config is not None else Config.from_env()
         log.enable(self.config.debug)
@@ -103,7 +105,9 @@ class Communicator:
             self.local_world_size = self.config.local_world_size
         self.store = store
         self.prefix = prefix
-        self.device = _rank_device(self.local_rank)
+        # device: the GPU this rank was pinned to (init_process_group(device_id=...)); by default
+        # the one of its local rank.
+        self.device = device if device is not None else _rank_device(self.local_rank)
         self.timeout = self.config.timeout
         self._subgroups = 0
         self._calls = 0  # collective calls so far: equal on all ranks for the same call
@@ -154,14 +158,18 @@ class Communicator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def new_subgroup(self, ranks: Sequence[int], timeout: float | None = None) -> Communicator | None:
+    def new_subgroup(self, ranks: Sequence[int], timeout: float | None = None, sort: bool = True, **knobs: object) -> Communicator | None:
         """Collective over this communicator: the members of ``ranks`` get a Communicator, the rest None.
 
-        ``timeout`` (seconds) replaces this communicator's for the subgroup's calls.
+        ``timeout`` (seconds) replaces this communicator's for the subgroup's calls; ``sort=False``
+        numbers the members in the order given; ``knobs`` (transport, ...) override this
+        communicator's for the subgroup.
         """
-        ranks = sorted(set(ranks))
         for r in ranks:
             check_rank(r, self.world_size, "new_group", "ranks[i]")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"gpucomm.new_group: ranks must be distinct, got {list(ranks)}")
+        ranks = sorted(ranks) if sort else list(ranks)
         self._subgroups += 1
         if self.rank not in ranks:
             return None
@@ -171,10 +179,11 @@ class Communicator:
             sub_rank,
             len(ranks),
             prefix=f"{self.prefix}g{self._subgroups}/",
-            config=self.config if timeout is None else dataclasses.replace(self.config, timeout=timeout),
+            config=dataclasses.replace(self.config, **knobs, **({} if timeout is None else {"timeout": timeout})),
             local_rank=self.local_rank,
             local_world_size=self.local_world_size,  # nodes are global_rank // local_world_size
             global_ranks=[self.global_ranks[r] for r in ranks],
+            device=self.device,
         )
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -211,12 +220,14 @@ class Communicator:
         async_op: bool,
         serve: Callable[[object], Work],
         finish: Callable[[], None] | None = None,
+        outputs: Sequence[torch.Tensor] = (),
         **fields: object,
     ) -> Work | None:
         """Route one validated call to a path, check that all ranks agree on it, log it, run it.
 
         ``tensor`` is what travels (the wire form from :mod:`gpucomm.dtypes`); ``finish`` runs
-        once the path's work is complete (writing a staged result back into the caller's tensor).
+        once the path's work is complete (writing a staged result back into the caller's tensor);
+        ``outputs`` are the caller's tensors that ``Work.result()`` returns.
         """
         peer = fields.get("peer") if fn in _POINT_TO_POINT else None
         if fn not in _POINT_TO_POINT:
@@ -240,6 +251,7 @@ class Communicator:
         if finish is not None:
             work = Work([work], finish=finish)
         work._on_error = translate
+        work.outputs = list(outputs)
         if async_op:
             return work
         work.wait()
@@ -282,10 +294,10 @@ class Communicator:
         fn = "all_reduce"
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
-        rop = as_reduce_op(op, fn)
-        st = dtypes.staged([tensor], rop, fn)
+        rop, scale, name = _operator(op, fn)
+        st = dtypes.staged([tensor], rop, fn, scale)
         wire = st.wire[0]
-        return self._run(fn, wire, async_op, lambda p: p.all_reduce(wire, st.op), st.write_back, op=rop.name, **_sent_as(tensor, wire))
+        return self._run(fn, wire, async_op, lambda p: p.all_reduce(wire, st.op), st.write_back, [tensor], op=name, **_sent_as(tensor, wire))
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; other ranks' tensors are unchanged."""
@@ -293,11 +305,11 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         check_rank(dst, self.world_size, fn, "dst")
-        rop = as_reduce_op(op, fn)
-        st = dtypes.staged([tensor], rop, fn)
+        rop, scale, name = _operator(op, fn)
+        st = dtypes.staged([tensor], rop, fn, scale)
         wire = st.wire[0]
         finish = st.write_back if self.rank == dst else None
-        return self._run(fn, wire, async_op, lambda p: p.reduce(wire, dst, st.op), finish, op=rop.name, root=dst, **_sent_as(tensor, wire))
+        return self._run(fn, wire, async_op, lambda p: p.reduce(wire, dst, st.op), finish, [tensor], op=name, root=dst, **_sent_as(tensor, wire))
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` of ``src`` into ``tensor`` on every rank."""
@@ -306,7 +318,7 @@ class Communicator:
         check_tensor(tensor, fn, device=self.device)
         check_rank(src, self.world_size, fn, "src")
         wire = dtypes.as_bytes(tensor)
-        return self._run(fn, wire, async_op, lambda p: p.broadcast(wire, src), root=src, **_sent_as(tensor, wire))
+        return self._run(fn, wire, async_op, lambda p: p.broadcast(wire, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``tensor_list[i]`` = ``tensor`` of rank i, on every rank."""
@@ -315,7 +327,7 @@ class Communicator:
         check_tensor(tensor, fn, device=self.device)
         outputs = check_tensor_list(tensor_list, self.world_size, fn, "tensor_list", tensor, self.device)
         wire, wire_outs = dtypes.as_bytes(tensor), [dtypes.as_bytes(t) for t in outputs]
-        return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), **_sent_as(tensor, wire))
+        return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), None, outputs, **_sent_as(tensor, wire))
 
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order)."""
@@ -326,7 +338,7 @@ class Communicator:
         check_same(output_tensor, input_tensor, fn, "output_tensor")
         check_numel(output_tensor, input_tensor.numel() * self.world_size, fn, "output_tensor (world_size x input)")
         wire_in, wire_out = dtypes.as_bytes(input_tensor), dtypes.as_bytes(output_tensor)
-        return self._run(fn, wire_in, async_op, lambda p: p.all_gather_into_tensor(wire_out, wire_in), **_sent_as(input_tensor, wire_in))
+        return self._run(fn, wire_in, async_op, lambda p: p.all_gather_into_tensor(wire_out, wire_in), None, [output_tensor], **_sent_as(input_tensor, wire_in))
 
     def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, async_op: bool = False) -> Work | None:
         """``gather_list[i]`` on ``dst`` = ``tensor`` of rank i; other ranks pass no list."""
@@ -338,11 +350,11 @@ class Communicator:
         if self.rank == dst:
             if gather_list is None:
                 raise ValueError(f"gpucomm.{fn}: gather_list is required on the destination rank {dst}")
-            outputs = [dtypes.as_bytes(t) for t in check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)]
+            outputs = check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)
         elif gather_list:
             raise ValueError(f"gpucomm.{fn}: gather_list must be None or empty on rank {self.rank}, which is not the destination {dst}")
-        wire = dtypes.as_bytes(tensor)
-        return self._run(fn, wire, async_op, lambda p: p.gather(wire, outputs, dst), root=dst, **_sent_as(tensor, wire))
+        wire, wire_outs = dtypes.as_bytes(tensor), None if outputs is None else [dtypes.as_bytes(t) for t in outputs]
+        return self._run(fn, wire, async_op, lambda p: p.gather(wire, wire_outs, dst), None, outputs or [], root=dst, **_sent_as(tensor, wire))
 
     def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, async_op: bool = False) -> Work | None:
         """``tensor`` on rank i = ``scatter_list[i]`` of ``src``."""
@@ -358,7 +370,7 @@ class Communicator:
         elif scatter_list:
             raise ValueError(f"gpucomm.{fn}: scatter_list must be None or empty on rank {self.rank}, which is not the source {src}")
         wire = dtypes.as_bytes(tensor)
-        return self._run(fn, wire, async_op, lambda p: p.scatter(wire, inputs, src), root=src, **_sent_as(tensor, wire))
+        return self._run(fn, wire, async_op, lambda p: p.scatter(wire, inputs, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """``output`` on rank i = the reduction over ranks of ``input_list[i]``."""
@@ -366,10 +378,10 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(output, fn, "output", self.device)
         inputs = check_tensor_list(input_list, self.world_size, fn, "input_list", output, self.device)
-        rop = as_reduce_op(op, fn)
-        out, ins = dtypes.staged([output], rop, fn), dtypes.staged(inputs, rop, fn)
+        rop, scale, name = _operator(op, fn)
+        out, ins = dtypes.staged([output], rop, fn), dtypes.staged(inputs, rop, fn, scale)
         wire = out.wire[0]
-        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter(wire, ins.wire, out.op), out.write_back, op=rop.name, **_sent_as(output, wire))
+        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter(wire, ins.wire, out.op), out.write_back, [output], op=name, **_sent_as(output, wire))
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """``output`` on rank i = the reduction over ranks of chunk i of ``input`` (dim 0)."""
@@ -379,10 +391,10 @@ class Communicator:
         check_tensor(input, fn, "input", self.device)
         check_same(input, output, fn, "input")
         check_numel(input, output.numel() * self.world_size, fn, "input (world_size x output)")
-        rop = as_reduce_op(op, fn)
-        out, inp = dtypes.staged([output], rop, fn), dtypes.staged([input], rop, fn)
+        rop, scale, name = _operator(op, fn)
+        out, inp = dtypes.staged([output], rop, fn), dtypes.staged([input], rop, fn, scale)
         wire, wire_in = out.wire[0], inp.wire[0]
-        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter_tensor(wire, wire_in, out.op), out.write_back, op=rop.name, **_sent_as(output, wire))
+        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter_tensor(wire, wire_in, out.op), out.write_back, [output], op=name, **_sent_as(output, wire))
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], async_op: bool = False) -> Work | None:
         """``output_tensor_list[j]`` on rank i = ``input_tensor_list[i]`` of rank j (sizes may differ per pair)."""
@@ -397,7 +409,7 @@ class Communicator:
         for i, t in enumerate(outputs + inputs):
             check_same(t, inputs[0], fn, f"tensor {i} of the lists")
         wire_outs, wire_ins = [dtypes.as_bytes(t) for t in outputs], [dtypes.as_bytes(t) for t in inputs]
-        return self._run(fn, wire_ins[0], async_op, lambda p: p.all_to_all(wire_outs, wire_ins), **_sent_as(inputs[0], wire_ins[0]))
+        return self._run(fn, wire_ins[0], async_op, lambda p: p.all_to_all(wire_outs, wire_ins), None, outputs, **_sent_as(inputs[0], wire_ins[0]))
 
     def all_to_all_single(
         self,
@@ -421,7 +433,7 @@ class Communicator:
         out_splits = check_splits(output_split_sizes, self.world_size, output.shape[0], fn, "output_split_sizes")
         # The byte view keeps dim 0, so the split sizes (rows) stay as they are.
         wire_in, wire_out = dtypes.as_bytes(input), dtypes.as_bytes(output)
-        return self._run(fn, wire_in, async_op, lambda p: p.all_to_all_single(wire_out, wire_in, out_splits, in_splits), **_sent_as(input, wire_in))
+        return self._run(fn, wire_in, async_op, lambda p: p.all_to_all_single(wire_out, wire_in, out_splits, in_splits), None, [output], **_sent_as(input, wire_in))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst``; matched by a ``recv`` with the same tag on ``dst``."""
@@ -447,8 +459,8 @@ class Communicator:
         wire = dtypes.as_bytes(tensor)
         extra = _sent_as(tensor, wire)
         if sending:
-            return self._run(fn, wire, True, lambda p: p.send(wire, peer, tag), peer=peer, tag=tag, **extra)  # type: ignore[return-value]
-        return self._run(fn, wire, True, lambda p: p.recv(wire, peer, tag), peer=peer, tag=tag, **extra)  # type: ignore[return-value]
+            return self._run(fn, wire, True, lambda p: p.send(wire, peer, tag), None, [tensor], peer=peer, tag=tag, **extra)  # type: ignore[return-value]
+        return self._run(fn, wire, True, lambda p: p.recv(wire, peer, tag), None, [tensor], peer=peer, tag=tag, **extra)  # type: ignore[return-value]
 
     def _check_p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, name: str, tag: int) -> None:
         self._check_usable(fn)
@@ -467,11 +479,37 @@ class Communicator:
         return self._run(fn, None, async_op, lambda p: p.barrier())
 
 
+def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
+    """The operator a path applies, the PREMUL_SUM factor (or None) and the name to log."""
+    scale = premul_factor(op, fn)
+    if scale is not None:
+        return ReduceOp.SUM, scale, "PREMUL_SUM"
+    rop = as_reduce_op(op, fn)
+    return rop, None, rop.name
+
+
 def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
     """The caller's dtype, for the log and the call's fingerprint, where the wire form differs."""
     if wire.dtype == tensor.dtype:
         return {}
     return {"user_dtype": str(tensor.dtype).removeprefix("torch.")}
+
+
+    def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout`` seconds
+        (default: the communicator's) in a :class:`CommTimeoutError`; on gloo, as torch's is."""
+        fn = "monitored_barrier"
+        self._check_usable(fn)
+        seconds = self.timeout if timeout is None else timeout
+        try:
+            self._fallback.monitored_barrier(seconds, wait_all_ranks)
+        except RuntimeError as err:
+            text = str(err)
+            # gloo on rank 0: "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 2000 ms";
+            # the other ranks hear only that rank 0 failed them.
+            found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
+            missing = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else [0]
+            raise CommTimeoutError(fn, None, self.rank, missing, seconds, detail=f"gloo: {text.splitlines()[0]}") from err
 
 
 class _Planned:

@@ -108,9 +108,22 @@ def _refuse(fn: str, dtype: torch.dtype, op: ReduceOp, why: str) -> TypeError:
     return TypeError(f"gpucomm.{fn}: ReduceOp.{op.name} is not defined on {dtype} tensors ({why})")
 
 
-def staged(tensors: Sequence[torch.Tensor], op: ReduceOp, fn: str) -> Staged:
-    """Stage ``tensors`` (one dtype) of a reduction with ``op``; ``TypeError`` if it has none."""
+def staged(tensors: Sequence[torch.Tensor], op: ReduceOp, fn: str, scale: float | None = None) -> Staged:
+    """Stage ``tensors`` (one dtype) of a reduction with ``op``; ``TypeError`` if it has none.
+
+    ``scale``: ``ReduceOp.PREMUL_SUM(scale)`` (``op`` is SUM): each rank's tensor is multiplied
+    by ``scale`` in its own dtype, on a copy, before the sum.
+    """
     dtype = tensors[0].dtype
+    if scale is not None:
+        if not (dtype.is_floating_point or dtype.is_complex) or dtype in _MOVE_ONLY:
+            raise TypeError(f"gpucomm.{fn}: PREMUL_SUM takes floating point or complex tensors, got {dtype}")
+
+        def premultiplied(t: torch.Tensor) -> torch.Tensor:
+            w = (t.to(torch.float32) if dtype in _FLOAT8 else t) * scale  # float8 has no multiply
+            return torch.view_as_real(w) if w.is_complex() else w
+
+        return Staged(tensors, ReduceOp.SUM, premultiplied, _from_wire)
     if dtype in NATIVE:
         return Staged(tensors, op, None, None)
     if dtype in _COMPLEX:
@@ -137,6 +150,11 @@ def staged(tensors: Sequence[torch.Tensor], op: ReduceOp, fn: str) -> Staged:
         # Two's complement addition and multiplication are the same bits as unsigned ones.
         return Staged(tensors, op, lambda t: t.view(torch.int64).clone(), _bits)
     raise _refuse(fn, dtype, op, "it moves through every collective but no backend reduces it")
+
+
+def _from_wire(wire: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A wire tensor (the accumulation type, or the real view of a complex one) as ``dtype``."""
+    return torch.view_as_complex(wire) if dtype.is_complex else wire.to(dtype)
 
 
 def _cast(wire: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
