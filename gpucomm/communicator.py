@@ -478,23 +478,6 @@ class Communicator:
         self._check_usable(fn)
         return self._run(fn, None, async_op, lambda p: p.barrier())
 
-
-def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
-    """The operator a path applies, the PREMUL_SUM factor (or None) and the name to log."""
-    scale = premul_factor(op, fn)
-    if scale is not None:
-        return ReduceOp.SUM, scale, "PREMUL_SUM"
-    rop = as_reduce_op(op, fn)
-    return rop, None, rop.name
-
-
-def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
-    """The caller's dtype, for the log and the call's fingerprint, where the wire form differs."""
-    if wire.dtype == tensor.dtype:
-        return {}
-    return {"user_dtype": str(tensor.dtype).removeprefix("torch.")}
-
-
     def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive within ``timeout`` seconds
         (default: the communicator's) in a :class:`CommTimeoutError`; on gloo, as torch's is."""
@@ -510,6 +493,22 @@ def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
             found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
             missing = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else [0]
             raise CommTimeoutError(fn, None, self.rank, missing, seconds, detail=f"gloo: {text.splitlines()[0]}") from err
+
+
+def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
+    """The operator a path applies, the PREMUL_SUM factor (or None) and the name to log."""
+    scale = premul_factor(op, fn)
+    if scale is not None:
+        return ReduceOp.SUM, scale, "PREMUL_SUM"
+    rop = as_reduce_op(op, fn)
+    return rop, None, rop.name
+
+
+def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
+    """The caller's dtype, for the log and the call's fingerprint, where the wire form differs."""
+    if wire.dtype == tensor.dtype:
+        return {}
+    return {"user_dtype": str(tensor.dtype).removeprefix("torch.")}
 
 
 class _Planned:
