@@ -3,26 +3,44 @@
 ``import gpucomm as dist`` in place of ``import torch.distributed as dist``.
 """
 
+from torch.distributed import Backend, FileStore, HashStore, PrefixStore, Store, TCPStore
+
 from gpucomm.api import (
     GroupMember,
+    P2POp,
     all_gather,
+    all_gather_coalesced,
     all_gather_into_tensor,
     all_gather_single,
     all_reduce,
+    all_reduce_coalesced,
     all_to_all,
     all_to_all_single,
     barrier,
+    batch_isend_irecv,
     broadcast,
     destroy_process_group,
     gather,
+    get_backend,
     get_default_communicator,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
     get_rank,
     get_world_size,
+    group,
     init_process_group,
     irecv,
+    is_available,
+    is_gloo_available,
     is_initialized,
+    is_nccl_available,
+    is_torchelastic_launched,
     isend,
+    monitored_barrier,
     new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
     recv,
     reduce,
     reduce_scatter,
@@ -30,6 +48,7 @@ from gpucomm.api import (
     reduce_scatter_tensor,
     scatter,
     send,
+    supports_complex,
 )
 from gpucomm.communicator import Communicator
 from gpucomm.errors import (
@@ -41,18 +60,38 @@ from gpucomm.errors import (
     NotInitializedError,
     UnsupportedError,
 )
+from gpucomm.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.work import Work
 
-from gpucomm import backend as _backend  # noqa: F401  registers "gpucomm" with torch.distributed
+from gpucomm import backend as _backend  # noqa: E402  registers "gpucomm" with torch.distributed
+
+# A gpucomm group is a Communicator: the name torch.distributed gives its groups' type.
+ProcessGroup = Communicator
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Communicator",
+    "ProcessGroup",
     "ReduceOp",
     "Work",
     "GroupMember",
+    "group",
+    "P2POp",
+    "Backend",
+    "Store",
+    "TCPStore",
+    "FileStore",
+    "HashStore",
+    "PrefixStore",
     "GpucommError",
     "NotInitializedError",
     "UnsupportedError",
@@ -62,19 +101,32 @@ __all__ = [
     "KernelCompileError",
     "init_process_group",
     "destroy_process_group",
+    "is_available",
     "is_initialized",
+    "is_gloo_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
     "get_rank",
     "get_world_size",
+    "get_backend",
     "get_default_communicator",
+    "get_process_group_ranks",
+    "get_global_rank",
+    "get_group_rank",
     "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
     "send",
     "recv",
     "isend",
     "irecv",
+    "batch_isend_irecv",
     "broadcast",
     "all_reduce",
+    "all_reduce_coalesced",
     "reduce",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
     "all_gather_single",
     "gather",
@@ -85,4 +137,12 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "monitored_barrier",
+    "supports_complex",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
 ]

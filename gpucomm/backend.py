@@ -1,9 +1,9 @@
 """A torch.distributed backend named ``gpucomm``: ``torch.distributed.init_process_group("gpucomm")``.
 
 Importing gpucomm registers it. The process group wraps a :class:`gpucomm.Communicator` built on
-the store torch hands the creator, so every torch.distributed call (and every call DDP makes from
-C++: the initial broadcast, the parameter check, the gradient all-reduces) takes gpucomm's paths:
-the workspace for CUDA tensors (and CPU tensors with ``GPUCOMM_TRANSPORT=shm``) where it serves
+the store torch hands the creator, so every torch.distributed call (and every call DDP, FSDP2,
+DTensor and the functional collectives make from C++ or Python) takes gpucomm's paths: the
+workspace for CUDA tensors (and CPU tensors with ``GPUCOMM_TRANSPORT=shm``) where it serves
 the collective, gpucomm's own gloo group everywhere else.
 
 Why a ``ProcessGroup`` subclass and not a ``Backend``: torch 2.13's C++ ``Backend`` binds no
@@ -12,11 +12,27 @@ a ``ProcessGroup`` subclass is what ``_new_process_group_helper`` returns as the
 checks ``issubclass(type(backend_class), ProcessGroup)``), in torch 2.11 and 2.13 alike; the C++
 trampoline of ``ProcessGroup`` forwards allreduce, broadcast, allgather, ... to the methods below.
 
-Completion: every method waits for its collective before returning a torch ``Work`` made from a
-completed ``torch.futures.Future`` (CUDA-aware where the tensors are on a GPU, so that a waiter's
-stream is ordered after the collective's kernels). DDP accepts that; it gives up overlapping a
-gloo transfer with the rest of the backward pass until gpucomm's ``Work`` can hand out a Future
-of its own (see docs/ddp.md).
+What torch's stack asks of a process group besides the collectives, and where it comes from:
+
+- ``group_name``: torch keeps a C++ group's name in its backends, which a Python group has none
+  of (``RuntimeError: ProcessGroup name not set``); the name torch chose is handed to the
+  creator (``group_id``) and returned here. DeviceMesh, DTensor, FSDP2 and the functional
+  collectives (eager and compiled) look groups up by it; ``destroy_process_group`` unregisters it.
+- ``group_desc``: set by torch on the C++ object, as for any group.
+- ``_device_types`` and ``_get_backend(device)``: the devices this group serves (the CPU, and
+  this rank's GPU where there is one) and a :class:`BackendInfo` for each, which answers the
+  capability questions torch asks (splitting, coalescing, tensor allocation: none of them).
+- ``bound_device_id``: stays None, as for a gloo group. torch checks a ``device_id`` given to
+  ``init_process_group`` itself, but binds it to the group object that this one replaces;
+  binding it here would make DeviceMesh split the group with ``ncclCommSplit``, which gpucomm
+  has no counterpart of. gpucomm's own ``init_process_group(device_id=...)`` pins the device.
+- ``options``: the :class:`Options` given as ``pg_options``, or the defaults.
+
+Completion: collectives finish before returning a torch ``Work`` made from a completed
+``torch.futures.Future`` (CUDA-aware where the tensors are on a GPU, so that a waiter's stream is
+ordered after the collective's kernels). Point-to-point calls do not: ``send`` and ``recv``
+return at once with a :class:`_P2PWork` whose ``wait()`` completes them, so that any legal
+pattern of ``isend``/``irecv`` (rings, both directions, ``batch_isend_irecv``) completes.
 
 Method names: torch 2.13 calls ``all_gather_single``, ``reduce_scatter_single``,
 ``all_to_all_single`` and their ``*_coalesced`` forms; torch 2.11 calls ``_allgather_base``,
@@ -26,6 +42,7 @@ Method names: torch 2.13 calls ``all_gather_single``, ``reduce_scatter_single``,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Sequence
@@ -38,10 +55,72 @@ from gpucomm.communicator import Communicator
 from gpucomm.config import Config
 from gpucomm.reduce_op import ReduceOp, as_reduce_op
 from gpucomm.rendezvous import rendezvous
+from gpucomm.work import Work
 
-__all__ = ["BACKEND_NAME", "ProcessGroupGpucomm"]
+__all__ = ["BACKEND_NAME", "BackendInfo", "Options", "ProcessGroupGpucomm"]
 
 BACKEND_NAME = "gpucomm"
+
+
+@dataclasses.dataclass
+class Options:
+    """``pg_options`` of a gpucomm group: knobs for its Communicator (None: the GPUCOMM_*
+    variable, or the default), as ``init_process_group("gpucomm", pg_options=Options(...))``
+    or ``new_group(backend="gpucomm", pg_options=...)`` take them."""
+
+    transport: str | None = None
+    kernels: str | None = None
+    algo: str | None = None
+    workspace_bytes: int | str | None = None
+    check: str | None = None
+    channels: int | str | None = None
+
+    def knobs(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+class BackendInfo:
+    """What ``ProcessGroup._get_backend(device)`` answers for a gpucomm group.
+
+    torch asks a group's backend what it can do before choosing how to call it: FSDP2 whether it
+    allocates tensors, ``batch_isend_irecv`` whether it coalesces, ``init_process_group`` and
+    DeviceMesh whether it splits. gpucomm's group does none of these natively, and says so;
+    the collectives themselves go through the process group.
+    """
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def __init__(self, group: ProcessGroupGpucomm, device: torch.device) -> None:
+        self._group = group
+        self.device = device
+
+    @property
+    def options(self) -> Options:
+        return self._group.options
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def rank(self) -> int:
+        return self._group.rank()
+
+    def size(self) -> int:
+        return self._group.size()
+
+    def supports_tensor_alloc(self, device: torch.device) -> bool:
+        return False
+
+    def eager_connect_single_device(self, device: torch.device | None) -> None:
+        """Nothing to connect: the Communicator connected every peer when it was built."""
+
+    def __repr__(self) -> str:
+        return f"BackendInfo(gpucomm, {self.device})"
 
 
 class ProcessGroupGpucomm(dist.ProcessGroup):
@@ -52,9 +131,17 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
     them to every backend. ``communicator`` is the wrapped Communicator.
     """
 
-    def __init__(self, communicator: Communicator) -> None:
+    Options = Options
+
+    def __init__(self, communicator: Communicator, group_name: str = "", options: Options | None = None) -> None:
         super().__init__(communicator.rank, communicator.world_size)
         self.communicator = communicator
+        self._group_name = group_name
+        self._options = options if options is not None else Options()
+        devices = [torch.device("cpu")]
+        if communicator.device is not None:
+            devices.append(torch.device("cuda"))
+        self._backends = {d.type: BackendInfo(self, d) for d in devices}
 
     # -- identity and life cycle --------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 (the C++ virtual's name)
@@ -63,6 +150,30 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
     def name(self) -> str:
         return BACKEND_NAME
 
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def group_name(self) -> str:
+        """The name torch registered this group under (what ``_resolve_process_group`` finds)."""
+        if not self._group_name:
+            raise RuntimeError("gpucomm: this process group was built outside torch.distributed and has no group name")
+        return self._group_name
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [b.device for b in self._backends.values()]
+
+    def _get_backend(self, device: torch.device | str) -> BackendInfo:
+        kind = torch.device(device).type
+        if kind not in self._backends:
+            raise RuntimeError(f"No backend type associated with device type {kind} (the gpucomm group serves {sorted(self._backends)})")
+        return self._backends[kind]
+
     def shutdown(self) -> None:
         self.communicator.close()
 
@@ -70,14 +181,17 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         self.communicator.close()
 
     def __repr__(self) -> str:
-        return f"ProcessGroupGpucomm(rank={self.communicator.rank}, size={self.communicator.world_size})"
+        return f"ProcessGroupGpucomm(rank={self.communicator.rank}, size={self.communicator.world_size}, name={self._group_name!r})"
 
     # -- reductions -----------------------------------------------------------------------------
     def allreduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: object = None) -> dist.Work:
         op = _reduce_op(opts, "allreduce")
         tensors = _as_list(tensors)
         for t in tensors:
-            self.communicator.all_reduce(t, op)
+            if t.is_sparse:
+                _sparse_all_reduce(self.communicator, t, op)
+            else:
+                self.communicator.all_reduce(t, op)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
@@ -130,7 +244,12 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         return _done([t for outs in outputs for t in outs])
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: object = None) -> dist.Work:
-        return self.allgather(output_lists, input_list, opts)
+        # torch hands the outputs rank-major: output_lists[r][k] receives input_list[k] of rank r.
+        if len(output_lists) != self.communicator.world_size:
+            raise ValueError(f"gpucomm backend allgather_coalesced: expected {self.communicator.world_size} output lists (one per rank), got {len(output_lists)}")
+        for k, inp in enumerate(input_list):
+            self.communicator.all_gather([outs[k] for outs in output_lists], inp)
+        return _done([t for outs in output_lists for t in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
         self.communicator.all_gather_into_tensor(output, input)
@@ -176,47 +295,55 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    # -- point to point: started here, completed by the Work's wait() -------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         t = _one(tensors, "send")
-        self.communicator.send(t, dst, tag)
-        return _done([t])
+        return _P2PWork(self.communicator.isend(t, dst, tag), [t])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         t = _one(tensors, "recv")
-        self.communicator.recv(t, src, tag)
-        return _done([t])
+        return _P2PWork(self.communicator.irecv(t, src, tag), [t])
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
         t = _one(tensors, "recv")
-        return _SourceWork(self.communicator.recv(t, None, tag), _future([t]))
+        return _P2PWork(self.communicator.irecv(t, None, tag), [t])
 
     def barrier(self, opts: object = None) -> dist.Work:
         self.communicator.barrier()
         return _done([])
 
 
-class _SourceWork(dist.Work):
-    """A completed receive from any source: ``torch.distributed.recv`` asks it ``_source_rank()``."""
+class _P2PWork(dist.Work):
+    """A send or receive in flight: ``wait()`` drives it to completion (and raises its error);
+    ``torch.distributed.recv`` from any source asks it ``_source_rank()`` afterwards."""
 
-    def __init__(self, source: int, future: torch.futures.Future) -> None:
+    def __init__(self, work: Work, tensors: list[torch.Tensor]) -> None:
         super().__init__()
-        self._source = source
-        self._future = future
+        self._work = work
+        self._tensors = tensors
+        self._future: torch.futures.Future | None = None
 
     def wait(self, timeout: object = None) -> bool:
+        self._work.wait()
+        if self._future is not None and not self._future.done():
+            self._future.set_result(self._tensors)
         return True
 
     def is_completed(self) -> bool:
-        return True
+        return self._work.is_completed()
 
     def is_success(self) -> bool:
-        return True
+        return self.is_completed()
 
     def get_future(self) -> torch.futures.Future:
+        """A Future completed by ``wait()`` (gpucomm's point-to-point calls progress inside waits)."""
+        if self._future is None:
+            self._future = _future(self._tensors) if self._work.is_completed() else torch.futures.Future()
         return self._future
 
     def _source_rank(self) -> int:
-        return self._source
+        self.wait()
+        return self._work.source  # type: ignore[return-value]
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -243,6 +370,37 @@ def _reduce_op(opts: object, fn: str) -> ReduceOp:
     return as_reduce_op(getattr(op, "op", op), fn)
 
 
+def _sparse_all_reduce(comm: Communicator, tensor: torch.Tensor, op: ReduceOp) -> None:
+    """SUM of sparse COO tensors, as gloo serves it on the CPU: every rank's entries are
+    gathered (indices and values, padded to the largest count) and summed by coalescing."""
+    if op is not ReduceOp.SUM:
+        raise ValueError(f"gpucomm backend allreduce: sparse tensors support ReduceOp.SUM only (as gloo), got {op.name}")
+    if tensor.layout != torch.sparse_coo:
+        raise ValueError(f"gpucomm backend allreduce: sparse tensors must be COO (as gloo), got {tensor.layout}")
+    local = tensor.coalesce()
+    P = comm.world_size
+    counts = torch.empty(P, dtype=torch.int64)
+    comm.all_gather_into_tensor(counts, torch.tensor([local._nnz()], dtype=torch.int64))
+    most = int(counts.max())
+    indices = local._indices()
+    values = local._values()
+    padded_i = torch.zeros((indices.shape[0], most), dtype=indices.dtype)
+    padded_i[:, : indices.shape[1]] = indices
+    padded_v = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
+    padded_v[: values.shape[0]] = values
+    all_i = [torch.empty_like(padded_i) for _ in range(P)]
+    all_v = [torch.empty_like(padded_v) for _ in range(P)]
+    comm.all_gather(all_i, padded_i.contiguous())
+    comm.all_gather(all_v, padded_v.contiguous())
+    n = counts.tolist()
+    total = torch.sparse_coo_tensor(
+        torch.cat([i[:, : n[r]] for r, i in enumerate(all_i)], dim=1),
+        torch.cat([v[: n[r]] for r, v in enumerate(all_v)]),
+        tensor.shape,
+    ).coalesce()
+    tensor.copy_(total)
+
+
 def _future(tensors: list[torch.Tensor]) -> torch.futures.Future:
     """A Future already holding ``tensors``; on CUDA it records the current streams, so that
     whoever waits on it is ordered after the kernels the collective queued there."""
@@ -259,11 +417,15 @@ def _done(tensors: list[torch.Tensor]) -> dist.Work:
 # -- registration -----------------------------------------------------------------------------
 def _create(options: object, backend_options: object = None) -> ProcessGroupGpucomm:
     """torch's creator (``extended_api=True``): a ``_DistributedBackendOptions`` with the group's
-    store (already prefixed with its group name), rank, size, timeout and global ranks."""
+    store (already prefixed with its group name), rank, size, timeout, name (``group_id``) and
+    global ranks; ``backend_options`` is what the caller passed as ``pg_options``."""
+    if backend_options is not None and not isinstance(backend_options, Options):
+        raise TypeError(f"gpucomm backend: pg_options must be a gpucomm.backend.Options, got {type(backend_options).__name__}")
+    pg_options = backend_options if backend_options is not None else Options()
     rank, size = options.group_rank, options.group_size  # type: ignore[attr-defined]
     # torch always passes a timeout (30 min by default), so an explicit GPUCOMM_TIMEOUT wins over it.
     timeout: datetime.timedelta | None = None if os.environ.get("GPUCOMM_TIMEOUT") else options.timeout  # type: ignore[attr-defined]
-    config = Config.from_env(timeout=timeout)
+    config = Config.from_env(timeout=timeout, **pg_options.knobs())
     # rendezvous draws a fresh key prefix in this group's store, so that re-creating the group on
     # a reused store never reads the previous generation's workspace handles.
     rdv = rendezvous(None, rank, size, options.store, config.timeout, fn="init_process_group(backend='gpucomm')")  # type: ignore[attr-defined]
@@ -278,7 +440,7 @@ def _create(options: object, backend_options: object = None) -> ProcessGroupGpuc
         local_world_size=min(rdv.local_world_size, size),
         global_ranks=global_ranks,
     )
-    return ProcessGroupGpucomm(comm)
+    return ProcessGroupGpucomm(comm, str(options.group_id), pg_options)  # type: ignore[attr-defined]
 
 
 def _register() -> None:

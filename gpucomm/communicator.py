@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import weakref
 import zlib
 from collections.abc import Callable, Sequence
@@ -23,14 +24,14 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from gpucomm import log
+from gpucomm import dtypes, log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
 from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
-from gpucomm.reduce_op import ReduceOp, as_reduce_op
+from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.validation import (
     check_numel,
     check_rank,
@@ -92,6 +93,7 @@ class Communicator:
         local_rank: int | None = None,
         local_world_size: int | None = None,
         global_ranks: Sequence[int] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.config = config if config is not None else Config.from_env()
         log.enable(self.config.debug)
@@ -104,7 +106,9 @@ class Communicator:
             self.local_world_size = self.config.local_world_size
         self.store = store
         self.prefix = prefix
-        self.device = _rank_device(self.local_rank)
+        # device: the GPU this rank was pinned to (init_process_group(device_id=...)); by default
+        # the one of its local rank.
+        self.device = device if device is not None else _rank_device(self.local_rank)
         self.timeout = self.config.timeout
         self._subgroups = 0
         self._calls = 0  # collective calls so far: equal on all ranks for the same call
@@ -201,14 +205,18 @@ class Communicator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def new_subgroup(self, ranks: Sequence[int], timeout: float | None = None) -> Communicator | None:
+    def new_subgroup(self, ranks: Sequence[int], timeout: float | None = None, sort: bool = True, **knobs: object) -> Communicator | None:
         """Collective over this communicator: the members of ``ranks`` get a Communicator, the rest None.
 
-        ``timeout`` (seconds) replaces this communicator's for the subgroup's calls.
+        ``timeout`` (seconds) replaces this communicator's for the subgroup's calls; ``sort=False``
+        numbers the members in the order given; ``knobs`` (transport, ...) override this
+        communicator's for the subgroup.
         """
-        ranks = sorted(set(ranks))
         for r in ranks:
             check_rank(r, self.world_size, "new_group", "ranks[i]")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"gpucomm.new_group: ranks must be distinct, got {list(ranks)}")
+        ranks = sorted(ranks) if sort else list(ranks)
         self._subgroups += 1
         if self.rank not in ranks:
             return None
@@ -218,10 +226,11 @@ class Communicator:
             sub_rank,
             len(ranks),
             prefix=f"{self.prefix}g{self._subgroups}/",
-            config=self.config if timeout is None else dataclasses.replace(self.config, timeout=timeout),
+            config=dataclasses.replace(self.config, **knobs, **({} if timeout is None else {"timeout": timeout})),
             local_rank=self.local_rank,
             local_world_size=self.local_world_size,  # nodes are global_rank // local_world_size
             global_ranks=[self.global_ranks[r] for r in ranks],
+            device=self.device,
         )
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -251,8 +260,22 @@ class Communicator:
 
         return translate
 
-    def _run(self, fn: str, tensor: torch.Tensor | None, async_op: bool, serve: Callable[[object], Work], **fields: object) -> Work | None:
-        """Route one validated call to a path, check that all ranks agree on it, log it, run it."""
+    def _run(
+        self,
+        fn: str,
+        tensor: torch.Tensor | None,
+        async_op: bool,
+        serve: Callable[[object], Work],
+        finish: Callable[[], None] | None = None,
+        outputs: Sequence[torch.Tensor] = (),
+        **fields: object,
+    ) -> Work | None:
+        """Route one validated call to a path, check that all ranks agree on it, log it, run it.
+
+        ``tensor`` is what travels (the wire form from :mod:`gpucomm.dtypes`); ``finish`` runs
+        once the path's work is complete (writing a staged result back into the caller's tensor);
+        ``outputs`` are the caller's tensors that ``Work.result()`` returns.
+        """
         peer = fields.get("peer") if fn in _POINT_TO_POINT else None
         if fn not in _POINT_TO_POINT:
             self._calls += 1
@@ -276,7 +299,10 @@ class Communicator:
             work = serve(path)
         except RuntimeError as err:
             raise translate(err) from err
+        if finish is not None:
+            work = Work([work], finish=finish)
         work._on_error = translate
+        work.outputs = list(outputs)
         if async_op:
             return work
         work.wait()
@@ -303,21 +329,26 @@ class Communicator:
             raise error
 
     # -- collectives --------------------------------------------------------------------------
+    # Each method validates the caller's tensors, then hands the path their wire form
+    # (gpucomm.dtypes): the tensors themselves for the six native dtypes, byte views for data
+    # movement, accumulation-type copies for reductions, written back once at the end.
     def all_reduce(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks, in place, on every rank.
 
         All ranks in the group must call this simultaneously.
 
         Args:
-            tensor: input and output; contiguous, any supported dtype.
+            tensor: input and output; contiguous, any dtype of :data:`gpucomm.dtypes.REDUCIBLE`.
             op: a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG).
             async_op: return a Work instead of waiting.
         """
         fn = "all_reduce"
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
-        rop = as_reduce_op(op, fn)
-        return self._run(fn, tensor, async_op, lambda p: p.all_reduce(tensor, rop), op=rop.name)
+        rop, scale, name = _operator(op, fn)
+        st = dtypes.staged([tensor], rop, fn, scale)
+        wire = st.wire[0]
+        return self._run(fn, wire, async_op, lambda p: p.all_reduce(wire, st.op), st.write_back, [tensor], op=name, **_sent_as(tensor, wire))
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; other ranks' tensors are unchanged."""
@@ -325,8 +356,11 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         check_rank(dst, self.world_size, fn, "dst")
-        rop = as_reduce_op(op, fn)
-        return self._run(fn, tensor, async_op, lambda p: p.reduce(tensor, dst, rop), op=rop.name, root=dst)
+        rop, scale, name = _operator(op, fn)
+        st = dtypes.staged([tensor], rop, fn, scale)
+        wire = st.wire[0]
+        finish = st.write_back if self.rank == dst else None
+        return self._run(fn, wire, async_op, lambda p: p.reduce(wire, dst, st.op), finish, [tensor], op=name, root=dst, **_sent_as(tensor, wire))
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` of ``src`` into ``tensor`` on every rank."""
@@ -334,7 +368,8 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         check_rank(src, self.world_size, fn, "src")
-        return self._run(fn, tensor, async_op, lambda p: p.broadcast(tensor, src), root=src)
+        wire = dtypes.as_bytes(tensor)
+        return self._run(fn, wire, async_op, lambda p: p.broadcast(wire, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``tensor_list[i]`` = ``tensor`` of rank i, on every rank."""
@@ -342,7 +377,8 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         outputs = check_tensor_list(tensor_list, self.world_size, fn, "tensor_list", tensor, self.device)
-        return self._run(fn, tensor, async_op, lambda p: p.all_gather(outputs, tensor))
+        wire, wire_outs = dtypes.as_bytes(tensor), [dtypes.as_bytes(t) for t in outputs]
+        return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), None, outputs, **_sent_as(tensor, wire))
 
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order)."""
@@ -352,7 +388,8 @@ class Communicator:
         check_tensor(output_tensor, fn, "output_tensor", self.device)
         check_same(output_tensor, input_tensor, fn, "output_tensor")
         check_numel(output_tensor, input_tensor.numel() * self.world_size, fn, "output_tensor (world_size x input)")
-        return self._run(fn, input_tensor, async_op, lambda p: p.all_gather_into_tensor(output_tensor, input_tensor))
+        wire_in, wire_out = dtypes.as_bytes(input_tensor), dtypes.as_bytes(output_tensor)
+        return self._run(fn, wire_in, async_op, lambda p: p.all_gather_into_tensor(wire_out, wire_in), None, [output_tensor], **_sent_as(input_tensor, wire_in))
 
     def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, async_op: bool = False) -> Work | None:
         """``gather_list[i]`` on ``dst`` = ``tensor`` of rank i; other ranks pass no list."""
@@ -367,7 +404,8 @@ class Communicator:
             outputs = check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)
         elif gather_list:
             raise ValueError(f"gpucomm.{fn}: gather_list must be None or empty on rank {self.rank}, which is not the destination {dst}")
-        return self._run(fn, tensor, async_op, lambda p: p.gather(tensor, outputs, dst), root=dst)
+        wire, wire_outs = dtypes.as_bytes(tensor), None if outputs is None else [dtypes.as_bytes(t) for t in outputs]
+        return self._run(fn, wire, async_op, lambda p: p.gather(wire, wire_outs, dst), None, outputs or [], root=dst, **_sent_as(tensor, wire))
 
     def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, async_op: bool = False) -> Work | None:
         """``tensor`` on rank i = ``scatter_list[i]`` of ``src``."""
@@ -379,10 +417,11 @@ class Communicator:
         if self.rank == src:
             if scatter_list is None:
                 raise ValueError(f"gpucomm.{fn}: scatter_list is required on the source rank {src}")
-            inputs = check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)
+            inputs = [dtypes.as_bytes(t) for t in check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)]
         elif scatter_list:
             raise ValueError(f"gpucomm.{fn}: scatter_list must be None or empty on rank {self.rank}, which is not the source {src}")
-        return self._run(fn, tensor, async_op, lambda p: p.scatter(tensor, inputs, src), root=src)
+        wire = dtypes.as_bytes(tensor)
+        return self._run(fn, wire, async_op, lambda p: p.scatter(wire, inputs, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """``output`` on rank i = the reduction over ranks of ``input_list[i]``."""
@@ -390,8 +429,10 @@ class Communicator:
         self._check_usable(fn)
         check_tensor(output, fn, "output", self.device)
         inputs = check_tensor_list(input_list, self.world_size, fn, "input_list", output, self.device)
-        rop = as_reduce_op(op, fn)
-        return self._run(fn, output, async_op, lambda p: p.reduce_scatter(output, inputs, rop), op=rop.name)
+        rop, scale, name = _operator(op, fn)
+        out, ins = dtypes.staged([output], rop, fn), dtypes.staged(inputs, rop, fn, scale)
+        wire = out.wire[0]
+        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter(wire, ins.wire, out.op), out.write_back, [output], op=name, **_sent_as(output, wire))
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """``output`` on rank i = the reduction over ranks of chunk i of ``input`` (dim 0)."""
@@ -401,8 +442,10 @@ class Communicator:
         check_tensor(input, fn, "input", self.device)
         check_same(input, output, fn, "input")
         check_numel(input, output.numel() * self.world_size, fn, "input (world_size x output)")
-        rop = as_reduce_op(op, fn)
-        return self._run(fn, output, async_op, lambda p: p.reduce_scatter_tensor(output, input, rop), op=rop.name)
+        rop, scale, name = _operator(op, fn)
+        out, inp = dtypes.staged([output], rop, fn), dtypes.staged([input], rop, fn, scale)
+        wire, wire_in = out.wire[0], inp.wire[0]
+        return self._run(fn, wire, async_op, lambda p: p.reduce_scatter_tensor(wire, wire_in, out.op), out.write_back, [output], op=name, **_sent_as(output, wire))
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], async_op: bool = False) -> Work | None:
         """``output_tensor_list[j]`` on rank i = ``input_tensor_list[i]`` of rank j (sizes may differ per pair)."""
@@ -416,7 +459,8 @@ class Communicator:
         inputs = [check_tensor(t, fn, f"input_tensor_list[{i}]", self.device) for i, t in enumerate(input_tensor_list)]
         for i, t in enumerate(outputs + inputs):
             check_same(t, inputs[0], fn, f"tensor {i} of the lists")
-        return self._run(fn, inputs[0], async_op, lambda p: p.all_to_all(outputs, inputs))
+        wire_outs, wire_ins = [dtypes.as_bytes(t) for t in outputs], [dtypes.as_bytes(t) for t in inputs]
+        return self._run(fn, wire_ins[0], async_op, lambda p: p.all_to_all(wire_outs, wire_ins), None, outputs, **_sent_as(inputs[0], wire_ins[0]))
 
     def all_to_all_single(
         self,
@@ -438,7 +482,9 @@ class Communicator:
             raise ValueError(f"gpucomm.{fn}: input and output must agree beyond dim 0, got {tuple(input.shape)} and {tuple(output.shape)}")
         in_splits = check_splits(input_split_sizes, self.world_size, input.shape[0], fn, "input_split_sizes")
         out_splits = check_splits(output_split_sizes, self.world_size, output.shape[0], fn, "output_split_sizes")
-        return self._run(fn, input, async_op, lambda p: p.all_to_all_single(output, input, out_splits, in_splits))
+        # The byte view keeps dim 0, so the split sizes (rows) stay as they are.
+        wire_in, wire_out = dtypes.as_bytes(input), dtypes.as_bytes(output)
+        return self._run(fn, wire_in, async_op, lambda p: p.all_to_all_single(wire_out, wire_in, out_splits, in_splits), None, [output], **_sent_as(input, wire_in))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst``; matched by a ``recv`` with the same tag on ``dst``."""
@@ -451,17 +497,21 @@ class Communicator:
         return work.source if work.source is not None else src  # type: ignore[return-value]
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
+        """Start sending ``tensor`` to ``dst`` and return at once; ``wait()`` on the Work completes it."""
         return self._p2p("isend", tensor, dst, tag)
 
     def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> Work:
+        """Post a receive into ``tensor`` and return at once; after ``wait()``, ``source`` names the sender."""
         return self._p2p("irecv", tensor, src, tag)
 
     def _p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, tag: int) -> Work:
         sending = fn.endswith("send")
         self._check_p2p(fn, tensor, peer, "dst" if sending else "src", tag)
+        wire = dtypes.as_bytes(tensor)
+        extra = _sent_as(tensor, wire)
         if sending:
-            return self._run(fn, tensor, True, lambda p: p.send(tensor, peer, tag), peer=peer, tag=tag)  # type: ignore[return-value]
-        return self._run(fn, tensor, True, lambda p: p.recv(tensor, peer, tag), peer=peer, tag=tag)  # type: ignore[return-value]
+            return self._run(fn, wire, True, lambda p: p.send(wire, peer, tag), None, [tensor], peer=peer, tag=tag, **extra)  # type: ignore[return-value]
+        return self._run(fn, wire, True, lambda p: p.recv(wire, peer, tag), None, [tensor], peer=peer, tag=tag, **extra)  # type: ignore[return-value]
 
     def _check_p2p(self, fn: str, tensor: torch.Tensor, peer: int | None, name: str, tag: int) -> None:
         self._check_usable(fn)
@@ -478,6 +528,38 @@ class Communicator:
         fn = "barrier"
         self._check_usable(fn)
         return self._run(fn, None, async_op, lambda p: p.barrier())
+
+    def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout`` seconds
+        (default: the communicator's) in a :class:`CommTimeoutError`; on gloo, as torch's is."""
+        fn = "monitored_barrier"
+        self._check_usable(fn)
+        seconds = self.timeout if timeout is None else timeout
+        try:
+            self._fallback.monitored_barrier(seconds, wait_all_ranks)
+        except RuntimeError as err:
+            text = str(err)
+            # gloo on rank 0: "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 2000 ms";
+            # the other ranks hear only that rank 0 failed them.
+            found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
+            missing = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else [0]
+            raise CommTimeoutError(fn, None, self.rank, missing, seconds, detail=f"gloo: {text.splitlines()[0]}") from err
+
+
+def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
+    """The operator a path applies, the PREMUL_SUM factor (or None) and the name to log."""
+    scale = premul_factor(op, fn)
+    if scale is not None:
+        return ReduceOp.SUM, scale, "PREMUL_SUM"
+    rop = as_reduce_op(op, fn)
+    return rop, None, rop.name
+
+
+def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
+    """The caller's dtype, for the log and the call's fingerprint, where the wire form differs."""
+    if wire.dtype == tensor.dtype:
+        return {}
+    return {"user_dtype": str(tensor.dtype).removeprefix("torch.")}
 
 
 class _Planned:

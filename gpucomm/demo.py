@@ -1,7 +1,7 @@
 """``gpucomm-demo``: spawn local ranks, run every collective on each path this host has, check
 each result against a float64 reference, and print a table.
 
-    gpucomm-demo --nproc 4            # CPU: gloo, and the shm workspace path with torch kernels
+    gpucomm-demo --nproc 4            # CPU: gpucomm's gloo path, and the shm workspace path with torch kernels
     gpucomm-demo --nproc 2 --size 1M  # on a GPU host the CUDA workspace path is added
 """
 
@@ -21,8 +21,25 @@ import torch
 __all__ = ["main"]
 
 
+# What each row's check compares the collective's output with (float32 inputs of small
+# integers, so every expected value is exact and the comparison is torch.equal).
+REFERENCES = {
+    "all_reduce": "sum of every rank's input",
+    "reduce": "sum of every rank's input, on rank 0",
+    "broadcast": "rank 0's input",
+    "all_gather": "inputs of all ranks, in rank order",
+    "gather": "inputs of all ranks, on rank 0",
+    "scatter": "rank 0's piece for this rank",
+    "reduce_scatter": "this rank's slice of the sum",
+    "all_to_all": "piece for this rank from every rank",
+    "send/recv": "previous rank's input (ring)",
+    "barrier": "returns on every rank",
+}
+
+
 def _paths() -> list[tuple[str, dict[str, str], str]]:
-    """(label, knobs, tensor device) for every path this host can run."""
+    """(label, knobs, tensor device) for every path this host can run; "gloo" is gpucomm's own
+    gloo path (gpucomm's Communicator over a gloo group), not torch.distributed's gloo backend."""
     paths = [("gloo", {"transport": "gloo"}, "cpu"), ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu")]
     if torch.cuda.is_available():
         paths.append(("cuda_ipc", {"transport": "cuda_ipc"}, "cuda"))
@@ -137,12 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     rows0 = results.get(0, ([], None))[0]
     print(f"gpucomm-demo: {args.nproc} ranks, {n} float32 elements per rank, torch {torch.__version__}, "
           f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU: CPU paths only'}")
-    print(f"{'path':<10} {'collective':<16} {'time (us)':>10}  {'check':<6}")
+    print("each row: one gpucomm collective on float32 inputs, checked on every rank with torch.equal against the")
+    print("reference named; path 'gloo' is gpucomm's gloo path, 'shm+torch' its shared-memory workspace with torch kernels")
+    print(f"{'path':<10} {'collective':<16} {'dtype':<8} {'time (us)':>10}  {'check':<6} reference")
     all_ok = True
     for i, (label, name, _, micros) in enumerate(rows0):
         ok = all(i < len(results[r][0]) and results[r][0][i][2] for r in results)
         all_ok &= ok
-        print(f"{label:<10} {name:<16} {micros:>10.1f}  {'OK' if ok else 'WRONG':<6}")
+        print(f"{label:<10} {name:<16} {'-' if name == 'barrier' else 'float32':<8} {micros:>10.1f}  {'OK' if ok else 'WRONG':<6} {REFERENCES[name]}")
     for r, e in sorted(errors.items()):
         print(f"rank {r} failed:\n{e}", file=sys.stderr)
     if missing:

@@ -196,3 +196,8 @@ class GlooFallback:
 
     def barrier(self) -> Work:
         return Work([self.pg.barrier(dist.BarrierOptions())])
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool) -> None:
+        """gloo's barrier that reports the ranks missing after ``timeout`` seconds (rank 0
+        collects; every rank raises)."""
+        self.pg.monitored_barrier(datetime.timedelta(seconds=timeout), wait_all_ranks=wait_all_ranks)

@@ -7,7 +7,7 @@ import enum
 import torch
 import torch.distributed as dist
 
-__all__ = ["ReduceOp", "as_reduce_op"]
+__all__ = ["ReduceOp", "PremulSum", "as_reduce_op", "premul_factor"]
 
 
 class ReduceOp(enum.IntEnum):
@@ -43,6 +43,35 @@ def as_reduce_op(op: object, fn: str) -> ReduceOp:
         f"gpucomm.{fn}: op must be a gpucomm.ReduceOp (SUM, PRODUCT, MIN, MAX, AVG) or the "
         f"torch.distributed.ReduceOp of the same name, got {op!r} ({type(op).__name__})"
     )
+
+
+class PremulSum:
+    """``ReduceOp.PREMUL_SUM(factor)``: the SUM of every rank's tensor multiplied by ``factor``
+    (torch.distributed builds the same operator with ``_make_nccl_premul_sum(factor)``).
+
+    The multiplication happens in the tensor's dtype on a copy, as NCCL's premultiplied sum
+    does; the caller's tensor is only written with the result.
+    """
+
+    def __init__(self, factor: float) -> None:
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError(f"gpucomm.ReduceOp.PREMUL_SUM: factor must be a Python number, got {type(factor).__name__}")
+        self.factor = float(factor)
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.PREMUL_SUM({self.factor:g})"
+
+
+# Not an enum member: every kernel implements the five members, and PREMUL_SUM is a SUM of
+# scaled copies, built by calling it with the factor.
+ReduceOp.PREMUL_SUM = PremulSum  # type: ignore[attr-defined]
+
+
+def premul_factor(op: object, fn: str) -> float | None:
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)``; None for any other operator."""
+    if op is PremulSum or (isinstance(op, dist.ReduceOp.RedOpType) and op == dist.ReduceOp.PREMUL_SUM):
+        raise TypeError(f"gpucomm.{fn}: PREMUL_SUM needs its factor: pass op=gpucomm.ReduceOp.PREMUL_SUM(factor)")
+    return op.factor if isinstance(op, PremulSum) else None
 
 
 # Reference semantics shared by the fallback and the torch kernels.

@@ -6,21 +6,18 @@ from collections.abc import Sequence
 
 import torch
 
-from gpucomm.ops.contract import SUPPORTED_DTYPES
+from gpucomm.dtypes import check_dtype
 
-__all__ = ["check_tensor", "check_rank", "check_tensor_list", "check_same", "check_numel"]
-
-_DTYPE_NAMES = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+__all__ = ["check_tensor", "check_rank", "check_tensor_list", "check_same", "check_numel", "check_splits"]
 
 
 def check_tensor(
     tensor: object, fn: str, name: str = "tensor", device: torch.device | None = None
 ) -> torch.Tensor:
-    """A contiguous tensor of a supported dtype, on the CPU or on this rank's GPU."""
+    """A contiguous tensor of a dtype gpucomm moves (gpucomm.dtypes), on the CPU or on this rank's GPU."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"gpucomm.{fn}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"gpucomm.{fn}: {name} has dtype {tensor.dtype}; supported dtypes are {_DTYPE_NAMES}")
+    check_dtype(tensor, fn, name)
     if not tensor.is_contiguous():
         raise ValueError(
             f"gpucomm.{fn}: {name} must be contiguous (got shape {tuple(tensor.shape)} with strides "

@@ -30,7 +30,9 @@ class Work:
         self._event = event
         self._on_error = on_error
         self._done = False
+        self._error: BaseException | None = None
         self.source: int | None = None  # the sender's rank, for a completed recv
+        self.outputs: list[torch.Tensor] = []  # the caller's output tensors, for result()
 
     def is_completed(self) -> bool:
         if not self._done and all(w.is_completed() for w in self._pending):  # type: ignore[attr-defined]
@@ -56,7 +58,28 @@ class Work:
             if finish is not None:
                 finish()
         except RuntimeError as err:
-            if self._on_error is None:
+            self._error = err if self._on_error is None else self._on_error(err)
+            if self._error is err:
                 raise
-            raise self._on_error(err) from err
+            raise self._error from err
+
+    # -- torch.distributed.Work's result API, on today's completion model (complete on wait) --
+    def result(self) -> list[torch.Tensor]:
+        """The output tensors of the collective, once it is complete (waits for it)."""
+        self.wait()
+        return list(self.outputs)
+
+    def exception(self) -> BaseException | None:
+        """The error the collective ended with, or None (so far, or because it succeeded)."""
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        """A Future of :meth:`result`, completed when this work is. gpucomm's works complete
+        inside ``wait()``, so this waits first; a failure is set on the Future, not raised."""
+        future: torch.futures.Future = torch.futures.Future()
+        try:
+            future.set_result(self.result())
+        except RuntimeError as err:
+            future.set_exception(err)
+        return future
 

@@ -78,9 +78,14 @@ def _train(rank: int, world_size: int, backend: str, init_method: str, seed: int
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     model = make_model(seed).to(device)
     ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    built = callable(state)  # a factory: the state is made from the DDP model, after it
+    if built:
+        state = state(ddp_model)
     if hook is not None:
         ddp_model.register_comm_hook(state, hook)
     losses, _ = train_steps(ddp_model, steps, seed=seed, rank=rank, batch=BATCH, lr=LR, device=device)
+    if built:
+        state.close()
     return {"losses": losses, "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()}}
 
 
@@ -235,6 +240,13 @@ def _matrix(rank: int, world_size: int, tmp: str, seed: int, device_type: str) -
         res["api"] = _torch_api_through_backend(rank, world_size)
     dist.destroy_process_group()
 
+    # The hooks on a DDP over a plain gloo group, with no gpucomm.init_process_group: the state
+    # builds its Communicator from the DDP model's process group, collectively, before training.
+    del lines[:]
+    res["hook_torch_group"] = _train(rank, world_size, "gloo", f"file://{tmp}/torch_group", seed, device, hook=ddp.allreduce_hook, state=lambda m: ddp.GpucommState(m.process_group))
+    res["hook_torch_group_log"] = list(lines)
+    dist.destroy_process_group()
+
     gpucomm.init_process_group(init_method=f"file://{tmp}/gpucomm", rank=rank, world_size=world_size)
     for name, hook in (("allreduce", ddp.allreduce_hook), ("bf16", ddp.bf16_compress_hook), ("fp16", ddp.fp16_compress_hook)):
         del lines[:]
@@ -248,6 +260,10 @@ def _matrix(rank: int, world_size: int, tmp: str, seed: int, device_type: str) -
     except TypeError as err:
         res["bad_state"] = str(err)
     gpucomm.destroy_process_group()
+    try:
+        ddp.GpucommState()  # neither gpucomm nor torch.distributed is initialized now
+    except gpucomm.NotInitializedError as err:
+        res["no_group"] = str(err)
     return res
 
 
@@ -326,6 +342,18 @@ def test_allreduce_hook_matches_gloo(runs) -> None:
     assert len(buckets) == STEPS and all(_on_workspace(runs, line) for line in buckets), rank0
 
 
+def test_hooks_on_any_torch_group(runs) -> None:
+    """DDP on a gloo group, no gpucomm.init_process_group: GpucommState(model.process_group)
+    builds the Communicator from that group, and training matches plain gloo."""
+    seed, results = runs.seed, runs.results
+    assert _same_on_all_ranks(results, "hook_torch_group")
+    diff = _rel_diff(results[0]["hook_torch_group"]["params"], results[0]["gloo"]["params"])
+    assert diff < 1e-6, f"seed {seed}: hook on a torch group vs gloo: relative difference {diff:.3g}"
+    rank0 = results[0]["hook_torch_group_log"]
+    buckets = [line for line in rank0 if line.startswith(f"gpucomm[rank 0]: all_reduce bytes={_bucket_bytes(results)} dtype=float32 op=AVG")]
+    assert len(buckets) == STEPS and all(_on_workspace(runs, line) for line in buckets), rank0
+
+
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_compressed_hooks_train(runs, name: str) -> None:
     seed, results = runs.seed, runs.results
@@ -363,6 +391,7 @@ def test_compressed_hooks_beat_torch(runs, name: str) -> None:
 def test_hook_state_is_checked(runs) -> None:
     results = runs.results
     assert "state must be a gpucomm.ddp.GpucommState or None, got str" in results[0]["bad_state"]
+    assert "gpucomm.ddp.GpucommState: no process group to reduce over" in results[0]["no_group"]
 
 
 # -- the Triton kernels, under the interpreter ------------------------------------------------
@@ -381,7 +410,7 @@ def _triton(rank: int, world_size: int, tmp: str, seed: int) -> dict:
     # the bf16 hook on the backend's own Communicator: Triton's bf16 rounding is done by hand
     # under the interpreter, so check it bitwise
     out = grads[rank].clone()
-    ddp.bf16_compress_hook(ddp.GpucommState(dist.group.WORLD.communicator), _Bucket(out)).wait()
+    ddp.bf16_compress_hook(ddp.GpucommState(dist.group.WORLD), _Bucket(out)).wait()  # the backend lends its Communicator
     dist.destroy_process_group()
     return {
         "diff": _rel_diff(res["params"], reference["params"]),
