@@ -6,6 +6,7 @@ how to start and stop it": ``adapter.mod.all_reduce(...)`` is the same call for 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
 import warnings
@@ -14,9 +15,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Backend", "BACKENDS", "gpucomm_api_available", "why_unavailable", "make_backend"]
+__all__ = ["Backend", "BACKENDS", "DEFAULT_TIMEOUT_S", "gpucomm_api_available", "why_unavailable", "make_backend",
+           "describe_gpucomm"]
 
 BACKENDS = ("gpucomm", "gloo", "nccl")
+
+# The torch backends' (and the bench's rendezvous store's) wait when --timeout is not given.
+# gpucomm then keeps its own (GPUCOMM_TIMEOUT, else also 300 s), so that its variable still works.
+DEFAULT_TIMEOUT_S = 300.0
 
 
 def gpucomm_api_available() -> bool:
@@ -73,11 +79,14 @@ def make_backend(
     world_size: int,
     device: torch.device,
     knobs: dict[str, str],
-    timeout_s: float,
+    timeout_s: float | None,
 ) -> Backend:
     """Initialise ``name`` on ``store`` (a fresh prefix per backend) and return its adapter.
 
     ``knobs`` (transport, kernels, algo) apply to gpucomm only; the torch backends ignore them.
+    gpucomm gets only the knobs given (and ``timeout_s`` only if given): for the rest it reads
+    its ``GPUCOMM_*`` variables and its own defaults, as in any program that uses it.
+    gpucomm's default group and torch.distributed's live side by side, each on its own prefix.
     """
     if name == "gpucomm":
         gpucomm = importlib.import_module("gpucomm")
@@ -96,8 +105,16 @@ def make_backend(
             store=store,
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=datetime.timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S),
             **extra,
         )
         return Backend(name, dist)
     raise ValueError(f"make_backend: expected a backend in {BACKENDS}, got {name!r}")
+
+
+def describe_gpucomm(backend: Backend) -> dict:
+    """What serves gpucomm's calls, read from its started default communicator:
+    ``{"paths": {"cpu": "workspace transport=shm kernels=torch"}, "config": {"transport": "auto", ...}}``
+    (``paths`` as ``Communicator.paths()`` words it, ``config`` the knobs as gpucomm resolved them)."""
+    comm = backend.mod.get_default_communicator()
+    return {"paths": comm.paths(), "config": dataclasses.asdict(comm.config)}

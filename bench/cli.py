@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from .backends import BACKENDS, gpucomm_api_available
+from .backends import BACKENDS, DEFAULT_TIMEOUT_S, gpucomm_api_available
 from .collectives import COLLECTIVES
 from .sizes import parse_size, size_sweep
 
@@ -29,30 +29,49 @@ def build_parser() -> argparse.ArgumentParser:
         description="Collective benchmarks in the conventions of nccl-tests (sizes, algbw/busbw, "
         "out-of-place and in-place, #wrong), and kernel bandwidth against torch's copy.",
     )
+    # Every option's help ends with its default: "%(default)s" where the value says it all, words
+    # where the default depends on the host or on gpucomm.
     p.add_argument("test", choices=(*COLLECTIVES, "all", "kernels"), help="what to measure")
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (8, 1K, 4M, 1G)")
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (median taken)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first")
-    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (1) or not (0)")
-    p.add_argument("-o", "--op", choices=OPS, default="sum", help="reduction of reducing collectives")
+    p.add_argument("-b", "--minbytes", type=parse_size, default="8",
+                   help="smallest size (8, 1K, 4M, 1G) (default: %(default)s)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default="32M", help="largest size (default: %(default)s)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0,
+                   help="size multiplier between rows (default: %(default)s)")
+    p.add_argument("-n", "--iters", type=int, default=20,
+                   help="timed iterations per size (median taken) (default: %(default)s)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first (default: %(default)s)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                   help="check results (1) or not (0) (default: %(default)s)")
+    p.add_argument("-o", "--op", choices=OPS, default="sum",
+                   help="reduction of reducing collectives (default: %(default)s)")
     p.add_argument("-d", "--datatype", choices=("float", "half", "bfloat16", "double", "int32", "int64"),
-                   default="float")
-    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter")
+                   default="float", help="element type (default: %(default)s)")
+    p.add_argument("-r", "--root", type=int, default=0,
+                   help="root of broadcast, reduce, gather, scatter (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds per size of a collective test; each measures every backend once, in "
+                   "alternating order, and the median over rounds is reported with its min-max spread "
+                   "(default: %(default)s)")
     p.add_argument("--nproc", type=int, default=None,
-                   help="local ranks to spawn (default: one per GPU, or 2 on CPU); ignored under torchrun")
+                   help="local ranks to spawn; ignored under torchrun (default: one per GPU, or 2 on CPU)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="backend under test (default gpucomm, or gloo where gpucomm's API is absent)")
-    p.add_argument("--compare", default="", help="comma list of peers to run on the same sizes: gloo,nccl")
-    p.add_argument("--transport", default=None, help="gpucomm knob: auto|shm|cuda_ipc|gloo")
-    p.add_argument("--kernels", default=None, help="gpucomm knob: auto|torch|triton|cuda")
-    p.add_argument("--algo", default=None, help="gpucomm knob: auto|oneshot|twoshot|ring|tree|direct")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
+                   help="backend under test (default: gpucomm, or gloo where gpucomm's API is absent)")
+    p.add_argument("--compare", default="",
+                   help="comma list of peers to run on the same sizes: gloo,nccl (default: none)")
+    knob = "(default: gpucomm's own: its GPUCOMM_{} variable, else auto)"
+    p.add_argument("--transport", default=None, help=f"gpucomm knob: auto|shm|cuda_ipc|gloo {knob.format('TRANSPORT')}")
+    p.add_argument("--kernels", default=None, help=f"gpucomm knob: auto|torch|triton|cuda {knob.format('KERNELS')}")
+    p.add_argument("--algo", default=None,
+                   help=f"gpucomm knob: auto|oneshot|twoshot|ring|tree|direct {knob.format('ALGO')}")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the tensors live; auto: CUDA if present (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds before a stuck collective fails (default: {DEFAULT_TIMEOUT_S:g}; "
+                   "gpucomm keeps its own, GPUCOMM_TIMEOUT or the same)")
     p.add_argument("--seed", type=int, default=None, help="seed of the check inputs (default: random)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write settings and every row as JSON")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot busbw against size")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write settings and every row as JSON (default: none)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot busbw against size (default: none)")
     return p
 
 
@@ -78,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    if args.rounds < 1:
+        raise ValueError(f"gpucomm-bench: --rounds must be >= 1, got {args.rounds}")
     if args.test == "kernels":
         from .kernels_bench import run_kernels
 
@@ -107,6 +128,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         argv=list(argv),
         step_factor=args.stepfactor,
         max_bytes=args.maxbytes,
+        rounds=args.rounds,
     )
     nproc = args.nproc
     if nproc is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["table_header", "table_row", "table_footer", "avg_busbw"]
+__all__ = ["table_header", "table_row", "table_footer", "avg_busbw", "comparison_table"]
 
 VARIANTS = ("out_of_place", "in_place")
 
@@ -65,3 +65,50 @@ def table_footer(rows: Sequence[dict], wrong: int) -> str:
             "#",
         ]
     )
+
+
+_SPREAD_WIDTH = 25  # "median [min-max]" with three 7-wide times
+
+
+def _spread(cell: dict | None) -> str:
+    if cell is None:
+        return f"{'N/A':>{_SPREAD_WIDTH}}"
+    low, high = _time(cell["time_min_us"]).strip(), _time(cell["time_max_us"]).strip()
+    return f"{_time(cell['time_us'])} [{low}-{high}]".rjust(_SPREAD_WIDTH)
+
+
+def _ratio(first: dict | None, other: dict | None, width: int) -> str:
+    if first is None or other is None:
+        return f"{'N/A':>{width}}"
+    return f"{first['time_us'] / other['time_us']:{width}.2f}"
+
+
+def comparison_table(collective: str, tables: Sequence[dict], rounds: int) -> str:
+    """Backends side by side for one collective: each one's median time with its spread over
+    rounds, and the first backend's time over each other's (below 1: the first is faster)."""
+    names = [t["backend"] for t in tables]
+    labels = [f"{names[0]}/{n}" for n in names[1:]]
+    widths = [max(len(label), 6) for label in labels]
+    block = sum(_SPREAD_WIDTH + 2 for _ in names) + sum(w + 2 for w in widths)
+    columns = "".join(f"  {n:>{_SPREAD_WIDTH}}" for n in names) + "".join(
+        f"  {label:>{w}}" for label, w in zip(labels, widths)
+    )
+    lines = [
+        "#",
+        f"# Comparison: {collective}    time (us): median [min-max] over {rounds} round{'s' * (rounds != 1)}"
+        f"    ratio: {names[0]}'s time / the other's (below 1: {names[0]} is faster)",
+        "#",
+        f"# {'':>10}" + "".join(f"{v.replace('_', '-'):>{block}}" for v in VARIANTS),
+        f"# {'size':>10}" + columns * len(VARIANTS),
+        f"# {'(B)':>10}",
+    ]
+    by_size = [{row["size"]: row for row in t["rows"]} for t in tables]
+    for size in sorted({size for rows in by_size for size in rows}):
+        line = f"  {size:>10}"
+        for variant in VARIANTS:
+            cells = [rows[size][variant] if size in rows else None for rows in by_size]
+            line += "".join(f"  {_spread(c)}" for c in cells)
+            line += "".join(f"  {_ratio(cells[0], c, w)}" for c, w in zip(cells[1:], widths))
+        lines.append(line)
+    lines.append("#")
+    return "\n".join(lines)

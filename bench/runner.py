@@ -1,8 +1,10 @@
-"""One rank of a collective benchmark: every backend × collective × size, checked and timed.
+"""One rank of a collective benchmark: every collective × size × round × backend, checked and timed.
 
-Every rank measures; rank 0 collects the other ranks' numbers through the rendezvous store
-(not through the backend under test, so that a broken backend cannot corrupt its own report),
-averages the per-rank medians and prints the tables.
+Every backend under test is started at once; for each collective and size, every round measures
+each backend once, in alternating order (see ``rounds.py``). Every rank measures; rank 0 collects
+the other ranks' numbers through the rendezvous store (not through a backend under test, so that
+a broken backend cannot corrupt its own report), combines them and prints each collective's
+tables once all its sizes are done.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from .backends import Backend, gpucomm_api_available, make_backend, why_unavailable
+from .backends import (
+    DEFAULT_TIMEOUT_S,
+    Backend,
+    describe_gpucomm,
+    gpucomm_api_available,
+    make_backend,
+    why_unavailable,
+)
 from .collectives import SPECS, Case, poison_value
 from .hostinfo import device_name, versions
-from .report import VARIANTS, avg_busbw, table_footer, table_header, table_row
+from .report import VARIANTS, avg_busbw, comparison_table, table_footer, table_header, table_row
+from .rounds import combine_rounds, round_order
 from .timing import time_calls
 
 __all__ = ["Settings", "run_rank", "DTYPES", "PLANT_ERROR_ENV"]
@@ -39,10 +49,6 @@ DTYPES = {
 # the run. Not a CLI option, so that nobody reaches for it by accident.
 PLANT_ERROR_ENV = "GPUCOMM_BENCH_PLANT_ERROR"
 
-# Defaults gpucomm gets on CPU unless the user names them: the shared-memory workspace with the
-# torch reference kernels (Triton on CPU only runs under its slow interpreter).
-CPU_GPUCOMM_KNOBS = {"transport": "shm", "kernels": "torch"}
-
 
 @dataclass
 class Settings:
@@ -55,15 +61,16 @@ class Settings:
     warmup: int
     check: bool
     backends: list[str]
-    knobs: dict[str, str]
+    knobs: dict[str, str]  # gpucomm's knobs the user passed; the rest are gpucomm's own (GPUCOMM_*)
     device: str  # auto | cpu | cuda
-    timeout_s: float
+    timeout_s: float | None  # None: DEFAULT_TIMEOUT_S, and gpucomm's own
     seed: int | None
     json_path: str | None
     plot_path: str | None
     argv: list[str] = field(default_factory=list)
     step_factor: float = 2.0
     max_bytes: int = 0  # as asked (-e); the last row may be smaller
+    rounds: int = 1
 
 
 def _device(kind: str, local_rank: int) -> torch.device:
@@ -136,8 +143,28 @@ def _measure(spec, case: Case, backend, inplace: bool, s: Settings) -> dict | No
     return {"seconds": seconds, "wrong": wrong}
 
 
+def _measure_rounds(spec, case: Case, backends: list[Backend], s: Settings, bar) -> dict:
+    """This rank's cells at one size: ``{name: {"rounds": [{variant: cell}, ...]}}`` per backend,
+    or ``{name: {"error": text}}`` for one that raised (it sits out the remaining rounds)."""
+    results: dict[str, dict] = {b.name: {"rounds": []} for b in backends}
+    for k in range(s.rounds):
+        for backend in round_order(backends, k):
+            if "error" in results[backend.name]:
+                continue
+            try:
+                cells = {v: _measure(spec, case, backend, v == "in_place", s) for v in VARIANTS}
+            except (RuntimeError, ValueError, TypeError) as err:
+                # Reported in the table (and failing the run for the backend under test);
+                # a backend refusing e.g. AVG on integers should not hide the others' results.
+                results[backend.name] = {"error": f"{type(err).__name__}: {err}".splitlines()[0]}
+                continue
+            results[backend.name]["rounds"].append(cells)
+        bar.update(1)
+    return results
+
+
 def _row(spec, case: Case, size: int, per_rank: list[dict], s: Settings) -> dict:
-    """Rank 0: average the per-rank medians into one nccl-tests row."""
+    """Rank 0: one backend's nccl-tests row from every rank's rounds."""
     row = {
         "size": size,
         "count": case.count,
@@ -146,115 +173,107 @@ def _row(spec, case: Case, size: int, per_rank: list[dict], s: Settings) -> dict
         "root": case.root if spec.rooted else -1,
     }
     for variant in VARIANTS:
-        cells = [p[variant] for p in per_rank]
-        if any(c is None for c in cells):
-            row[variant] = None
-            continue
-        seconds = sum(c["seconds"] for c in cells) / len(cells)
-        algbw = size / seconds / 1e9
-        wrongs = [c["wrong"] for c in cells]
-        row[variant] = {
-            "time_us": seconds * 1e6,
-            "algbw": algbw,
-            "busbw": algbw * spec.factor(case.world),
-            "wrong": None if None in wrongs else sum(wrongs),
-            "rank_time_us": [c["seconds"] * 1e6 for c in cells],
-        }
+        cells = [[measured[variant] for measured in p["rounds"]] for p in per_rank]
+        row[variant] = combine_rounds(size, spec.factor(case.world), cells)
     return row
+
+
+def _record(spec, case: Case, size: int, per_rank: list[dict], tables: dict[str, dict], s: Settings) -> None:
+    """Rank 0: each measured backend's row at this size, or its error, into its table."""
+    for name in per_rank[0]:
+        errors = [f"rank {r}: {p[name]['error']}" for r, p in enumerate(per_rank) if "error" in p[name]]
+        if errors:
+            tables[name]["error"] = "; ".join(errors)
+        else:
+            tables[name]["rows"].append(_row(spec, case, size, [p[name] for p in per_rank], s))
+
+
+def _show_bar() -> bool:
+    # Only where stdout and stderr are both terminals: where either goes to a log (CI, `2>&1`,
+    # `| tee`), the bar's redraws would land between the table rows.
+    return sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
-    # A terminal gets the bar at once; a log (CI, a pipe) only once the run has lasted a while.
-    return tqdm(total=total, file=sys.stderr, disable=not enabled, leave=False, unit="row",
-                delay=0 if sys.stdout.isatty() else 10)
+    return tqdm(total=total, file=sys.stderr, disable=not enabled, leave=False, unit="round")
 
 
 def _emit(bar, text: str) -> None:
-    """Print a report line; where stdout and the bar share a terminal, without tearing the bar."""
-    if not bar.disable and sys.stdout.isatty() and sys.stderr.isatty():
-        bar.write(text, file=sys.stdout)
-    else:
+    """Print a report line; through the bar where it is shown, so that the bar stays whole."""
+    if bar.disable:
         print(text, flush=True)
+    else:
+        bar.write(text, file=sys.stdout)
 
 
-def _run_backend(backend: Backend, rank, world, device, s: Settings, ex: _Exchange, bar, seed: int) -> list[dict]:
-    """All collectives on one started backend; returns rank 0's tables (empty list elsewhere)."""
-    name = backend.name
-    tables = []
+def _run_collective(coll: str, backends: list[Backend], rank, world, device, s: Settings, ex: _Exchange, bar,
+                    seed: int) -> list[dict]:
+    """Every size of one collective on every started backend; rank 0's tables (empty list elsewhere)."""
+    spec = SPECS[coll]
     dtype = DTYPES[s.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
-    try:
-        for coll in s.collectives:
-            spec = SPECS[coll]
-            table = {"backend": name, "collective": coll, "rows": [], "error": None, "skipped": None}
-            if rank == 0:
-                _emit(bar, f"#\n# Collective test: {coll}    backend: {name}\n#\n{table_header()}")
-            if world < spec.min_world:
-                table["skipped"] = f"{coll} needs at least {spec.min_world} ranks, this run has {world}"
-            seen = set()
-            for size in s.sizes if table["skipped"] is None else ():
-                count = spec.count_for(size, world, elem)
-                actual = spec.size_bytes(count, world, elem)
-                if actual in seen:  # rounding to whole elements maps several sizes to one
-                    continue
-                seen.add(actual)
-                case = Case(rank, world, count, dtype, device, s.op, s.root, seed)
-                try:
-                    payload = {v: _measure(spec, case, backend, v == "in_place", s) for v in VARIANTS}
-                except (RuntimeError, ValueError, TypeError) as err:
-                    # Reported in the table (and failing the run for the backend under test);
-                    # a backend refusing e.g. AVG on integers should not hide the others' results.
-                    payload = {"error": f"{type(err).__name__}: {err}".splitlines()[0]}
-                per_rank = ex.gather(payload)
-                if rank == 0:
-                    bar.update(1)
-                    errors = [f"rank {r}: {p['error']}" for r, p in enumerate(per_rank) if "error" in p]
-                    if errors:
-                        table["error"] = "; ".join(errors)
-                    else:
-                        row = _row(spec, case, actual, per_rank, s)
-                        table["rows"].append(row)
-                        _emit(bar, table_row(row))
-                # Rank 0 alone sees every rank's error: all ranks stop this collective together.
-                if ex.share(("stop" if table["error"] else "go") if rank == 0 else None) == "stop":
-                    break
-            if rank == 0:
-                table["wrong"] = sum(r[v]["wrong"] or 0 for r in table["rows"] for v in VARIANTS if r[v])
-                table["avg_busbw"] = avg_busbw(table["rows"])
-                if table["error"]:
-                    _emit(bar, f"# ERROR: {table['error']}")
-                if table["skipped"]:
-                    _emit(bar, f"# skipped: {table['skipped']}")
-                _emit(bar, table_footer(table["rows"], table["wrong"]))
-                tables.append(table)
-    finally:
-        backend.close()
-    return tables
+    tables = {b.name: {"backend": b.name, "collective": coll, "rows": [], "error": None, "skipped": None}
+              for b in backends}
+    sizes = s.sizes
+    if world < spec.min_world:
+        for table in tables.values():
+            table["skipped"] = f"{coll} needs at least {spec.min_world} ranks, this run has {world}"
+        sizes = []
+    active = list(backends)
+    seen = set()
+    for size in sizes:
+        count = spec.count_for(size, world, elem)
+        actual = spec.size_bytes(count, world, elem)
+        if actual in seen:  # rounding to whole elements maps several sizes to one
+            continue
+        seen.add(actual)
+        case = Case(rank, world, count, dtype, device, s.op, s.root, seed)
+        per_rank = ex.gather(_measure_rounds(spec, case, active, s, bar))
+        if rank == 0:
+            _record(spec, case, actual, per_rank, tables, s)
+        # Rank 0 alone sees every rank's error: all ranks drop a failed backend from this
+        # collective together, and go on with the others.
+        failed = json.loads(ex.share(json.dumps([n for n, t in tables.items() if t["error"]]) if rank == 0 else None))
+        active = [b for b in active if b.name not in failed]
+        if not active:
+            break
+    if rank != 0:
+        return []
+    for table in tables.values():
+        table["wrong"] = sum(r[v]["wrong"] or 0 for r in table["rows"] for v in VARIANTS if r[v])
+        table["avg_busbw"] = avg_busbw(table["rows"])
+    return list(tables.values())
+
+
+def _table_text(table: dict) -> str:
+    lines = [f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n#", table_header()]
+    lines += [table_row(row) for row in table["rows"]]
+    if table["error"]:
+        lines.append(f"# ERROR: {table['error']}")
+    if table["skipped"]:
+        lines.append(f"# skipped: {table['skipped']}")
+    lines.append(table_footer(table["rows"], table["wrong"]))
+    return "\n".join(lines)
+
+
+def _print_collective(tables: list[dict], s: Settings, bar) -> None:
+    """Rank 0: each backend's nccl-tests table, then the backends side by side."""
+    for table in tables:
+        _emit(bar, _table_text(table))
+    measured = [t for t in tables if t["rows"]]
+    if len(measured) >= 2:
+        _emit(bar, comparison_table(measured[0]["collective"], measured, s.rounds))
 
 
 def _rank_info(device: torch.device) -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device), "device_name": device_name(device)}
 
 
-def run_rank(s: Settings) -> int:
-    """Run this rank (RANK/WORLD_SIZE/MASTER_* in the environment); 0 if every check passed."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-    store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=s.timeout_s)))
-    device = _device(s.device, local_rank)
-    if not 0 <= s.root < world:
-        raise ValueError(f"gpucomm-bench: -r/--root must be in [0, {world}), got {s.root}")
-    ex = _Exchange(store, rank, world)
-    seed = int(ex.share(str(s.seed if s.seed is not None else random.randrange(1 << 31)) if rank == 0 else None))
-    infos = ex.gather(_rank_info(device))
-
-    knobs = dict(s.knobs)
-    cpu_defaults = {}
-    if device.type == "cpu":
-        cpu_defaults = {k: v for k, v in CPU_GPUCOMM_KNOBS.items() if k not in knobs}
-        knobs.update(cpu_defaults)
+def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -> tuple[list[str], list[dict]]:
+    """The backends that can run here, and the peers that cannot with the reason; raises for the
+    backend under test."""
     runnable, skipped = [], []
     for i, name in enumerate(s.backends):
         reason = why_unavailable(name, device, world, local_world)
@@ -265,25 +284,60 @@ def run_rank(s: Settings) -> int:
             raise ValueError(f"gpucomm-bench: backend {name} cannot run here: {reason}{hint}")
         else:
             skipped.append({"backend": name, "reason": reason})
+    return runnable, skipped
 
-    bar = _progress(len(runnable) * len(s.collectives) * len(s.sizes), rank == 0)
-    if rank == 0:
-        _emit(bar, _header(s, world, seed, knobs, cpu_defaults, infos, skipped))
-    tables = []
-    for name in runnable:
+
+def _start_backends(names: list[str], store: dist.Store, rank, world, device, s: Settings,
+                    skipped: list[dict]) -> list[Backend]:
+    """Start every backend at once, each on its own store prefix, so that rounds can alternate."""
+    started = []
+    for name in names:
         prefixed = dist.PrefixStore(f"bench/{name}", store)
+        knobs = s.knobs if name == "gpucomm" else {}
         try:
-            backend = make_backend(name, prefixed, rank, world, device, knobs if name == "gpucomm" else {}, s.timeout_s)
+            started.append(make_backend(name, prefixed, rank, world, device, knobs, s.timeout_s))
         except (RuntimeError, ValueError, TypeError) as err:
             if name == s.backends[0]:
                 raise
             # A peer that cannot start here is reported, not allowed to sink the backend under test.
             skipped.append({"backend": name, "reason": f"init failed: {type(err).__name__}: {err}"})
+    return started
+
+
+def run_rank(s: Settings) -> int:
+    """Run this rank (RANK/WORLD_SIZE/MASTER_* in the environment); 0 if every check passed."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    timeout = datetime.timedelta(seconds=s.timeout_s or DEFAULT_TIMEOUT_S)
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    device = _device(s.device, local_rank)
+    if not 0 <= s.root < world:
+        raise ValueError(f"gpucomm-bench: -r/--root must be in [0, {world}), got {s.root}")
+    ex = _Exchange(store, rank, world)
+    seed = int(ex.share(str(s.seed if s.seed is not None else random.randrange(1 << 31)) if rank == 0 else None))
+    infos = ex.gather(_rank_info(device))
+
+    runnable, skipped = _runnable(s, device, world, local_world)
+    backends = _start_backends(runnable, store, rank, world, device, s, skipped)
+    try:
+        # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
+        served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
+        bar = _progress(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and _show_bar())
+        if rank == 0:
+            _emit(bar, _header(s, world, seed, served, device, infos, skipped))
+        by_backend: dict[str, list[dict]] = {b.name: [] for b in backends}
+        for coll in s.collectives:
+            tables = _run_collective(coll, backends, rank, world, device, s, ex, bar, seed)
             if rank == 0:
-                _emit(bar, f"# {name}: not run: {skipped[-1]['reason']}")
-            continue
-        tables += _run_backend(backend, rank, world, device, s, ex, bar, seed)
-    bar.close()
+                _print_collective(tables, s, bar)
+            for table in tables:
+                by_backend[table["backend"]].append(table)
+        bar.close()
+    finally:
+        for backend in backends:
+            backend.close()
+    # Backend by backend, as the JSON has always listed them.
+    tables = [t for name in by_backend for t in by_backend[name]]
 
     failed = None
     if rank == 0:
@@ -294,7 +348,7 @@ def run_rank(s: Settings) -> int:
             f"# FAILED: {wrong} wrong value(s), {len(primary_errors)} collective(s) with errors on {s.backends[0]}"
         )
         if s.json_path:
-            _write_json(s, world, seed, knobs, infos, skipped, tables, failed)
+            _write_json(s, world, seed, served, infos, skipped, tables, failed)
         if s.plot_path:
             from .plot import plot_tables
 
@@ -305,24 +359,27 @@ def run_rank(s: Settings) -> int:
     return code
 
 
-def _header(s: Settings, world, seed, knobs, cpu_defaults, infos, skipped) -> str:
+def _gpucomm_line(served: dict, device: torch.device) -> str:
+    """``# gpucomm: cpu tensors -> workspace transport=shm kernels=torch (transport=auto ...)``:
+    the path that served this run's tensors, then the knobs as gpucomm resolved them."""
+    config = served["config"]
+    knobs = " ".join(f"{k}={config[k]}" for k in ("transport", "kernels", "algo", "check"))
+    return f"# gpucomm: {device.type} tensors -> {served['paths'][device.type]} ({knobs})"
+
+
+def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
+    timing = "# time: median over iterations of each rank, averaged over ranks"
+    if s.rounds > 1:
+        timing += f", median over {s.rounds} rounds (backends in alternating order)"
     lines = [
         f"# gpucomm-bench {' '.join(s.argv)}",
         f"# world {world}  minBytes {s.sizes[0]}  maxBytes {s.max_bytes or s.sizes[-1]}  step: {s.step_factor:g}(factor)"
         f"  warmup iters: {s.warmup}  iters: {s.iters}  validation: {int(s.check)}  seed: {seed}",
         f"# dtype {s.dtype}  op {s.op}  root {s.root}  backends: {', '.join(s.backends)}",
-        "# time: median over iterations of each rank, averaged over ranks"
-        f" ({'CUDA events' if infos[0]['device'].startswith('cuda') else 'wall clock'})",
+        f"{timing} ({'CUDA events' if device.type == 'cuda' else 'wall clock'})",
     ]
-    if "gpucomm" in s.backends:
-        shown = " ".join(f"{k}={v}" for k, v in sorted(knobs.items())) or "auto"
-        lines.append(f"# gpucomm knobs: {shown}")
-        if cpu_defaults:
-            shown = " ".join(f"{k}={v}" for k, v in sorted(cpu_defaults.items()))
-            lines.append(
-                f"# CPU run: {shown} by default (gpucomm on CPU = its shared-memory workspace path with "
-                "the torch kernels; --transport/--kernels override)"
-            )
+    if served is not None:
+        lines.append(_gpucomm_line(served, device))
     for item in skipped:
         lines.append(f"# {item['backend']}: not run: {item['reason']}")
     lines.append("#\n# Using devices")
@@ -331,12 +388,13 @@ def _header(s: Settings, world, seed, knobs, cpu_defaults, infos, skipped) -> st
     return "\n".join(lines)
 
 
-def _write_json(s: Settings, world, seed, knobs, infos, skipped, tables, failed) -> None:
+def _write_json(s: Settings, world, seed, served, infos, skipped, tables, failed) -> None:
     settings = asdict(s)
     settings.update(
         world_size=world,
         seed=seed,
-        gpucomm_knobs=knobs if "gpucomm" in s.backends else None,
+        gpucomm_knobs=s.knobs if "gpucomm" in s.backends else None,
+        gpucomm=served,
         host=infos[0]["host"],
         device_name=infos[0]["device_name"],
         ranks=infos,

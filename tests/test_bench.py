@@ -1,16 +1,26 @@
-"""gpucomm-bench end to end on CPU: every collective with 2 ranks, the JSON, the plot, a planted error."""
+"""gpucomm-bench end to end on CPU: every collective with 2 ranks, the JSON, the plot, a planted error,
+rounds against gloo, the path gpucomm took, --help, and the progress bar kept out of logs."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import pty
+import re
+import select
+import statistics
+import struct
 import subprocess
 import sys
+import termios
+import time
 
 import pytest
 
 from gpucomm._bench.backends import gpucomm_api_available
+from gpucomm._bench.rounds import round_order
 from gpucomm._bench.sizes import parse_size, size_sweep
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
@@ -32,15 +42,49 @@ SPLIT = {"all_gather", "reduce_scatter", "alltoall", "gather", "scatter"}
 NO_IN_PLACE = {"alltoall", "sendrecv"}
 ELEM = {"float": 4, "half": 2, "bfloat16": 2, "int32": 4}
 SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
+TINY = ["-b", "8", "-e", "512", "-f", "8", "-n", "2", "-w", "1"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+BAR = re.compile(r"\d+%\|")  # tqdm's "  0%|" at the start of every drawing of the bar
+requires_gpucomm = pytest.mark.skipif(not gpucomm_api_available(),
+                                      reason="gpucomm's collective API is not in this install yet")
 
 
-def _bench(args: list[str], env: dict[str, str] | None = None, timeout: float = 150.0) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    # gpucomm's defaults unless a test sets a variable: none inherited from the shell.
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_")}
     full_env.pop("RANK", None)  # the CLI must spawn its own ranks, not think it runs under torchrun
     full_env.pop("WORLD_SIZE", None)
-    return subprocess.run([sys.executable, "-m", "gpucomm._bench.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    return {**full_env, **(env or {})}
+
+
+def _bench(args: list[str], env: dict[str, str] | None = None, timeout: float = 150.0,
+           **streams: object) -> subprocess.CompletedProcess:
+    streams = streams or {"capture_output": True}
+    return subprocess.run([sys.executable, "-m", "gpucomm._bench.cli", *args], text=True, timeout=timeout,
+                          env=_env(env), **streams)
+
+
+def _bench_on_terminal(args: list[str], stderr_too: bool, timeout: float = 150.0) -> tuple[int, str, str]:
+    """Run with stdout on a pseudo-terminal (stderr too, or a pipe): (exit status, terminal text, stderr)."""
+    master, slave = pty.openpty()
+    # A terminal has a size; tqdm draws nothing on one of 0 columns.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "gpucomm._bench.cli", *args], env=_env(None),
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave if stderr_too else subprocess.PIPE)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    while select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every process holding the terminal has exited
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return code, b"".join(chunks).decode(errors="replace"), stderr
 
 
 def _check_tables(data: dict, backends: list[str], collectives, world: int, dtype: str, max_bytes: int) -> None:
@@ -86,6 +130,11 @@ def test_size_sweep():
         size_sweep(64, 8, 2)
 
 
+def test_round_order_alternates():
+    assert [round_order(["gpucomm", "gloo", "nccl"], k) for k in range(3)] == [
+        ["gpucomm", "gloo", "nccl"], ["nccl", "gloo", "gpucomm"], ["gpucomm", "gloo", "nccl"]]
+
+
 def test_gloo_all_collectives(tmp_path):
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     proc = _bench(["all", "--backend", "gloo", "--nproc", "2", *SMALL, "--json", str(out_json), "--plot", str(out_png)])
@@ -111,33 +160,137 @@ def test_gloo_odd_world_root_dtype_op(tmp_path):
     assert all(row["root"] == 2 for t in rooted for row in t["rows"])
 
 
-@pytest.mark.skipif(not gpucomm_api_available(), reason="gpucomm's collective API is not in this install yet")
+@requires_gpucomm
 def test_gpucomm_against_gloo(tmp_path):
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     proc = _bench(["all", "--backend", "gpucomm", "--compare", "gloo", "--nproc", "2", *SMALL,
                    "--json", str(out_json), "--plot", str(out_png)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "transport=shm" in proc.stdout and "kernels=torch" in proc.stdout  # the CPU defaults, said
     data = json.loads(out_json.read_text())
-    assert data["settings"]["gpucomm_knobs"] == {"transport": "shm", "kernels": "torch"}
+    # The library's default path, not knobs of the bench's choosing: on one host, CPU tensors go
+    # to the shared-memory workspace; the header says so, as the started communicator words it.
+    assert data["settings"]["gpucomm_knobs"] == {}
+    served = data["settings"]["gpucomm"]
+    assert served["config"]["transport"] == "auto"
+    assert served["paths"]["cpu"].startswith("workspace transport=shm ")
+    assert f"# gpucomm: cpu tensors -> {served['paths']['cpu']} (transport=auto kernels=auto algo=auto " in proc.stdout
     _check_tables(data, ["gpucomm", "gloo"], COLLECTIVES, 2, "float", 65536)
     assert out_png.read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize("backend", ["gloo", "gpucomm"])
-def test_planted_error_fails(tmp_path, backend):
+@requires_gpucomm
+def test_transport_option_and_gpucomm_variables(tmp_path):
+    """--transport gloo changes the path the header states; GPUCOMM_* variables reach gpucomm."""
+    out_json = tmp_path / "r.json"
+    proc = _bench(["all_reduce", "--nproc", "2", *TINY, "--transport", "gloo", "--json", str(out_json)],
+                  env={"GPUCOMM_CHECK": "off", "GPUCOMM_TIMEOUT": "77"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# gpucomm: cpu tensors -> gloo (transport=gloo kernels=auto algo=auto check=off)" in proc.stdout
+    settings = json.loads(out_json.read_text())["settings"]
+    assert settings["gpucomm_knobs"] == {"transport": "gloo"}
+    assert settings["gpucomm"]["paths"]["cpu"] == "gloo"
+    assert settings["gpucomm"]["config"]["timeout"] == 77.0  # not overridden by the bench's --timeout default
+
+
+def _printed(text: str, us: float) -> bool:
+    """Whether ``text`` is ``us`` as the tables print times (2, 1 or 0 decimals as it grows)."""
+    half_step = 0.005 if us < 100 else 0.05 if us < 10000 else 0.5
+    return abs(float(text) - us) <= half_step + 1e-9
+
+
+def _comparison_rows(stdout: str, collective: str) -> list[list[str]]:
+    """The data rows of one comparison table, split into fields."""
+    lines = stdout.split(f"# Comparison: {collective} ", 1)[1].splitlines()[1:]
+    rows = []
+    for line in lines:
+        if line.startswith("#") and rows:
+            return rows
+        if not line.startswith("#"):
+            rows.append(line.split())
+    raise AssertionError(f"comparison table of {collective} has no end")
+
+
+@requires_gpucomm
+def test_rounds_against_gloo(tmp_path):
+    out_json = tmp_path / "r.json"
+    proc = _bench(["all_reduce", "--compare", "gloo", "--nproc", "2", *TINY, "--rounds", "3", "--json", str(out_json)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "median over 3 rounds (backends in alternating order)" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert data["settings"]["rounds"] == 3
+    _check_tables(data, ["gpucomm", "gloo"], ["all_reduce"], 2, "float", 512)
+    times = {}  # (backend, size, variant) -> cell
+    for table in data["tables"]:
+        for row in table["rows"]:
+            for variant in ("out_of_place", "in_place"):
+                cell = row[variant]
+                rounds = cell["round_time_us"]
+                assert len(rounds) == 3
+                assert cell["time_us"] == statistics.median(rounds)
+                assert cell["time_min_us"] == min(rounds) <= cell["time_us"] <= cell["time_max_us"] == max(rounds)
+                times[table["backend"], row["size"], variant] = cell
+    # size, then per variant: gpucomm's "median [min-max]", gloo's, the ratio column.
+    assert re.search(r"^#\s+size\s+gpucomm\s+gloo\s+gpucomm/gloo\s+gpucomm\s+gloo\s+gpucomm/gloo$", proc.stdout, re.M)
+    rows = _comparison_rows(proc.stdout, "all_reduce")
+    assert [int(r[0]) for r in rows] == [row["size"] for row in data["tables"][0]["rows"]]
+    for fields in rows:
+        size = int(fields[0])
+        for variant, (ours, spread, _, _, ratio) in zip(("out_of_place", "in_place"), (fields[1:6], fields[6:11])):
+            cell = times["gpucomm", size, variant]
+            low, high = spread.strip("[]").split("-")
+            for text, us in ((ours, cell["time_us"]), (low, cell["time_min_us"]), (high, cell["time_max_us"])):
+                assert _printed(text, us), (text, us)
+            expected = cell["time_us"] / times["gloo", size, variant]["time_us"]
+            assert abs(float(ratio) - expected) <= 0.005 + 1e-9
+
+
+@pytest.mark.parametrize("backend,rounds", [("gloo", 1), ("gpucomm", 2)])
+def test_planted_error_fails(tmp_path, backend, rounds):
     if backend == "gpucomm" and not gpucomm_api_available():
         pytest.skip("gpucomm's collective API is not in this install yet")
     out_json = tmp_path / "r.json"
     proc = _bench(["all_gather", "--backend", backend, "--nproc", "2", "-b", "8", "-e", "512", "-f", "8", "-n", "1",
-                   "-w", "0", "--json", str(out_json)], env={"GPUCOMM_BENCH_PLANT_ERROR": "1"})
+                   "-w", "0", "--rounds", str(rounds), "--json", str(out_json)], env={"GPUCOMM_BENCH_PLANT_ERROR": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "# Out of bounds values : " in proc.stdout and "FAILED" in proc.stdout
     data = json.loads(out_json.read_text())
     assert data["failed"] is True
     (table,) = data["tables"]
-    # One corrupted element per checking rank (all ranks check all_gather), per row and variant.
-    assert all(row[v]["wrong"] == 2 for row in table["rows"] for v in ("out_of_place", "in_place"))
+    # One corrupted element per checking rank (all ranks check all_gather), per row, variant and round.
+    assert all(row[v]["wrong"] == 2 * rounds for row in table["rows"] for v in ("out_of_place", "in_place"))
+
+
+def test_help_shows_every_default():
+    proc = _bench(["--help"])
+    assert proc.returncode == 0, proc.stderr
+    # One block per option: its names, then its help, wrapped onto indented lines.
+    section = proc.stdout.split("\noptions:\n", 1)[1]
+    blocks = {b.split()[0].rstrip(","): " ".join(b.split()) for b in re.split(r"\n(?=  -)", section) if b.strip()}
+    assert len(blocks) >= 22, list(blocks)  # -h and the 21 options of today
+    for name, block in blocks.items():
+        assert name == "-h" or "(default: " in block, block
+    assert blocks["--rounds"].endswith("(default: 1)")
+    assert blocks["-e"].endswith("(default: 32M)")
+
+
+GLOO_TINY = ["all_reduce", "--backend", "gloo", "--nproc", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "1", "-w", "0"]
+
+
+def test_no_bar_in_one_log():
+    """stdout and stderr into one pipe (CI, `2>&1`): the tables, and no progress bar among them."""
+    proc = _bench(GLOO_TINY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout
+    assert "# Out of bounds values : 0 OK" in proc.stdout
+    assert not BAR.search(proc.stdout) and "\r" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("stderr_too", [False, True], ids=["stderr-in-a-log", "both-on-a-terminal"])
+def test_bar_only_when_both_streams_are_terminals(stderr_too):
+    code, terminal, stderr = _bench_on_terminal(GLOO_TINY, stderr_too)
+    assert code == 0, terminal + stderr
+    assert "# Out of bounds values : 0 OK" in terminal
+    assert bool(BAR.search(terminal)) is stderr_too, terminal
+    assert not BAR.search(stderr), stderr
 
 
 def test_kernels_cpu(tmp_path):
