@@ -189,8 +189,9 @@ def init_process_group(
     """Join the default group: rendezvous, then build the gloo group and the workspace.
 
     Args:
-        backend: None, "gpucomm" or "nccl": gpucomm's paths (the workspace for CUDA tensors,
-            gloo for CPU tensors unless GPUCOMM_TRANSPORT=shm); "gloo": every call through gloo;
+        backend: None, "gpucomm" or "nccl": gpucomm's paths (the CUDA IPC workspace for CUDA
+            tensors; for CPU tensors the shared-memory workspace when every rank is on this host,
+            gloo otherwise); "gloo": every call through gloo;
             device maps such as "cuda:nccl,cpu:gloo" as torch writes them.
         init_method: "env://" (default; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,
             LOCAL_WORLD_SIZE), "tcp://host:port" or "file://path".

@@ -1,7 +1,8 @@
 """The examples of docs/torch-integration.md and README.md's usage example run as written.
 
 Each example is a whole script (env:// rendezvous, as torchrun sets it up); a rank runs them one
-after another, each with a port of its own, on the default path and with GPUCOMM_TRANSPORT=shm.
+after another, each with a port of its own, on the default path (the shared-memory workspace
+here) and on gpucomm's gloo path (GPUCOMM_TRANSPORT=gloo).
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ def test_there_is_an_example_of_each_client() -> None:
         assert needle in text, needle
 
 
-@pytest.mark.parametrize("path", ["default", "shm"])
+@pytest.mark.parametrize("path", ["default", "gloo"])
 def test_torch_integration_examples_run(path: str) -> None:
     scripts = examples("docs/torch-integration.md")
-    env = {"OMP_NUM_THREADS": "1", **({"GPUCOMM_TRANSPORT": "shm", "GPUCOMM_KERNELS": "torch"} if path == "shm" else {})}
+    env = {"OMP_NUM_THREADS": "1", **({"GPUCOMM_TRANSPORT": "gloo"} if path == "gloo" else {})}
     ran = run_ranks(_run_scripts, 2, scripts, [free_port() for _ in scripts], env=env, timeout=400)
     assert ran == [len(scripts)] * 2
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,9 +25,13 @@ print(json.dumps(found))
 
 
 def test_wheel_install_finds_every_kernel(tmp_path: Path) -> None:
+    # Built from a copy of the sources: setuptools builds in the source tree, and a build/ folder
+    # left there by an earlier build would bring files that no longer exist into the wheel.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__"))
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
         cwd=tmp_path,
