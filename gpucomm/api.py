@@ -39,6 +39,7 @@ __all__ = [
     "get_world_size",
     "get_backend",
     "get_default_communicator",
+    "graph_safe",
     "get_process_group_ranks",
     "get_global_rank",
     "get_group_rank",
@@ -580,6 +581,23 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: object = None, ta
     if comm is None:
         return None
     return comm.irecv(tensor, _group_rank(comm, src, group_src, "irecv", "src", default=None), tag)
+
+
+def graph_safe(group: object = None) -> bool:
+    """Whether collectives on CUDA tensors of ``group`` (default: the default group) can be
+    captured in a CUDA graph now: its GPU workspace runs the program kernel and nothing failed.
+
+    Warm up first: run each collective once, eagerly, with the tensors the graph will use (its
+    program is built on first use); then capture it on a side stream as any CUDA graph, e.g.::
+
+        gpucomm.all_reduce(t)                       # warm-up: builds the program
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            gpucomm.all_reduce(t)
+        t.copy_(fresh); g.replay()                  # every replay reduces what t holds then
+    """
+    comm = _group(group, "graph_safe")
+    return comm is not None and comm.graph_safe()
 
 
 def barrier(group: object = None, async_op: bool = False, device_ids: Sequence[int] | None = None, timeout: datetime.timedelta | None = None) -> Work | None:

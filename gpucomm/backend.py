@@ -28,11 +28,13 @@ What torch's stack asks of a process group besides the collectives, and where it
   has no counterpart of. gpucomm's own ``init_process_group(device_id=...)`` pins the device.
 - ``options``: the :class:`Options` given as ``pg_options``, or the defaults.
 
-Completion: collectives finish before returning a torch ``Work`` made from a completed
-``torch.futures.Future`` (CUDA-aware where the tensors are on a GPU, so that a waiter's stream is
-ordered after the collective's kernels). Point-to-point calls do not: ``send`` and ``recv``
-return at once with a :class:`_P2PWork` whose ``wait()`` completes them, so that any legal
-pattern of ``isend``/``irecv`` (rings, both directions, ``batch_isend_irecv``) completes.
+Completion: every collective is started asynchronously and returns a torch ``Work`` made from
+the Future of gpucomm's Work (gpucomm.work): completed on gloo's thread when gloo finishes, in
+stream order on a GPU (a CUDA-aware Future on the communicator's stream), at once where the
+collective ran in the caller's thread (the shared-memory workspace). So DDP's buckets reduce
+while its backward pass goes on. Point-to-point calls return at once with a :class:`_P2PWork`
+whose ``wait()`` completes them, so that any legal pattern of ``isend``/``irecv`` (rings, both
+directions, ``batch_isend_irecv``) completes.
 
 Method names: torch 2.13 calls ``all_gather_single``, ``reduce_scatter_single``,
 ``all_to_all_single`` and their ``*_coalesced`` forms; torch 2.11 calls ``_allgather_base``,
@@ -185,101 +187,106 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
 
     # -- reductions -----------------------------------------------------------------------------
     def allreduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         op = _reduce_op(opts, "allreduce")
         tensors = _as_list(tensors)
         for t in tensors:
             if t.is_sparse:
                 _sparse_all_reduce(self.communicator, t, op)
             else:
-                self.communicator.all_reduce(t, op)
-        return _done(tensors)
+                works.append(self.communicator.all_reduce(t, op, async_op=True))
+        return _pending(works, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: object = None, op: object = None) -> dist.Work:
+        works: list[Work | None] = []
         if isinstance(opts, int):  # torch's Python overload reduce(tensor, root, op=SUM)
             root, rop = opts, ReduceOp.SUM if op is None else as_reduce_op(op, "reduce")
         else:
             root, rop = _field(opts, "rootRank", 0), _reduce_op(opts, "reduce")
         tensors = _as_list(tensors)
         for t in tensors:
-            self.communicator.reduce(t, root, rop)
-        return _done(tensors)
+            works.append(self.communicator.reduce(t, root, rop, async_op=True))
+        return _pending(works, tensors)
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         op = _reduce_op(opts, "reduce_scatter")
         for out, inputs in zip(_as_list(output_tensors), input_tensors, strict=True):
-            self.communicator.reduce_scatter(out, list(inputs), op)
-        return _done(_as_list(output_tensors))
+            works.append(self.communicator.reduce_scatter(out, list(inputs), op, async_op=True))
+        return _pending(works, _as_list(output_tensors))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
-        self.communicator.reduce_scatter_tensor(output, input, _reduce_op(opts, "reduce_scatter_tensor"))
-        return _done([output])
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: object = None) -> dist.Work:
-        for out, inp in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(out, inp, opts)
-        return _done(list(outputs))
+        op = _reduce_op(opts, "reduce_scatter_tensor")
+        works = [self.communicator.reduce_scatter_tensor(out, inp, op, async_op=True) for out, inp in zip(outputs, inputs, strict=True)]
+        return _pending(works, list(outputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # -- data movement --------------------------------------------------------------------------
     def broadcast(self, tensors: torch.Tensor | list[torch.Tensor], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         # torch's Python overload broadcast(tensor, root) arrives with an int in place of opts
         root = opts if isinstance(opts, int) else _field(opts, "rootRank", 0)
         tensors = _as_list(tensors)
         for t in tensors:
-            self.communicator.broadcast(t, root)
-        return _done(tensors)
+            works.append(self.communicator.broadcast(t, root, async_op=True))
+        return _pending(works, tensors)
 
     def allgather(self, output_tensors: list, input_tensors: torch.Tensor | list[torch.Tensor], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         inputs = _as_list(input_tensors)
         # torch's Python overload allgather(list[Tensor], Tensor) passes one flat output list
         outputs = [output_tensors] if isinstance(input_tensors, torch.Tensor) else output_tensors
         for outs, inp in zip(outputs, inputs, strict=True):
-            self.communicator.all_gather(list(outs), inp)
-        return _done([t for outs in outputs for t in outs])
+            works.append(self.communicator.all_gather(list(outs), inp, async_op=True))
+        return _pending(works, [t for outs in outputs for t in outs])
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         # torch hands the outputs rank-major: output_lists[r][k] receives input_list[k] of rank r.
         if len(output_lists) != self.communicator.world_size:
             raise ValueError(f"gpucomm backend allgather_coalesced: expected {self.communicator.world_size} output lists (one per rank), got {len(output_lists)}")
         for k, inp in enumerate(input_list):
-            self.communicator.all_gather([outs[k] for outs in output_lists], inp)
-        return _done([t for outs in output_lists for t in outs])
+            works.append(self.communicator.all_gather([outs[k] for outs in output_lists], inp, async_op=True))
+        return _pending(works, [t for outs in output_lists for t in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
-        self.communicator.all_gather_into_tensor(output, input)
-        return _done([output])
+        return self.all_gather_single_coalesced([output], [input], opts)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: object = None) -> dist.Work:
-        for out, inp in zip(outputs, inputs, strict=True):
-            self.all_gather_single(out, inp, opts)
-        return _done(list(outputs))
+        works = [self.communicator.all_gather_into_tensor(out, inp, async_op=True) for out, inp in zip(outputs, inputs, strict=True)]
+        return _pending(works, list(outputs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         root = _field(opts, "rootRank", 0)
         gather_list = list(output_tensors[0]) if self.communicator.rank == root else None
-        self.communicator.gather(_one(input_tensors, "gather"), gather_list, root)
-        return _done(gather_list or [])
+        works.append(self.communicator.gather(_one(input_tensors, "gather"), gather_list, root, async_op=True))
+        return _pending(works, gather_list or [])
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: object = None) -> dist.Work:
+        works: list[Work | None] = []
         root = _field(opts, "rootRank", 0)
         scatter_list = list(input_tensors[0]) if self.communicator.rank == root else None
         out = _one(output_tensors, "scatter")
-        self.communicator.scatter(out, scatter_list, root)
-        return _done([out])
+        works.append(self.communicator.scatter(out, scatter_list, root, async_op=True))
+        return _pending(works, [out])
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
-        self.communicator.all_to_all(list(output_tensors), list(input_tensors))
-        return _done(list(output_tensors))
+        work = self.communicator.all_to_all(list(output_tensors), list(input_tensors), async_op=True)
+        return _pending([work], list(output_tensors))
 
     def all_to_all_single(
         self,
@@ -290,8 +297,8 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         opts: object = None,
     ) -> dist.Work:
         # torch passes empty split lists for "equal splits"; the Communicator reads None or [] so
-        self.communicator.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes))
-        return _done([output])
+        work = self.communicator.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes), async_op=True)
+        return _pending([work], [output])
 
     alltoall_base = all_to_all_single
 
@@ -309,8 +316,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         return _P2PWork(self.communicator.irecv(t, None, tag), [t])
 
     def barrier(self, opts: object = None) -> dist.Work:
-        self.communicator.barrier()
-        return _done([])
+        return _pending([self.communicator.barrier(async_op=True)], [])
 
 
 class _P2PWork(dist.Work):
@@ -412,6 +418,24 @@ def _future(tensors: list[torch.Tensor]) -> torch.futures.Future:
 
 def _done(tensors: list[torch.Tensor]) -> dist.Work:
     return _create_work_from_future(_future(tensors))
+
+
+def _pending(works: Sequence[Work | None], tensors: list[torch.Tensor]) -> dist.Work:
+    """A torch Work that completes when every gpucomm Work has (gloo's thread, or stream order on
+    a GPU), without anyone waiting: DDP chains its bucket's next steps on its Future, so the
+    all-reduces run while the backward pass goes on."""
+    futures = [w.get_future() for w in works if w is not None]
+    if not futures:
+        return _done(tensors)
+    combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+
+    def result(done: torch.futures.Future) -> list[torch.Tensor]:
+        values = done.value()  # raises the collective's error
+        for inner in values if len(futures) > 1 else ():
+            inner.value()
+        return tensors
+
+    return _create_work_from_future(combined.then(result))
 
 
 # -- registration -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import re
 import weakref
 import zlib
@@ -40,7 +41,8 @@ from gpucomm.validation import (
     check_tensor,
     check_tensor_list,
 )
-from gpucomm.work import Work
+from gpucomm.watchdog import watch
+from gpucomm.work import StreamEnd, Work
 
 __all__ = ["Communicator", "release_all"]
 
@@ -289,24 +291,76 @@ class Communicator:
         if log.logger.isEnabledFor(logging.INFO):
             detail = {"path": "gloo"} if algo is None else {"path": "workspace", **engine.describe(algo)}
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
+        if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            self._check_capturable(fn, engine, algo)
         try:
-            if algo is None:
-                path: object = self._fallback
-                if fn not in _POINT_TO_POINT and self.config.check != "off":
-                    self._agree(fn, tensor, fields)
+            if algo is not None and engine.stream is not None:
+                work = self._on_stream(fn, engine, _Planned(engine, algo), serve, finish)
             else:
-                path = _Planned(engine, algo)
-            work = serve(path)
+                # gloo's works run on gloo's threads; the host workspace runs in this thread (a
+                # collective has run on return, send/recv progress in wait()).
+                if algo is None and fn not in _POINT_TO_POINT and self.config.check != "off":
+                    self._agree(fn, tensor, fields)
+                work = serve(self._fallback if algo is None else _Planned(engine, algo))
+                if finish is not None:
+                    work = Work([work], finish=finish)
         except RuntimeError as err:
             raise translate(err) from err
-        if finish is not None:
-            work = Work([work], finish=finish)
         work._on_error = translate
         work.outputs = list(outputs)
+        work.blocking = self.config.blocking_wait
+        work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
+        if (engine is not None and engine.stream is not None and not torch.cuda.is_current_stream_capturing()) or (algo is None and async_op):
+            watch(work, fn, self.timeout, self._fail, self.rank)
         if async_op:
             return work
         work.wait()
         return None
+
+    def _on_stream(self, fn: str, engine: Engine, path: _Planned, serve: Callable[[object], Work], finish: Callable[[], None] | None) -> Work:
+        """Queue a collective on the engine's CUDA stream, after the caller's stream; its Work
+        ends with the event recorded after it (and after its write-back, when it has one)."""
+        with engine.on_stream():
+            inner = serve(path)
+            if finish is not None:
+                finish()
+            end = torch.cuda.Event()
+            end.record(engine.stream)
+        check = getattr(engine.executor, "check")
+        work = Work([inner, StreamEnd(end, engine.stream, check, fn, self.rank)])
+        work.side_stream = engine.side_stream
+        return work
+
+    def _check_capturable(self, fn: str, engine: Engine | None, algo: str | None) -> None:
+        """A collective captured into a CUDA graph must run entirely on the device."""
+        reason = None
+        if algo is None:
+            reason = "it is served by gloo here"
+        elif engine.kernels.name == "torch":
+            reason = "the torch kernels wait on the host (use GPUCOMM_KERNELS=triton or cuda)"
+        elif fn in _POINT_TO_POINT or fn in _UNEVEN_SIZES or algo == "hierarchical":
+            reason = "its schedule is decided on the host between launches"
+        if reason is not None:
+            raise UnsupportedError(f"gpucomm.{fn}: cannot be captured in a CUDA graph: {reason}")
+
+    def graph_safe(self) -> bool:
+        """Whether collectives on CUDA tensors of this communicator can be captured in a CUDA
+        graph now: a GPU workspace that runs the program kernel, and no failure so far. Run each
+        collective once, eagerly, before capturing it: its program is built on first use."""
+        engine = self._engines.get("cuda")
+        return engine is not None and engine.kernels.name != "torch" and self._broken is None and not self._closed
+
+    def _fail(self, error: BaseException) -> None:
+        """The watchdog found ``error``: the communicator is broken from now on; one line says
+        why; with GPUCOMM_ASYNC_ERROR_HANDLING=abort the process ends here."""
+        if self._closed:
+            return  # a collective cut short by destroy_process_group is no news
+        if self._broken is None:
+            self._broken = error
+        log.logger.error(f"gpucomm[rank {self.rank}]: watchdog: {error}")
+        if self.config.async_error_handling == "abort":
+            logging.shutdown()
+            os.abort()
 
     def _agree(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> None:
         """Gloo path: all ranks compare a fingerprint of the call before any data moves."""

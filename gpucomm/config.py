@@ -11,12 +11,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-__all__ = ["Config", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Config", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HANDLING", "DEFAULT_TIMEOUT_S"]
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
 ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct")
 CHECKS = ("fingerprint", "full", "off")
+ASYNC_ERROR_HANDLING = ("raise", "abort")
 
 DEFAULT_TIMEOUT_S = 300.0
 # 8 MiB of data per rank: a quarter for the send/recv mailboxes, then two 3 MiB halves that
@@ -39,6 +40,8 @@ class Config:
     local_world_size: int | None = None
     check: str = "fingerprint"
     channels: int = 0  # 0: auto (gpucomm.engine chooses)
+    blocking_wait: bool = False  # Work.wait() on a GPU blocks the host too
+    async_error_handling: str = "raise"  # a failure the watchdog finds: raise at the next call, or abort
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -91,6 +94,13 @@ def _parse(name: str, value: object) -> object:
         if not seconds > 0:
             raise ValueError(f"gpucomm: GPUCOMM_TIMEOUT must be a positive number of seconds, got {value!r}")
         return float(seconds)
+    if name == "blocking_wait":
+        text = str(value).strip().lower()
+        if text not in ("0", "1", "false", "true"):
+            raise ValueError(f"gpucomm: GPUCOMM_BLOCKING_WAIT must be 0 or 1, got {value!r}")
+        return text in ("1", "true")
+    if name == "async_error_handling":
+        return choice(ASYNC_ERROR_HANDLING)
     if name == "channels":
         text = str(value).strip().lower()
         if text in ("auto", "0"):

@@ -123,16 +123,17 @@ def _average(state: GpucommState | None, bucket: dist.GradBucket, dtype: torch.d
     # No division before the reduce (torch's hooks divide first to keep fp16 sums from
     # overflowing): the sum is taken in fp32 inside the reduce, so it cannot overflow, and
     # dividing once afterwards saves a rounding in 16 bits.
-    comm.all_reduce(wire, ReduceOp.AVG)
-    if wire is not buffer:
-        buffer.copy_(wire)  # decompress in place, as torch does, to keep peak memory down
-    # The collective has returned and its kernels are queued on the current stream: a CUDA
-    # Future records that stream now, and DDP's wait orders its own stream after it.
-    fut: torch.futures.Future[torch.Tensor] = (
-        torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else torch.futures.Future()
-    )
-    fut.set_result(buffer)
-    return fut
+    work = comm.all_reduce(wire, ReduceOp.AVG, async_op=True)
+
+    def decompress(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # raises the collective's error
+        if wire is not buffer:
+            buffer.copy_(wire)  # decompress in place, as torch does, to keep peak memory down
+        return buffer
+
+    # The Future completes when the all-reduce does (gloo's thread, or the communicator's CUDA
+    # stream), so DDP goes on with the backward pass meanwhile.
+    return work.get_future().then(decompress)
 
 
 def allreduce_hook(state: GpucommState | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

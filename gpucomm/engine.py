@@ -23,7 +23,8 @@ Send/recv do not touch the epochs: see :mod:`gpucomm.algorithms.p2p`.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Sequence
+import contextlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -131,6 +132,11 @@ class Engine:
             timeout=comm.timeout,
         )
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
+        # On a GPU the collectives of this communicator run on a stream of their own, in order,
+        # each after the caller's stream (as ProcessGroupNCCL's); Futures complete on a side
+        # stream that waits for one collective's end and nothing after it.
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         try:
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
@@ -165,6 +171,16 @@ class Engine:
         from gpucomm.device_executor import DeviceExecutor
 
         return DeviceExecutor(self)
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """Run what is inside on this engine's stream, after the caller's current stream's work."""
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            yield
 
     def close(self) -> None:
         try:
@@ -343,12 +359,9 @@ class Engine:
         return self.completed()
 
     def completed(self) -> Work:
-        """The Work of a collective whose kernels were all issued on the current stream."""
-        if self.device.type != "cuda":
-            return Work()
-        event = torch.cuda.Event()
-        event.record()
-        return Work(event=event)
+        """The Work of a collective whose kernels were all issued (the communicator adds the
+        end of its stream on a GPU)."""
+        return Work()
 
 
 def _channels(knob: int, kernels: str, device: torch.device, world_size: int) -> int:

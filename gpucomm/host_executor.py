@@ -93,6 +93,9 @@ class HostExecutor:
         """Syncs done so far (every channel's epoch: the host runs one)."""
         return self._epoch
 
+    def check(self) -> None:
+        """Errors of this executor raise where they happen: nothing is left to report later."""
+
     def run(self, program: Program) -> None:
         key = ("host", self._epoch % 2)
         steps = program.cache.get(key)

@@ -1,0 +1,141 @@
+"""Does DDP's gradient communication overlap the backward pass? Step times of one model, side by side.
+
+Every rank trains the same MLP (wide enough that its backward pass takes milliseconds, with
+several gradient buckets) on CPU tensors, under DDP on a gloo process group, in these modes:
+
+- ``compute``: ``no_sync()``: the backward pass alone, no communication;
+- ``gloo``: DDP's own all-reduce on gloo (torch overlaps it with the backward pass);
+- ``hook``: gpucomm's ``allreduce_hook`` on gpucomm's gloo path (asynchronous: the hook returns
+  the Future of an all-reduce still in flight);
+- ``hook-blocking``: the same hook waiting for its all-reduce before returning (no overlap), the
+  behaviour before gpucomm's Works completed in the background;
+- ``hook-shm``: gpucomm's hook on the default path of one host, the shared-memory workspace,
+  where the all-reduce runs in the caller's thread.
+
+Modes take turns in rounds (a different order each round), and each figure is the median over
+rounds of the median step time in a round, with the spread (min-max over rounds). Overlap shows as
+``hook`` close to ``gloo`` and below ``hook-blocking``.
+
+Example::
+
+    OMP_NUM_THREADS=1 python -m gpucomm._bench.ddp_overlap --nproc 2 --rounds 5 --json ddp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import time
+
+__all__ = ["main", "MODES"]
+
+MODES = ("compute", "gloo", "hook", "hook-blocking", "hook-shm")
+
+
+def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gpucomm import ddp
+    from gpucomm.communicator import Communicator
+    from gpucomm.config import Config
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
+    store = dist.distributed_c10d._get_default_store()
+    comms = {
+        "hook": Communicator(store, rank, world, prefix="overlap/gloo/", config=Config.from_env(transport="gloo")),
+        "hook-shm": Communicator(store, rank, world, prefix="overlap/shm/", config=Config.from_env(transport="shm")),
+    }
+
+    def blocking_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP checks annotations as objects)
+        fut = ddp.allreduce_hook(state, bucket)
+        fut.wait()
+        return fut
+
+    def wrapped(mode: str) -> DistributedDataParallel:
+        """A DDP wrapper of the same layers with the mode's hook (a hook is registered once per wrapper)."""
+        model = DistributedDataParallel(layers, bucket_cap_mb=args.bucket_mb)
+        if mode.startswith("hook"):
+            comm = comms["hook-shm" if mode == "hook-shm" else "hook"]
+            model.register_comm_hook(ddp.GpucommState(comm=comm), blocking_hook if mode == "hook-blocking" else ddp.allreduce_hook)
+        return model
+
+    batch = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
+
+    def steps(model: DistributedDataParallel, mode: str) -> list[float]:
+        times = []
+        for _ in range(args.steps):
+            dist.barrier()
+            start = time.perf_counter()
+            if mode == "compute":
+                with model.no_sync():
+                    model(batch).square().mean().backward()
+            else:
+                model(batch).square().mean().backward()
+            times.append(time.perf_counter() - start)
+            model.zero_grad(set_to_none=True)
+        return times
+
+    rounds: dict[str, list[float]] = {m: [] for m in MODES}
+    for r in range(args.rounds):
+        for mode in MODES if r % 2 == 0 else tuple(reversed(MODES)):
+            model = wrapped(mode)
+            steps(model, mode)  # warm-up
+            rounds[mode].append(statistics.median(steps(model, mode)))
+    for comm in comms.values():
+        comm.close()
+    dist.destroy_process_group()
+    results.put((rank, rounds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpucomm._bench.ddp_overlap", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of every mode, alternating")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per mode and round (median taken)")
+    p.add_argument("--width", type=int, default=1024, help="width of the MLP's layers")
+    p.add_argument("--layers", type=int, default=8, help="layers of the MLP")
+    p.add_argument("--batch", type=int, default=64, help="samples per rank and step")
+    p.add_argument("--bucket-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
+    p.add_argument("--json", default=None, metavar="FILE", help="write settings and every round's medians")
+    args = p.parse_args(argv)
+    ctx = multiprocessing.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_step_times, args=(r, args.nproc, port, args, results)) for r in range(args.nproc)]
+    for proc in procs:
+        proc.start()
+    per_rank = dict(results.get(timeout=3600) for _ in procs)
+    for proc in procs:
+        proc.join()
+    # A step ends when the slowest rank's does: the figure of a round is the largest rank median.
+    rounds = {m: [max(per_rank[r][m][k] for r in per_rank) for k in range(args.rounds)] for m in MODES}
+    print(f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
+          f" buckets of {args.bucket_mb:g} MB; median [min-max] over {args.rounds} rounds, ms")
+    base = statistics.median(rounds["gloo"])
+    for mode in MODES:
+        values = rounds[mode]
+        med = statistics.median(values)
+        print(f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "rounds_s": rounds}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
