@@ -55,3 +55,15 @@ def test_readme_usage_example_runs_on_this_host() -> None:
     script = readme_usage()
     assert "import gpucomm as dist" in script
     assert run_ranks(_run_scripts, 3, [script], [free_port()], env={"OMP_NUM_THREADS": "1"}, timeout=120) == [1] * 3
+
+
+def test_readme_lists_every_knob() -> None:
+    import dataclasses
+
+    from gpucomm.config import Config
+
+    with open(os.path.join(_REPO, "README.md")) as f:
+        table = [line for line in f if line.startswith("| `GPUCOMM_")]
+    listed = {line.split("`")[1] for line in table}
+    knobs = {f"GPUCOMM_{field.name.upper()}" for field in dataclasses.fields(Config)}
+    assert listed == knobs, f"missing from README: {sorted(knobs - listed)}; not knobs: {sorted(listed - knobs)}"
