@@ -27,7 +27,7 @@ import torch.distributed as dist
 from gpucomm import dtypes, log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
-from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
@@ -293,7 +293,7 @@ class Communicator:
             if algo is None:
                 path: object = self._fallback
                 if fn not in _POINT_TO_POINT and self.config.check != "off":
-                    self._agree(fn, tensor, fields)
+                    path = self._fallback.checked(_fingerprint(fn, tensor, fields), self._describe(fn, tensor, fields))
             else:
                 path = _Planned(engine, algo)
             work = serve(path)
@@ -308,25 +308,19 @@ class Communicator:
         work.wait()
         return None
 
-    def _agree(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> None:
-        """Gloo path: all ranks compare a fingerprint of the call before any data moves."""
-        parts: list[object] = [fn, *sorted(fields.items())]
-        if tensor is not None:
-            parts.append(tensor.dtype)
-            if fn not in _UNEVEN_SIZES:
-                parts.append(tensor.numel())
-        fingerprint = zlib.crc32(repr(parts).encode())
-        seen = self._fallback.all_fingerprints(fingerprint)
-        differ = [r for r, f in enumerate(seen) if f != fingerprint]
-        if differ:
-            error = CommMismatchError(
-                f"gpucomm.{fn} call {self._calls}: rank {self.rank} called {fn} with "
-                f"{', '.join(f'{k}={v}' for k, v in fields.items()) or 'no options'}"
-                f"{'' if tensor is None else f', {tensor.numel()} x {tensor.dtype}'}, but rank(s) {differ} "
+    def _describe(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> Callable[[list[int]], str]:
+        """The words of a gloo-path mismatch of this call, given the ranks that called something else."""
+        call = self._calls
+
+        def describe(differ: list[int]) -> str:
+            options = ", ".join(f"{k}={v}" for k, v in fields.items()) or "no options"
+            size = "" if tensor is None else f", {tensor.numel()} x {tensor.dtype}"
+            return (
+                f"gpucomm.{fn} call {call}: rank {self.rank} called {fn} with {options}{size}, but rank(s) {differ} "
                 f"called something else (a different collective, size, dtype, op or root)"
             )
-            self._broken = error
-            raise error
+
+        return describe
 
     # -- collectives --------------------------------------------------------------------------
     # Each method validates the caller's tensors, then hands the path their wire form
@@ -553,6 +547,17 @@ def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
         return ReduceOp.SUM, scale, "PREMUL_SUM"
     rop = as_reduce_op(op, fn)
     return rop, None, rop.name
+
+
+def _fingerprint(fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> int:
+    """What every rank must agree on for the call: the collective, its options (op, root, the
+    caller's dtype), the wire dtype and, but for all_to_all, the element count."""
+    parts: list[object] = [fn, *sorted(fields.items())]
+    if tensor is not None:
+        parts.append(tensor.dtype)
+        if fn not in _UNEVEN_SIZES:
+            parts.append(tensor.numel())
+    return zlib.crc32(repr(parts).encode())
 
 
 def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:
