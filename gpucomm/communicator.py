@@ -28,7 +28,7 @@ import torch.distributed as dist
 from gpucomm import dtypes, log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
-from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
@@ -297,11 +297,15 @@ class Communicator:
             if algo is not None and engine.stream is not None:
                 work = self._on_stream(fn, engine, _Planned(engine, algo), serve, finish)
             else:
-                # gloo's works run on gloo's threads; the host workspace runs in this thread (a
+                # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
+                # first exchange: gpucomm.gloo_checked); the host workspace runs in this thread (a
                 # collective has run on return, send/recv progress in wait()).
-                if algo is None and fn not in _POINT_TO_POINT and self.config.check != "off":
-                    self._agree(fn, tensor, fields)
-                work = serve(self._fallback if algo is None else _Planned(engine, algo))
+                path: object = self._fallback
+                if algo is not None:
+                    path = _Planned(engine, algo)
+                elif fn not in _POINT_TO_POINT and self.config.check != "off":
+                    path = self._fallback.checked(_fingerprint(fn, tensor, fields), self._describe(fn, tensor, fields))
+                work = serve(path)
                 if finish is not None:
                     work = Work([work], finish=finish)
         except RuntimeError as err:
@@ -362,25 +366,19 @@ class Communicator:
             logging.shutdown()
             os.abort()
 
-    def _agree(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> None:
-        """Gloo path: all ranks compare a fingerprint of the call before any data moves."""
-        parts: list[object] = [fn, *sorted(fields.items())]
-        if tensor is not None:
-            parts.append(tensor.dtype)
-            if fn not in _UNEVEN_SIZES:
-                parts.append(tensor.numel())
-        fingerprint = zlib.crc32(repr(parts).encode())
-        seen = self._fallback.all_fingerprints(fingerprint)
-        differ = [r for r, f in enumerate(seen) if f != fingerprint]
-        if differ:
-            error = CommMismatchError(
-                f"gpucomm.{fn} call {self._calls}: rank {self.rank} called {fn} with "
-                f"{', '.join(f'{k}={v}' for k, v in fields.items()) or 'no options'}"
-                f"{'' if tensor is None else f', {tensor.numel()} x {tensor.dtype}'}, but rank(s) {differ} "
+    def _describe(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> Callable[[list[int]], str]:
+        """The words of a gloo-path mismatch of this call, given the ranks that called something else."""
+        call = self._calls
+
+        def describe(differ: list[int]) -> str:
+            options = ", ".join(f"{k}={v}" for k, v in fields.items()) or "no options"
+            size = "" if tensor is None else f", {tensor.numel()} x {tensor.dtype}"
+            return (
+                f"gpucomm.{fn} call {call}: rank {self.rank} called {fn} with {options}{size}, but rank(s) {differ} "
                 f"called something else (a different collective, size, dtype, op or root)"
             )
-            self._broken = error
-            raise error
+
+        return describe
 
     # -- collectives --------------------------------------------------------------------------
     # Each method validates the caller's tensors, then hands the path their wire form
@@ -607,6 +605,17 @@ def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
         return ReduceOp.SUM, scale, "PREMUL_SUM"
     rop = as_reduce_op(op, fn)
     return rop, None, rop.name
+
+
+def _fingerprint(fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> int:
+    """What every rank must agree on for the call: the collective, its options (op, root, the
+    caller's dtype), the wire dtype and, but for all_to_all, the element count."""
+    parts: list[object] = [fn, *sorted(fields.items())]
+    if tensor is not None:
+        parts.append(tensor.dtype)
+        if fn not in _UNEVEN_SIZES:
+            parts.append(tensor.numel())
+    return zlib.crc32(repr(parts).encode())
 
 
 def _sent_as(tensor: torch.Tensor, wire: torch.Tensor) -> dict[str, str]:

@@ -9,6 +9,9 @@ the workspace path:
 - AVG is a SUM followed by one division in the accumulation type; on integers it truncates
   towards zero (gloo refuses AVG on integers).
 
+With ``GPUCOMM_CHECK`` on, the communicator calls the collectives through :meth:`GlooFallback.checked`
+(:mod:`gpucomm.gloo_checked`), which compares every rank's fingerprint of the call first.
+
 Ranks here are ranks of this group. Every method returns a :class:`gpucomm.work.Work`.
 """
 
@@ -20,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from gpucomm.gloo_checked import CheckedGloo, SlotPool
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.work import Work
 
@@ -64,6 +68,13 @@ class GlooFallback:
         self.rank = rank
         self.world_size = world_size
         self.pg = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
+        self._slot_pool = SlotPool(world_size)  # the buffers of checked calls (gpucomm.gloo_checked)
+
+    def checked(self, fingerprint: int, describe: Callable[[list[int]], str]) -> CheckedGloo:
+        """These collectives for one call, with every rank's fingerprint of it compared before
+        any result is written (:mod:`gpucomm.gloo_checked`); ``describe(ranks)`` words the
+        :class:`CommMismatchError` naming the ranks that called something else."""
+        return CheckedGloo(self, self.pg, self._slot_pool, self.rank, fingerprint, describe)
 
     def close(self) -> None:
         """Stop gloo's threads and release the group now, while the interpreter is whole.
@@ -73,6 +84,7 @@ class GlooFallback:
         finalising interpreter ends any thread that asks for it. Idempotent.
         """
         pg, self.pg = self.pg, None
+        self._slot_pool.clear()
         shutdown = getattr(pg, "shutdown", None)
         if shutdown is not None:
             shutdown()
@@ -186,13 +198,6 @@ class GlooFallback:
         work = Work([gloo_work])
         work._finish = lambda: setattr(work, "source", gloo_work._source_rank())
         return work
-
-    def all_fingerprints(self, fingerprint: int) -> list[int]:
-        """Every rank's fingerprint of the call about to run (one small allgather)."""
-        mine = torch.tensor([fingerprint], dtype=torch.int64)
-        seen = [torch.empty(1, dtype=torch.int64) for _ in range(self.world_size)]
-        self.pg.allgather([seen], [mine]).wait()
-        return [int(t.item()) for t in seen]
 
     def barrier(self) -> Work:
         return Work([self.pg.barrier(dist.BarrierOptions())])

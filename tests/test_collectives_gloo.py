@@ -1,4 +1,5 @@
-"""Every primitive × op × dtype × size on CPU tensors through the gloo fallback, world sizes 1-4."""
+"""Every primitive × op × dtype × size on CPU tensors through the gloo fallback, world sizes 1-4,
+at sizes on both sides of the checked path's thresholds too."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ def _matrix(rank: int, world_size: int, seed: int) -> tuple[list[str], list[str]
     import io
     import logging
 
+    import torch
+
     import gpucomm
-    from collective_matrix import Matrix, run_everything
+    from collective_matrix import DTYPES, Matrix, run_everything
+    from gpucomm.gloo_checked import capacity
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -22,6 +26,12 @@ def _matrix(rank: int, world_size: int, seed: int) -> tuple[list[str], list[str]
     logging.getLogger("gpucomm").addHandler(handler)
     m = Matrix(seed)
     run_everything(m)
+    # Both sides of the checked path's thresholds (gpucomm.gloo_checked): the most elements a
+    # slot carries and one more, for all_to_all (whose pairs carry up to n + 2) and the rest.
+    for dtype in DTYPES:
+        size = torch.empty(0, dtype=dtype).element_size()
+        most, most_a2a = capacity("all_reduce", world_size) // size, capacity("all_to_all", world_size) // size - 2
+        run_everything(m, sizes=(most_a2a, most_a2a + 1, most, most + 1), dtypes=(dtype,))
     gpucomm.destroy_process_group()
     return m.failures, m.digests, stream.getvalue().splitlines()
 
