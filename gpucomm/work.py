@@ -140,6 +140,7 @@ class Work:
         self._finished = not self._pending and finish is None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._fail_lock = threading.Lock()  # one translation of a failure (it may ask the peers)
         self.blocking = False  # GPUCOMM_BLOCKING_WAIT: wait() blocks the host on a GPU too
         self.keep: tuple = ()  # buffers the collective uses, held until it is complete
         self.side_stream: torch.cuda.Stream | None = None  # where a GPU Future is completed
@@ -179,7 +180,11 @@ class Work:
                 _wait_one(p, block, seconds)
             self._run_finish()
         except RuntimeError as err:
-            raise self._fail(err) from err
+            error = self._fail(err)
+            if seconds is not None and isinstance(error, CommTimeoutError) and error.timeout != seconds:
+                # The wait's own timeout ran out, not the communicator's: say so.
+                error = CommTimeoutError(error.op, error.epoch, error.rank, error.missing, seconds, detail="the timeout given to Work.wait()")
+            raise error from err
         return True
 
     def result(self) -> list[torch.Tensor]:
@@ -234,8 +239,9 @@ class Work:
             _settle(future, None, self.outputs)
 
     def _fail(self, err: RuntimeError) -> BaseException:
-        if self._error is None:
-            self._error = err if self._on_error is None else self._on_error(err)
+        with self._fail_lock:  # the caller and the watchdog may both see the failure
+            if self._error is None:
+                self._error = err if self._on_error is None else self._on_error(err)
         self.keep = ()
         with self._lock:
             waiters, self.waiters = self.waiters, []
