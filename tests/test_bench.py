@@ -242,6 +242,21 @@ def test_rounds_against_gloo(tmp_path):
                 assert _printed(text, us), (text, us)
             expected = cell["time_us"] / times["gloo", size, variant]["time_us"]
             assert abs(float(ratio) - expected) <= 0.005 + 1e-9
+    # The markdown summary of the same JSON: one row per size, the same medians and ratios.
+    summary = subprocess.run([sys.executable, "-m", "gpucomm._bench.summarize", str(out_json)],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    md_rows = [line.split("|")[1:-1] for line in summary.stdout.splitlines() if re.match(r"\| \d", line)]
+    assert [r[0].strip() for r in md_rows] == [_size_label(row["size"]) for row in data["tables"][0]["rows"]]
+    for fields, row in zip(md_rows, data["tables"][0]["rows"]):
+        for variant, (ours, _, ratio) in zip(("out_of_place", "in_place"), (fields[1:4], fields[4:7])):
+            cell = times["gpucomm", row["size"], variant]
+            assert math.isclose(float(ours.split()[0]), cell["time_us"], rel_tol=5e-4), (ours, cell)  # 4 digits
+            assert abs(float(ratio) - cell["time_us"] / times["gloo", row["size"], variant]["time_us"]) <= 0.005 + 1e-9
+
+
+def _size_label(nbytes: int) -> str:
+    return f"{nbytes // 1024} KiB" if nbytes >= 1024 and nbytes % 1024 == 0 else f"{nbytes} B"
 
 
 @pytest.mark.parametrize("backend,rounds", [("gloo", 1), ("gpucomm", 2)])
