@@ -1,31 +1,86 @@
 #!/usr/bin/env bash
-# The whole GPU check in one call, for a lent GPU machine (see docs/benchmarks.md):
-#   versions, MPS, tests/gpu, the kernel benchmark and the main collectives at 2 and 4 ranks
-#   beside gloo on CUDA tensors. Logs and JSON go to $OUT (or ./gpu-check-out).
-# Run from the repository root:  bash bench/gpu_check.sh
+# The GPU check for a lent GPU machine, in parts that each end well inside a 10-minute call
+# (see ../docs/benchmarks.md and docs/results/). Run from the repository root:
+#
+#   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
+#   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
+#   bash bench/gpu_check.sh tests     # tests/gpu
+#   bash bench/gpu_check.sh cpu       # the CPU suite's fast files on this machine's torch and triton
+#
+# Every part installs gpucomm first (kernels/ and bench/ exist as gpucomm._kernels and
+# gpucomm._bench only after an install), starts MPS if it can and stops it on exit, runs each step
+# under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
+# brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
+part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|tests|cpu}
 out=${OUT:-gpu-check-out}
-mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-bench() { python3 -m gpucomm._bench.cli "$@"; }
+work=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+status=0
+summary=()
+
+step() {  # step NAME SECONDS COMMAND...: run under timeout, log to $work/NAME.log, note the outcome
+    local name=$1 limit=$2
+    shift 2
+    timeout --kill-after=10 "$limit" "$@" >"$work/$name.log" 2>&1
+    local rc=$?
+    summary+=("$name: exit $rc$([ $rc -ge 124 ] && echo " (timed out after ${limit}s)")")
+    [ $rc -eq 0 ] || status=1
+    tail -n 5 "$work/$name.log"
+}
+
+finish() {
+    [ "${mps:-off}" = on ] && echo quit | nvidia-cuda-mps-control
+    mkdir -p "$out"
+    tar -czf "$out/$part.tar.gz" -C "$work" .
+    printf '%s\n' "--- gpu_check $part" "${summary[@]}"
+}
+trap finish EXIT
+
+pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 || { echo "install failed"; cat "$work/install.log"; exit 1; }
 {
     nvidia-smi -L
-    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
     python3 -c "import cupy; print('cupy', cupy.__version__)" || echo "cupy: not importable"
-} 2>&1 | tee "$out/versions.txt"
+} >"$work/versions.txt" 2>&1
 
 # MPS lets the ranks' kernels run at the same time on the one GPU; without it they take turns.
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-if nvidia-cuda-mps-control -d 2>>"$out/versions.txt"; then mps=on; else mps=off; fi
-echo "MPS: $mps" | tee -a "$out/versions.txt"
+if nvidia-cuda-mps-control -d 2>>"$work/versions.txt"; then mps=on; else mps=off; fi
+echo "MPS: $mps" >>"$work/versions.txt"
+cat "$work/versions.txt"
 
-status=0
-python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/tests_gpu.log" || status=1
-bench kernels -b 4K -e 256M -f 4 --json "$out/kernels.json" 2>&1 | tee "$out/bench.log" || status=1
-# One JSON per world size (the device tool brings back at most 8 files).
-for p in 2 4; do
-    bench all --nproc "$p" -b 8 -e 64M -f 4 --compare gloo --json "$out/collectives_np$p.json" 2>&1 | tee -a "$out/bench.log" || status=1
-done
-[ "$mps" = on ] && echo quit | nvidia-cuda-mps-control
+bench() { python3 -m gpucomm._bench.cli "$@"; }
+main4="all_reduce all_gather reduce_scatter broadcast"
+case $part in
+bench2)
+    step kernels 150 bench kernels -b 4K -e 256M -f 4 --json "$work/kernels.json"
+    for c in $main4; do
+        step "${c}_np2" 100 bench "$c" --nproc 2 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np2.json"
+    done
+    step latency_np2 60 bench all_reduce --nproc 2 -b 8 -e 64K -f 2 -n 200 -w 20 --rounds 3 --compare gloo --json "$work/latency_np2.json"
+    step launches 60 python3 -m gpucomm._bench.launches --nproc 2 --json "$work/launches.json"
+    ;;
+bench4)
+    for c in $main4; do
+        step "${c}_np4" 100 bench "$c" --nproc 4 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np4.json"
+    done
+    for algo in oneshot twoshot ring tree; do
+        step "all_reduce_${algo}_np4" 60 bench all_reduce --nproc 4 -b 8 -e 64M -f 8 --algo "$algo" --json "$work/all_reduce_${algo}_np4.json"
+    done
+    step nccl_np2 30 bench all_reduce --nproc 2 -b 8 -e 8K -f 8 --backend nccl   # NCCL refuses two ranks on one GPU
+    ;;
+tests)
+    step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
+    ;;
+cpu)
+    step tests_cpu 540 python3 -m pytest -q -p no:cacheprovider tests/test_program.py tests/test_stream_ordered.py \
+        tests/test_kernels.py tests/test_cuda_compile.py tests/test_triton_aot.py tests/test_api_surface.py
+    ;;
+*)
+    echo "unknown part: $part (bench2|bench4|tests|cpu)" >&2
+    exit 2
+    ;;
+esac
 exit $status
