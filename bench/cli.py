@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     p.add_argument("--nproc", type=int, default=None,
                    help="local ranks to spawn; ignored under torchrun (default: one per GPU, or 2 on CPU)")
+    p.add_argument("--bind", choices=("auto", "none", "core"), default="auto",
+                   help="cores of spawned ranks: core binds each to one core of its own, auto does so where "
+                   "there is a core per rank, none leaves them to the scheduler (default: %(default)s)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="backend under test (default: gpucomm, or gloo where gpucomm's API is absent)")
     p.add_argument("--compare", default="",
@@ -129,6 +132,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         step_factor=args.stepfactor,
         max_bytes=args.maxbytes,
         rounds=args.rounds,
+        bind=args.bind,
     )
     nproc = args.nproc
     if nproc is None:

@@ -71,6 +71,7 @@ class Settings:
     step_factor: float = 2.0
     max_bytes: int = 0  # as asked (-e); the last row may be smaller
     rounds: int = 1
+    bind: str = "auto"  # auto | none | core: where spawned ranks may run (bench/launch.py)
 
 
 def _device(kind: str, local_rank: int) -> torch.device:
@@ -268,7 +269,12 @@ def _print_collective(tables: list[dict], s: Settings, bar) -> None:
 
 
 def _rank_info(device: torch.device) -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device), "device_name": device_name(device)}
+    return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device), "device_name": device_name(device),
+            "cores": sorted(os.sched_getaffinity(0))}
+
+
+def _cores_text(cores: list[int]) -> str:
+    return ",".join(map(str, cores)) if len(cores) <= 4 else f"{len(cores)} cores"
 
 
 def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -> tuple[list[str], list[dict]]:
@@ -384,7 +390,8 @@ def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
         lines.append(f"# {item['backend']}: not run: {item['reason']}")
     lines.append("#\n# Using devices")
     for r, info in enumerate(infos):
-        lines.append(f"#  Rank {r:2d} Pid {info['pid']:6d} on {info['host']} device {info['device']} [{info['device_name']}]")
+        lines.append(f"#  Rank {r:2d} Pid {info['pid']:6d} on {info['host']} device {info['device']} [{info['device_name']}]"
+                     f" cores {_cores_text(info['cores'])}")
     return "\n".join(lines)
 
 

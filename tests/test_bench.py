@@ -281,7 +281,7 @@ def test_help_shows_every_default():
     # One block per option: its names, then its help, wrapped onto indented lines.
     section = proc.stdout.split("\noptions:\n", 1)[1]
     blocks = {b.split()[0].rstrip(","): " ".join(b.split()) for b in re.split(r"\n(?=  -)", section) if b.strip()}
-    assert len(blocks) >= 22, list(blocks)  # -h and the 21 options of today
+    assert len(blocks) >= 23, list(blocks)  # -h and the 22 options of today
     for name, block in blocks.items():
         assert name == "-h" or "(default: " in block, block
     assert blocks["--rounds"].endswith("(default: 1)")
@@ -331,3 +331,25 @@ def test_bad_settings_exit_2():
     proc = _bench(["all_reduce", "--backend", "gloo", "--nproc", "2", "-r", "5", "-n", "1", "-w", "0", "-e", "8"])
     assert proc.returncode == 2
     assert "-r/--root must be in [0, 2), got 5" in proc.stderr
+
+
+@pytest.mark.parametrize("bind", ["core", "none"])
+def test_bind_sets_and_reports_each_ranks_cores(tmp_path, bind):
+    cores = sorted(os.sched_getaffinity(0))
+    nproc = min(2, len(cores))
+    out_json = tmp_path / "b.json"
+    proc = _bench([*GLOO_TINY[:4], str(nproc), *GLOO_TINY[5:], "--bind", bind, "--json", str(out_json)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = json.loads(out_json.read_text())["settings"]["ranks"]
+    expected = [[c] for c in cores[:nproc]] if bind == "core" else [cores] * nproc
+    assert [r["cores"] for r in ranks] == expected
+    for r, rank_cores in enumerate(expected):
+        shown = ",".join(map(str, rank_cores)) if len(rank_cores) <= 4 else f"{len(rank_cores)} cores"
+        assert re.search(rf"^#  Rank\s+{r} .* cores {shown}$", proc.stdout, re.M), proc.stdout
+
+
+def test_bind_core_needs_a_core_per_rank():
+    nproc = len(os.sched_getaffinity(0)) + 1
+    proc = _bench([*GLOO_TINY[:4], str(nproc), *GLOO_TINY[5:], "--bind", "core"])
+    assert proc.returncode == 2
+    assert f"--bind core needs a core per rank: {nproc} ranks" in proc.stderr
