@@ -29,6 +29,11 @@ def _us(cell: dict) -> str:
     return f"{cell['time_us']:.4g} [{low:.4g}-{high:.4g}]"
 
 
+def _op(table: dict) -> str:
+    redop = table["rows"][0].get("redop", "none") if table["rows"] else "none"
+    return "" if redop == "none" else f" {redop}"
+
+
 def table(data: dict, peer: str) -> str:
     """The markdown comparison of every collective in one bench JSON."""
     settings = data["settings"]
@@ -39,7 +44,7 @@ def table(data: dict, peer: str) -> str:
         if backend != "gpucomm" or theirs is None:
             continue
         lines += [
-            f"**{collective}**, {settings['world_size']} ranks, {settings['dtype']} {settings['op']}, "
+            f"**{collective}**, {settings['world_size']} ranks, {settings['dtype']}{_op(ours)}, "
             f"{len(ours['rows'][0]['out_of_place'].get('round_time_us', [0]))} rounds (us: median [min-max] over rounds)",
             "",
             f"| size | gpucomm | {peer} | ratio | gpucomm in-place | {peer} in-place | ratio |",

@@ -11,8 +11,8 @@ The choice depends only on values every rank shares (the collective, its size in
 world size, the topology), so every rank picks the same algorithm; the engine puts the name in
 the call's fingerprint anyway.
 
-Each threshold names the measurement behind it: CPU-emulation numbers so far (below), to be
-replaced by GPU numbers when a GPU is lent. The topology is an input so that those can differ
+Each threshold names the measurement behind it: CPU numbers so far (below), to be joined by
+GPU numbers when a GPU is lent. The topology is an input so that those can differ
 per transport; today one table serves both.
 """
 
@@ -54,19 +54,20 @@ FAMILIES: dict[str, str] = {
     "barrier": "barrier",
 }
 
-# Every number below: CPU emulation (shm transport, torch kernels) on a 2-core VM shared with
-# other jobs, `gpucomm-bench <collective> --nproc P --transport shm --kernels torch --algo A
-# -n 10 -w 3 --device cpu`, median time in ms; full tables in docs/algorithms.md
-# ("Measurements"). Ranks outnumber cores there, so every full barrier waits for the OS to
-# schedule every rank, which flatters neighbour-only schedules (ring, tree); GPU numbers
-# (bench/gpu_check.sh) are to replace these.
+# all_reduce, one-shot vs two-shot, on the shared-memory workspace (the default path of CPU
+# tensors on one host): 2-core VM, 2026-11-22, nothing else running, `gpucomm-bench all_reduce
+# --nproc P --algo A --rounds 3|5 -n 10|20` (docs/results/2026-11-22-cpu-2core/, the
+# all_reduce_{oneshot,twoshot}*.json files), medians in us, out-of-place / in-place. P=4: one-shot
+# ahead at 64 KiB (158/146 vs 174/240), two-shot ahead at 128 KiB (211/200 vs 237/213) and beyond
+# (256 KiB: 361/291 vs 463/411; 4 MiB: 3139/2438 vs 4183/4988). P=2: one-shot ahead by 6-17% at
+# 16 and 64 KiB, even from 256 KiB on. GPU numbers (bench/gpu_check.sh) are to set the CUDA value.
+ONESHOT_MAX_BYTES = 64 << 10
+# Every number from here on is older: the host-driven emulation (shm transport, torch kernels,
+# waits that slept 1 ms) on a 2-core VM shared with other jobs, `gpucomm-bench <collective>
+# --nproc P --transport shm --kernels torch --algo A -n 10 -w 3 --device cpu`, median time in ms;
+# full tables in docs/algorithms.md ("Measurements"). Ranks outnumbered cores there, which
+# flatters neighbour-only schedules (ring, tree). To be measured again on the stream-ordered path.
 #
-# all_reduce, one-shot vs two-shot: one-shot was fastest at 4 and 16 KiB for P = 2, 4 and 8
-# (P=4: 1.3 vs 2.4 ms; P=8 at 4 KiB: 4.6 vs 10.7 ms); 64-256 KiB were within run-to-run noise
-# (P=4, two runs: 17/18 vs 21/22 ms at 64 KiB, 52/19 vs 27/33 ms at 256 KiB); from 1 MiB
-# two-shot was ahead at P=2 (1.8 vs 4.1 ms; 3.6 vs 16.5 ms at 4 MiB), so two ranks get no
-# exception any more.
-ONESHOT_MAX_BYTES = 256 << 10
 # all_reduce, two-shot vs ring: at 16 MiB ring was ahead at P=8 (802 vs 1831 ms) and P=4
 # (110/159 vs 273/296 ms); at 1 MiB it was behind at P=8 (443 vs 171 ms). Ring from 8 ranks
 # and 16 MiB: it also needs the most syncs (2(P-1) per piece), which only pays where the
