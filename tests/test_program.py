@@ -19,7 +19,7 @@ def test_the_instruction_set_is_what_the_kernels_are_checked_for() -> None:
     assert set(NAMES) == {"WORDS", "OPERAND_WORDS", "COPY", "REDUCE", "SYNC", "FP_BITS", "RECORD_WORDS", "TIMEOUT", "MISMATCH"}
 
 
-def test_triton_program_kernel_repeats_the_numbers() -> None:
+def test_triton_program_kernel_reads_the_numbers() -> None:
     from gpucomm._kernels.triton import program as triton_program
 
     assert {name: getattr(triton_program, name) for name in NAMES} == EXPECTED

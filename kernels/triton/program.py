@@ -39,6 +39,8 @@ import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns
+# The instruction set is gpucomm.program's; re-exported for the launcher and the tests.
+from gpucomm.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, TIMEOUT, WORDS
 
 __all__ = [
     "program_kernel",
@@ -54,13 +56,6 @@ __all__ = [
     "MISMATCH",
 ]
 
-# The instruction set; gpucomm/program.py holds the same numbers (tests/test_program.py checks).
-WORDS = 8
-OPERAND_WORDS = 3
-COPY, REDUCE, SYNC = 1, 2, 3
-FP_BITS = 20
-RECORD_WORDS = 8
-TIMEOUT, MISMATCH = 1, 2
 
 # The same numbers as the kernels see them (Triton reads only constexpr globals).
 _WORDS = tl.constexpr(WORDS)
