@@ -51,25 +51,25 @@ if nvidia-cuda-mps-control -d 2>>"$work/versions.txt"; then mps=on; else mps=off
 echo "MPS: $mps" >>"$work/versions.txt"
 cat "$work/versions.txt"
 
-bench() { python3 -m gpucomm._bench.cli "$@"; }
+bench="python3 -m gpucomm._bench.cli"  # a command, not a function: `timeout` runs it
 main4="all_reduce all_gather reduce_scatter broadcast"
 case $part in
 bench2)
-    step kernels 150 bench kernels -b 4K -e 256M -f 4 --json "$work/kernels.json"
+    step kernels 150 $bench kernels -b 4K -e 256M -f 4 --json "$work/kernels.json"
     for c in $main4; do
-        step "${c}_np2" 100 bench "$c" --nproc 2 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np2.json"
+        step "${c}_np2" 100 $bench "$c" --nproc 2 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np2.json"
     done
-    step latency_np2 60 bench all_reduce --nproc 2 -b 8 -e 64K -f 2 -n 200 -w 20 --rounds 3 --compare gloo --json "$work/latency_np2.json"
+    step latency_np2 60 $bench all_reduce --nproc 2 -b 8 -e 64K -f 2 -n 200 -w 20 --rounds 3 --compare gloo --json "$work/latency_np2.json"
     step launches 60 python3 -m gpucomm._bench.launches --nproc 2 --json "$work/launches.json"
     ;;
 bench4)
     for c in $main4; do
-        step "${c}_np4" 100 bench "$c" --nproc 4 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np4.json"
+        step "${c}_np4" 100 $bench "$c" --nproc 4 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np4.json"
     done
     for algo in oneshot twoshot ring tree; do
-        step "all_reduce_${algo}_np4" 60 bench all_reduce --nproc 4 -b 8 -e 64M -f 8 --algo "$algo" --json "$work/all_reduce_${algo}_np4.json"
+        step "all_reduce_${algo}_np4" 60 $bench all_reduce --nproc 4 -b 8 -e 64M -f 8 --algo "$algo" --json "$work/all_reduce_${algo}_np4.json"
     done
-    step nccl_np2 30 bench all_reduce --nproc 2 -b 8 -e 8K -f 8 --backend nccl   # NCCL refuses two ranks on one GPU
+    step nccl_np2 30 $bench all_reduce --nproc 2 -b 8 -e 8K -f 8 --backend nccl   # NCCL refuses two ranks on one GPU
     ;;
 tests)
     step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
