@@ -37,7 +37,7 @@ finish() {
 }
 trap finish EXIT
 
-pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 || { echo "install failed"; cat "$work/install.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 || { echo "install failed"; cat "$work/install.log"; exit 1; }
 {
     nvidia-smi -L
     python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
@@ -47,7 +47,17 @@ pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 || 
 # MPS lets the ranks' kernels run at the same time on the one GPU; without it they take turns.
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-if nvidia-cuda-mps-control -d 2>>"$work/versions.txt"; then mps=on; else mps=off; fi
+mps=off
+if nvidia-cuda-mps-control -d 2>>"$work/versions.txt"; then
+    # The daemon can start and still refuse clients (in a container without its IPC namespace):
+    # probe with one CUDA allocation in a fresh process, and fall back to no MPS if it fails.
+    if timeout 60 python3 -c "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()" >>"$work/versions.txt" 2>&1; then
+        mps=on
+    else
+        echo quit | nvidia-cuda-mps-control
+        echo "MPS: the daemon started but a CUDA client failed under it; running without MPS" >>"$work/versions.txt"
+    fi
+fi
 echo "MPS: $mps" >>"$work/versions.txt"
 cat "$work/versions.txt"
 

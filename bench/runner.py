@@ -195,10 +195,28 @@ def _show_bar() -> bool:
     return sys.stdout.isatty() and sys.stderr.isatty()
 
 
-def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
+class _NoBar:
+    """What the report needs of a progress bar, where none is shown."""
 
-    return tqdm(total=total, file=sys.stderr, disable=not enabled, leave=False, unit="round")
+    disable = True
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    # tqdm is optional (the `bench` extra): a GPU machine that installs gpucomm with --no-deps and
+    # has no network may lack it, and a bar that is off needs nothing of it.
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, file=sys.stderr, leave=False, unit="round")
 
 
 def _emit(bar, text: str) -> None:

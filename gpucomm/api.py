@@ -40,6 +40,7 @@ __all__ = [
     "get_backend",
     "get_default_communicator",
     "graph_safe",
+    "check",
     "get_process_group_ranks",
     "get_global_rank",
     "get_group_rank",
@@ -598,6 +599,21 @@ def graph_safe(group: object = None) -> bool:
     """
     comm = _group(group, "graph_safe")
     return comm is not None and comm.graph_safe()
+
+
+def check(group: object = None) -> None:
+    """Raise the error that ended a collective of ``group`` (default: the default group), if
+    one did, without waiting: the way to hear of a timeout inside a replayed CUDA graph, whose
+    collectives no Work watches. The next eager call and ``Work.wait()`` raise it too.
+
+    Example::
+
+        g.replay()
+        gpucomm.check()    # CommTimeoutError if a peer never arrived during the replay
+    """
+    comm = _group(group, "check")
+    if comm is not None:
+        comm.check()
 
 
 def barrier(group: object = None, async_op: bool = False, device_ids: Sequence[int] | None = None, timeout: datetime.timedelta | None = None) -> Work | None:

@@ -249,6 +249,8 @@ class Communicator:
         """Turn a failure of call ``seq`` into gpucomm's error, and mark the communicator broken."""
 
         def translate(err: RuntimeError) -> BaseException:
+            if isinstance(err, UnsupportedError):
+                return err  # raised before anything moved (a call that cannot be captured yet)
             if isinstance(err, GpucommError):
                 self._broken = err
                 return err
@@ -314,8 +316,10 @@ class Communicator:
         work.outputs = list(outputs)
         work.blocking = self.config.blocking_wait
         work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
-        if (engine is not None and engine.stream is not None and not torch.cuda.is_current_stream_capturing()) or (algo is None and async_op):
-            watch(work, fn, self.timeout, self._fail, self.rank)
+        on_stream = algo is not None and engine.stream is not None
+        if (on_stream and not torch.cuda.is_current_stream_capturing()) or (algo is None and async_op):
+            # Works of one stream end in its order; gloo's works of one group end in theirs.
+            watch(work, fn, self.timeout, self._fail, self.rank, queue=engine if on_stream else self._fallback)
         if async_op:
             return work
         work.wait()
@@ -346,6 +350,20 @@ class Communicator:
             reason = "its schedule is decided on the host between launches"
         if reason is not None:
             raise UnsupportedError(f"gpucomm.{fn}: cannot be captured in a CUDA graph: {reason}")
+
+    def check(self) -> None:
+        """Raise the error that ended a collective of this communicator, if one did, without
+        waiting for anything: a kernel's record of a timeout or a mismatch (from a collective
+        replayed in a CUDA graph too, which no Work watches), or a failure the watchdog found.
+        The communicator is broken from then on, as after any failure."""
+        if self._broken is not None:
+            self._check_usable("check")
+        for engine in self._engines.values():
+            try:
+                engine.executor.check()
+            except GpucommError as err:
+                self._broken = err
+                raise
 
     def graph_safe(self) -> bool:
         """Whether collectives on CUDA tensors of this communicator can be captured in a CUDA
@@ -576,10 +594,20 @@ class Communicator:
             raise ValueError(f"gpucomm.{fn}: tag must be a non-negative int, got {tag!r}")
 
     def barrier(self, async_op: bool = False) -> Work | None:
-        """Return once every rank has entered the barrier."""
+        """Return once every rank has entered the barrier.
+
+        The host waits, on every path: on a GPU the barrier's kernel runs on the stream, and its
+        end is waited for on the host (as torch.distributed's barrier does on NCCL), not only
+        ordered before the caller's next kernels. With ``async_op=True``, ``wait()`` does that.
+        """
         fn = "barrier"
         self._check_usable(fn)
-        return self._run(fn, None, async_op, lambda p: p.barrier())
+        work = self._run(fn, None, True, lambda p: p.barrier())
+        work.blocking = True
+        if async_op:
+            return work
+        work.wait()
+        return None
 
     def monitored_barrier(self, timeout: float | None = None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive within ``timeout`` seconds

@@ -17,13 +17,15 @@ and wherever the communicator looks for errors off the hot path.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from typing import TYPE_CHECKING
 
 import torch
 
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
-from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot
+from gpucomm.capture import capturing
+from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot, resolve
 
 if TYPE_CHECKING:
     from gpucomm.engine import Engine
@@ -33,6 +35,9 @@ __all__ = ["DeviceExecutor"]
 _ALIGN = 16
 # SYNC names its peers in an int64 bit mask.
 MAX_WORLD = 63
+# Operand tables kept per program, one per set of buffer addresses it ran on (a training loop
+# reuses the same buffers; a loop of fresh tensors at new addresses replaces the oldest).
+_BINDINGS = 8
 # Fingerprints of programs launched, kept to name the call an error record points at.
 _NAMES_KEPT = 1024
 
@@ -66,11 +71,19 @@ class DeviceExecutor:
             torch.cuda.current_stream(self.device).synchronize()
         return int(self._epoch_flag.view(torch.int64)[0])
 
-    def run(self, program: Program) -> None:
+    def run(self, program: Program, addrs: tuple[int, ...] = ()) -> None:
+        """Launch ``program`` on the call's buffers at ``addrs`` (see :class:`gpucomm.program.Arg`)."""
         self.check()
         form = program.cache.get("device")
         if form is None:
+            self._no_upload_in_capture(program)
             form = program.cache["device"] = self._prepare(program)
+        bound = form["bound"].get(addrs)
+        if bound is None:
+            self._no_upload_in_capture(program)
+            bound = self._bind(program, form, addrs)
+        elif capturing(self.device):
+            bound["captured"] = True
         self._names[program.fingerprint] = program.name
         if len(self._names) > _NAMES_KEPT:
             self._names.pop(next(iter(self._names)))
@@ -78,13 +91,23 @@ class DeviceExecutor:
         guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
         with guard:
             self.kernels.run_program(
-                form["instructions"], form["operands"], self.peers, self.state_addr, self.record.data_ptr(),
+                form["instructions"], bound["operands"], self.peers, self.state_addr, self.record.data_ptr(),
                 channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
                 half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
-                dtype=program.dtype, op=int(program.op or 0), copy_bytes=form["copy_bytes"], aligned=form["aligned"],
+                dtype=program.dtype, op=int(program.op or 0), copy_bytes=bound["copy_bytes"], aligned=bound["aligned"],
             )
         if self.device.type != "cuda":
             self.check()  # the launch has run: its errors are there now
+
+    def _no_upload_in_capture(self, program: Program) -> None:
+        """Tables go to the device by a host-to-device copy, which a CUDA graph would replay from
+        host memory that is gone by then: a shape is captured only after an eager call made them."""
+        if capturing(self.device):
+            raise UnsupportedError(
+                f"gpucomm.{program.name}: this call shape, on these tensors, has not run outside a CUDA graph on this "
+                f"communicator, so its tables are not on the device yet; run the same call once eagerly (a warm-up "
+                f"step on the same tensors) before capturing it"
+            )
 
     def check(self) -> None:
         """Raise the error an earlier launch recorded, if any (never waits for the device)."""
@@ -93,32 +116,47 @@ class DeviceExecutor:
 
     # -- tables -------------------------------------------------------------------------------
     def _prepare(self, program: Program) -> dict:
-        """The tables of a program, on the device, and its launch constants."""
+        """A program's instruction table on the device, and its launch constants: what does not
+        depend on the call's buffers. Their operand tables are bound per call (:meth:`_bind`)."""
         rows: list[list[int]] = []
-        operands: list[list[int]] = []
-        largest = 0
+        first = largest = 0
         for ins in program.instructions:
             if ins[0] == SYNC:
                 rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), 0, 0, 0, 0, 0])
                 continue
-            named = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
-            first = len(operands)
-            operands += [_operand(r) for r in named]
+            count = 2 if ins[0] == COPY else 1 + len(ins[4])
             divide, divisor = (int(ins[5]), ins[6]) if ins[0] == REDUCE else (0, 1)
-            rows.append([ins[0], ins[1], ins[2], len(named) - 1, first, divide, divisor, 0])
+            rows.append([ins[0], ins[1], ins[2], count - 1, first, divide, divisor, 0])
+            first += count
             largest = max(largest, ins[1])
         # Channel c owns the in-half positions of granules c, c + C, ...: one contiguous share of
         # the half each where the program uses the workspace; copies outside it (between this
         # rank's own buffers) wrap around the channels.
         extent = program.extent or largest
         granule = max(_ALIGN, -(-extent // self.channels // _ALIGN) * _ALIGN)
-        return {
-            "instructions": self._upload(rows, WORDS),
+        return {"instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
+
+    def _bind(self, program: Program, form: dict, addrs: tuple[int, ...]) -> dict:
+        """The operand table of ``program`` on buffers at ``addrs``, kept for the next call on them."""
+        operands: list[list[int]] = []
+        for ins in program.instructions:
+            if ins[0] != SYNC:
+                named = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
+                operands += [_operand(r, addrs) for r in named]
+        bound = {
             "operands": self._upload(operands, OPERAND_WORDS),
-            "granule": granule,
-            "copy_bytes": program.copy_bytes(),
-            "aligned": program.aligned(),
+            "copy_bytes": program.copy_bytes(addrs),
+            "aligned": program.aligned(addrs),
+            "captured": capturing(self.device),
         }
+        kept = form["bound"]
+        kept[addrs] = bound
+        if len(kept) > _BINDINGS:
+            # The oldest binding no captured graph launches (a graph's tables stay with it).
+            stale = next((key for key, b in kept.items() if not b["captured"]), None)
+            if stale is not None:
+                del kept[stale]
+        return bound
 
     def _upload(self, rows: list[list[int]], width: int) -> torch.Tensor:
         table = torch.tensor(rows or [[0] * width], dtype=torch.int64).reshape(-1)
@@ -144,10 +182,10 @@ class DeviceExecutor:
         return CommTimeoutError(name, epoch, engine.comm_rank, missing, engine.timeout)
 
 
-def _operand(region: object) -> list[int]:
-    if isinstance(region, Slot):
-        return [region.peer, region.round, region.offset]
-    return [-1, 0, region.addr]  # type: ignore[attr-defined]
+def _operand(operand: object, addrs: tuple[int, ...]) -> list[int]:
+    if isinstance(operand, Slot):
+        return [operand.peer, operand.round, operand.offset]
+    return [-1, 0, resolve(operand, addrs)]  # type: ignore[arg-type]
 
 
 def _mask(ranks: list[int]) -> int:

@@ -33,7 +33,8 @@ from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
-from gpucomm.program import Builder, Program
+from gpucomm.capture import capturing
+from gpucomm.program import Builder, Program, overlaps
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.transport import open_workspace
 from gpucomm.work import Work
@@ -45,8 +46,8 @@ __all__ = ["Engine", "Topology", "FlagLayout"]
 
 _ALIGN = 256  # every half starts 256-byte aligned: full 16-byte vectors for the kernels
 _P2P_SHARE = 4  # the mailboxes take 1/_P2P_SHARE of the data area
-# Programs kept per communicator. A training loop calls a few shapes on the same buffers; a
-# caller that keeps passing new tensors only evicts old programs.
+# Programs kept per communicator, one per call shape (the buffers' addresses are not part of
+# it: executors bind a program to the addresses of a call). A training loop calls a few shapes.
 _PROGRAM_CACHE = 256
 
 
@@ -218,18 +219,27 @@ class Engine:
         fingerprint; ``regions`` (this rank's buffers) and ``local`` (what may differ between
         ranks, such as all_to_all's split sizes) only into the cache key.
         """
-        key = (name, fields, root, local, tuple((r.addr, r.nbytes) for r in regions))
+        key = (name, fields, root, local, tuple(r.nbytes for r in regions), overlaps(regions))
         program = self._programs.get(key)
         if program is None:
-            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root)
+            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root, args=regions)
             build(builder)
             program = builder.finish()
             self._programs[key] = program
             if len(self._programs) > _PROGRAM_CACHE:
-                self._programs.popitem(last=False)
+                self._evict()
         else:
             self._programs.move_to_end(key)
+        if capturing(self.device):
+            program.captured = True  # a graph launches its tables: they stay as long as the engine
         return program
+
+    def _evict(self) -> None:
+        """Drop the least recently used program that no CUDA graph captured."""
+        for key, program in self._programs.items():
+            if not program.captured:
+                del self._programs[key]
+                return
 
     def run(
         self,
@@ -240,8 +250,8 @@ class Engine:
         root: int | None = None,
         local: tuple = (),
     ) -> None:
-        """Run the program of this call shape (arguments as :meth:`program`)."""
-        self.executor.run(self.program(name, fields, regions, build, root, local))
+        """Run the program of this call shape (arguments as :meth:`program`) on these buffers."""
+        self.executor.run(self.program(name, fields, regions, build, root, local), tuple(r.addr for r in regions))
 
     def mailbox(self, peer: int, offset: int, nbytes: int) -> Region:
         """``nbytes`` bytes of local rank ``peer``'s send/recv area from ``offset``."""
@@ -342,7 +352,7 @@ class Engine:
         regions = [*outs, *ins]
         announce = lambda b: alltoall.announce(b, outs, ins, b.keep(alltoall.size_table(outs, ins, self.device)))  # noqa: E731
         first = self.program(name, (*fields, "announce"), regions, announce, local=sizes)
-        self.executor.run(first)
+        self.executor.run(first, tuple(r.addr for r in regions))
         P = self.world_size
         matrix = torch.stack(self.published(0, 16 * P)).view(torch.int64).tolist()  # one read of all headers
         total = alltoall.rounds(matrix, self.half_bytes, self.members, name)

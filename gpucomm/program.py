@@ -51,6 +51,10 @@ __all__ = [
     "Builder",
     "Program",
     "Slot",
+    "Ref",
+    "Arg",
+    "resolve",
+    "overlaps",
     "HalfOffset",
     "fingerprint",
     "WORDS",
@@ -109,7 +113,56 @@ class Slot:
         return Slot(self.peer, self.round, self.offset + offset, nbytes)
 
 
-Operand = Region | Slot
+@dataclass(frozen=True)
+class Ref:
+    """``nbytes`` bytes of this process's memory at ``addr`` that the program owns (a table it
+    keeps in ``Program.keep``)."""
+
+    addr: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Arg:
+    """``nbytes`` bytes, ``offset`` bytes into the call's buffer number ``index``.
+
+    How a program names the caller's buffers: by their place in the call, never by a view (a
+    view keeps the caller's tensor alive as long as the program is cached: 256 programs of fresh
+    4 MiB tensors held 1.4 GiB per rank) nor by address (a loop that passes a fresh tensor each
+    step would build a program each step). Executors resolve it with the call's addresses.
+    """
+
+    index: int
+    offset: int
+    nbytes: int
+
+
+def resolve(operand: Ref | Arg, addrs: Sequence[int]) -> int:
+    """The address of a program's own or the caller's operand, given the call's buffer addresses."""
+    if isinstance(operand, Arg):
+        return addrs[operand.index] + operand.offset
+    return operand.addr
+
+
+def overlaps(regions: Sequence[Region]) -> tuple:
+    """How the call's buffers overlap: ``(i, j, addr_j - addr_i)`` for every overlapping pair.
+
+    Part of a program's cache key: an operand inside two buffers (an in-place all_gather's input
+    within its output) resolves to the buffer listed first, which names the same bytes in every
+    call whose buffers overlap alike. Buffers that do not overlap (the usual case) give ``()``.
+    """
+    if len(regions) < 2:
+        return ()
+    found = []
+    for i, a in enumerate(regions):
+        for j in range(i + 1, len(regions)):
+            b = regions[j]
+            if a.addr < b.addr + b.nbytes and b.addr < a.addr + a.nbytes:
+                found.append((i, j, b.addr - a.addr))
+    return tuple(found)
+
+
+Operand = Region | Slot | Ref | Arg
 
 
 @dataclass
@@ -122,7 +175,9 @@ class Program:
     which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
     ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
     ``extent``: bytes of a half the program uses. Executors cache their own forms of a program
-    in ``cache``; ``keep`` holds buffers of the program's own that instructions read.
+    in ``cache``; ``keep`` holds buffers of the program's own that instructions read. Operands
+    are workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
+    (:class:`Ref`).
     """
 
     name: str
@@ -135,34 +190,26 @@ class Program:
     extent: int = 0
     keep: list = field(default_factory=list, repr=False)  # buffers the instructions name, kept alive
     cache: dict = field(default_factory=dict, repr=False)
+    captured: bool = False  # a CUDA graph launches it: never evicted (gpucomm.capture)
 
-    def regions(self) -> list[Region]:
-        """Every region of this process's memory the program names (for alignment checks)."""
-        found = []
-        for ins in self.instructions:
-            if ins[0] == COPY:
-                found += [r for r in ins[3:5] if isinstance(r, Region)]
-            elif ins[0] == REDUCE:
-                found += [r for r in (ins[3], *ins[4]) if isinstance(r, Region)]
-        return found
-
-    def copy_bytes(self) -> int:
-        """The widest unit (8, 4, 2, 1) that divides every COPY's size, position and address."""
+    def copy_bytes(self, addrs: Sequence[int] = ()) -> int:
+        """The widest unit (8, 4, 2, 1) that divides every COPY's size, position and address
+        (``addrs``: the call's buffer addresses)."""
         common = 0
         for ins in self.instructions:
             if ins[0] == COPY:
                 common |= ins[1] | ins[2]
                 for r in ins[3:5]:
-                    common |= r.addr if isinstance(r, Region) else r.offset
+                    common |= r.offset if isinstance(r, Slot) else resolve(r, addrs)
         return next(size for size in (8, 4, 2, 1) if common % size == 0)
 
-    def aligned(self) -> bool:
+    def aligned(self, addrs: Sequence[int] = ()) -> bool:
         """Every address, in-half offset and position is a multiple of 16 bytes."""
         for ins in self.instructions:
             if ins[0] == SYNC:
                 continue
             operands = ins[3:5] if ins[0] == COPY else (ins[3], *ins[4])
-            if ins[2] % _ALIGN or any((r.addr if isinstance(r, Region) else r.offset) % _ALIGN for r in operands):
+            if ins[2] % _ALIGN or any((r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands):
                 return False
         return True
 
@@ -175,8 +222,18 @@ class Builder:
     :meth:`sync` in the order every rank runs them.
     """
 
-    def __init__(self, rank: int, world_size: int, half_bytes: int, name: str, fields: Sequence[object], root: int | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        half_bytes: int,
+        name: str,
+        fields: Sequence[object],
+        root: int | None = None,
+        args: Sequence[Region] = (),
+    ) -> None:
         self.rank = rank
+        self.args = list(args)  # the call's buffers: regions inside them are recorded as Arg
         self.world_size = world_size
         self.half_bytes = half_bytes
         self.op_name = name
@@ -261,9 +318,23 @@ class Builder:
     # -- helpers --------------------------------------------------------------------------------
     def _add(self, instruction: tuple) -> None:
         program = self.program
+        instruction = tuple(self._kept(x) for x in instruction)
         program.instructions.append(instruction)
         if any(isinstance(r, Slot) for r in _operands(instruction)):
             program.extent = max(program.extent, instruction[2] + instruction[1])
+
+    def _kept(self, field: object) -> object:
+        """What a program keeps of an instruction's field: a region inside one of the call's
+        buffers becomes an :class:`Arg` (the first such buffer), any other (a buffer of the
+        program's own) a :class:`Ref`."""
+        if isinstance(field, list):
+            return [self._kept(x) for x in field]
+        if not isinstance(field, Region):
+            return field
+        for index, arg in enumerate(self.args):
+            if arg.addr <= field.addr and field.addr + field.nbytes <= arg.addr + arg.nbytes:
+                return Arg(index, field.addr - arg.addr, field.nbytes)
+        return Ref(field.addr, field.nbytes)  # a buffer the program keeps (Builder.keep)
 
     def _position(self, fn: str, operands: Sequence[Operand]) -> int:
         """The in-half offset the workspace operands share (0 if there are none)."""

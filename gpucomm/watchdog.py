@@ -2,7 +2,7 @@
 
 A collective whose completion the caller does not wait for (a GPU collective queued on a
 communicator's stream, an asynchronous gloo call) can fail while the caller is busy elsewhere:
-a peer dies, a kernel's wait times out, gloo gives up. The watchdog polls every pending Work
+a peer dies, a kernel's wait times out, gloo gives up. The watchdog polls the pending Works
 (without waiting for anything: end events, kernels' error records, gloo works' states) and the
 wall clock. On a failure, or a collective that has not ended by its communicator's timeout plus
 a grace period, it marks the communicator broken with the error and logs one line naming the
@@ -11,17 +11,26 @@ communicator, on every rank (each rank's watchdog finds its own side of the fail
 ``GPUCOMM_ASYNC_ERROR_HANDLING=abort`` the communicator ends the process instead, as NCCL's
 asynchronous error handling does.
 
-The watchdog also holds the pending Works, and so the buffers their kernels use, until they end.
-It never watches works recorded into a CUDA graph (an event of a capture cannot be queried).
+Works are watched in queues, one per order in which they complete (a communicator's CUDA stream;
+its gloo group), oldest first. A poll looks at the oldest work of each queue and moves on only
+once it has ended, so its cost does not grow with the works in flight (it used to compare every
+pending work with every ended one: 131 ms of each 50 ms poll at 1,200 works). The oldest work of
+a queue also has its earliest deadline, since a queue's works share their communicator's timeout.
+
+The watchdog holds the pending Works, and so the buffers their kernels use, until they end. It
+never watches works recorded into a CUDA graph, and it queries events in thread-local capture
+mode, so that another thread's capture is never invalidated (:mod:`gpucomm.capture`).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from gpucomm.capture import enter_thread_local_capture_mode
 from gpucomm.errors import CommTimeoutError
 from gpucomm.work import Work
 
@@ -34,7 +43,7 @@ POLL_S = 0.05
 GRACE_S = 5.0
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: works in flight are many, and distinct
 class _Watched:
     work: Work
     name: str
@@ -47,25 +56,46 @@ class _Watched:
 class _Watchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._watched: list[_Watched] = []
+        self._queues: dict[Hashable, collections.deque[_Watched]] = {}
         self._thread: threading.Thread | None = None
 
-    def watch(self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int) -> None:
+    def watch(self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable) -> None:
+        """:meth:`add` the work, and start the thread that polls if it is not running."""
+        self.add(work, name, timeout, fail, rank, queue)
         with self._lock:
-            self._watched.append(_Watched(work, name, time.monotonic() + timeout + GRACE_S, fail, rank, timeout))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="gpucomm-watchdog", daemon=True)
                 self._thread.start()
 
+    def add(self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable) -> None:
+        entry = _Watched(work, name, time.monotonic() + timeout + GRACE_S, fail, rank, timeout)
+        with self._lock:
+            pending = self._queues.get(queue)
+            if pending is None:
+                pending = self._queues[queue] = collections.deque()
+            pending.append(entry)
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(q) for q in self._queues.values())
+
     def _run(self) -> None:
+        enter_thread_local_capture_mode()  # before the first event query (module docstring)
         while True:
             time.sleep(POLL_S)
-            with self._lock:
-                watched = list(self._watched)
-            ended = [w for w in watched if self._ended(w)]
-            if ended:
+            self.poll()
+
+    def poll(self) -> None:
+        """One look at every queue: drop its works that have ended, from the oldest on."""
+        with self._lock:
+            queues = list(self._queues.items())
+        for key, pending in queues:
+            while pending and self._ended(pending[0]):
+                pending.popleft()
+            if not pending:
                 with self._lock:
-                    self._watched = [w for w in self._watched if w not in ended]
+                    if not pending and self._queues.get(key) is pending:
+                        del self._queues[key]
 
     @staticmethod
     def _ended(w: _Watched) -> bool:
@@ -83,6 +113,10 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 
 
-def watch(work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int) -> None:
-    """Watch ``work`` until it ends; ``fail(error)`` if it fails or outlives ``timeout``."""
-    _WATCHDOG.watch(work, name, timeout, fail, rank)
+def watch(work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable) -> None:
+    """Watch ``work`` until it ends; ``fail(error)`` if it fails or outlives ``timeout``.
+
+    ``queue`` names the order the work completes in (works of one queue end oldest first: a
+    CUDA stream, a gloo group); the watchdog looks only at the oldest pending work of each.
+    """
+    _WATCHDOG.watch(work, name, timeout, fail, rank, queue)

@@ -30,7 +30,7 @@ import torch
 
 from gpucomm.reduce_op import ReduceOp
 
-__all__ = ["Region", "Kernels", "SUPPORTED_DTYPES", "FLAG_DTYPE"]
+__all__ = ["Region", "Kernels", "SUPPORTED_DTYPES", "FLAG_DTYPE", "alias_bytes"]
 
 SUPPORTED_DTYPES = (
     torch.float32,
@@ -75,6 +75,43 @@ class Region:
     @property
     def device(self) -> torch.device:
         return self.bytes.device
+
+    @staticmethod
+    def alias(addr: int, nbytes: int, device: torch.device) -> Region:
+        """The region of ``nbytes`` bytes at ``addr`` on ``device``, viewed without owning them.
+
+        The view keeps no tensor and no allocation alive: it is valid while whoever owns the
+        memory keeps it (a workspace mapping, or the caller's tensor during a call that names it).
+        """
+        return Region(addr, nbytes, alias_bytes(addr, nbytes, device))
+
+
+def alias_bytes(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over ``nbytes`` bytes at ``addr`` that does not own them, and whose
+    ``data_ptr()`` is ``addr`` (checked: a copy would read stale data forever after)."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    if device.type == "cpu":
+        import ctypes
+
+        view = torch.frombuffer((ctypes.c_ubyte * nbytes).from_address(addr), dtype=torch.uint8)
+    elif device.type == "cuda":
+        import cupy
+
+        dev = device.index if device.index is not None else torch.cuda.current_device()
+        memory = cupy.cuda.UnownedMemory(addr, nbytes, None, dev)
+        array = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
+        # DLPack carries the device cupy was given; torch.as_tensor may instead infer the device
+        # from the pointer (a peer GPU's) and copy to the one asked for, depending on the version.
+        view = torch.from_dlpack(array)
+    else:
+        raise ValueError(f"Region.alias: device must be cpu or cuda, got {device}")
+    if view.data_ptr() != addr or view.device.type != device.type or (device.index is not None and view.device != device):
+        raise RuntimeError(
+            f"Region.alias: the view of {nbytes} bytes at {addr:#x} on {device} is at {view.data_ptr():#x} on "
+            f"{view.device}: it would be a copy, not an alias"
+        )
+    return view
 
 
 class Kernels(Protocol):

@@ -22,6 +22,7 @@ from types import ModuleType
 import torch
 
 from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError
+from gpucomm.ops.contract import alias_bytes
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
 __all__ = ["open_cuda_ipc", "cuda_ipc_available"]
@@ -132,14 +133,6 @@ def _parse_handle(raw: bytes, peer: int, size: int) -> tuple[dict, bytes]:
     return header, handle
 
 
-def _view(cupy: ModuleType, ptr: int, size: int, dev: int, device: torch.device) -> torch.Tensor:
-    # A zero-copy uint8 tensor over device memory torch did not allocate (via
-    # __cuda_array_interface__); the tensor does not own the memory.
-    memory = cupy.cuda.UnownedMemory(ptr, size, None, dev)
-    array = cupy.ndarray((size,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
-    return torch.as_tensor(array, device=device)
-
-
 class _Buffers:
     """This rank's cudaMalloc'd buffer and the peers' opened IPC pointers."""
 
@@ -207,7 +200,7 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
             for peer, (_, peer_handle) in parsed.items():
                 bases[peer] = runtime.ipcOpenMemHandle(peer_handle, _LAZY_ENABLE_PEER_ACCESS)
                 buffers.peers.append(bases[peer])
-        views = [_view(cupy, base, size, dev, device) for base in bases]
+        views = [alias_bytes(base, size, device) for base in bases]  # each checked to alias, not copy
         handshake.opened()
         buffers.opened = True
     except BaseException:

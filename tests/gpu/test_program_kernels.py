@@ -63,7 +63,8 @@ def _tables(program: Program, channels: int, device: torch.device) -> dict:
     made without an engine: only ``channels`` and ``device`` of the executor are read."""
     executor = DeviceExecutor.__new__(DeviceExecutor)
     executor.channels, executor.device = channels, device
-    return executor._prepare(program)
+    form = executor._prepare(program)
+    return {**form, **executor._bind(program, form, ())}
 
 
 def _wrap(value: int) -> int:

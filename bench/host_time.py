@@ -1,0 +1,135 @@
+"""Host time of a repeated small collective: what gpucomm's own Python costs per call.
+
+Two ranks. On the device path (the Triton program kernel, ``TRITON_INTERPRET=1`` on the
+shared-memory workspace) the kernel launch is replaced by a recorder, as ``bench/launches.py``
+counts launches: what is timed is everything the host does for a call up to the launch, which on
+a GPU is all a blocking small collective costs the host. The recorder's own cost is timed too.
+On the shared-memory path (the torch kernels) the collective runs for real: 8 bytes between two
+ranks, waits included. Each call is timed alone; the median and p90 in microseconds, and the
+Python function calls per call (``sys.setprofile``: every call event inside one collective).
+
+Example::
+
+    python -m gpucomm._bench.host_time --calls 2000 --json host_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import time
+
+__all__ = ["main"]
+
+
+def _stats(times: list[float]) -> dict:
+    times = sorted(times)
+    return {"median_us": statistics.median(times) * 1e6, "p90_us": times[int(0.9 * (len(times) - 1))] * 1e6}
+
+
+def _python_calls(call) -> int:  # noqa: ANN001
+    """Function calls (Python and C) during one ``call()``."""
+    count = 0
+
+    def profile(frame, event, arg):  # noqa: ANN001, ANN202 (sys.setprofile's signature)
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def _rank(rank: int, world: int, port: int, path: str, calls: int, results: multiprocessing.Queue) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    if path == "device":
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    import gpucomm
+
+    recorded = 0
+    if path == "device":
+        from triton.runtime.interpreter import InterpretedFunction
+
+        def recorder(fn, *args, **kwargs):  # noqa: ANN001, ANN202 (Triton's signature)
+            nonlocal recorded
+            recorded += 1
+
+        InterpretedFunction.run = recorder
+        gpucomm.init_process_group(transport="shm", kernels="triton", timeout=120)
+    else:
+        gpucomm.init_process_group(transport="shm", kernels="torch", timeout=120)
+    t = torch.ones(2)  # 8 bytes
+    for _ in range(50):
+        gpucomm.all_reduce(t)
+    gpucomm.barrier()
+    times = []
+    clock = time.perf_counter
+    for _ in range(calls):
+        start = clock()
+        gpucomm.all_reduce(t)
+        times.append(clock() - start)
+    out = {"path": path, **_stats(times), "python_calls": _python_calls(lambda: gpucomm.all_reduce(t))}
+    if path == "device":
+        launches_before = recorded
+        gpucomm.all_reduce(t)
+        out["launches_per_call"] = recorded - launches_before
+        noop = []
+        for _ in range(calls):
+            start = clock()
+            InterpretedFunction.run(None)
+            noop.append(clock() - start)
+        out["recorder_us"] = statistics.median(noop) * 1e6
+    gpucomm.barrier()
+    gpucomm.destroy_process_group()
+    results.put((rank, out))
+
+
+def measure(path: str, calls: int) -> dict:
+    """Rank 0's figures for ``path`` ("device" or "shm")."""
+    ctx = multiprocessing.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, path, calls, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    per_rank = dict(results.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+    return per_rank[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.host_time", description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls per path (default: %(default)s)")
+    parser.add_argument("--paths", nargs="+", default=["device", "shm"], choices=["device", "shm"], help="paths to time")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    args = parser.parse_args(argv)
+    rows = [measure(path, args.calls) for path in args.paths]
+    print(f"{'path':<8} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    for row in rows:
+        extra = f"   recorder {row['recorder_us']:.2f} us, {row['launches_per_call']} launch per call" if "recorder_us" in row else ""
+        print(f"{row['path']:<8} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""First contact, the halves only a GPU shows (the CPU halves: tests/test_first_contact.py).
+
+- Peer views alias: every view of a peer's cuda_ipc buffer has the peer's address as its
+  ``data_ptr()`` and sees the peer's writes (a copy would show stale bytes forever).
+- A program a CUDA graph captured outlives the program cache: the graph replays correctly after
+  more call shapes than the cache holds have run eagerly.
+- A timeout inside a replayed graph is not silent: ``gpucomm.check()``, the next eager call and
+  ``Work.wait()`` raise it.
+- A wait's timeout is decided once per block: every channel's record agrees (the kernel half of
+  this is issue 21 item 5, in kernels/triton/program.py).
+
+Skipped without CUDA and CuPy.
+"""
+
+from __future__ import annotations
+
+import pytest
+from spawn import run_ranks
+
+from gpucomm.transport import cuda_ipc_available
+
+_OK, _WHY = cuda_ipc_available()
+pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
+
+KERNELS = ("triton", "cuda")
+
+
+def _init(rank: int, kernels: str, timeout: float = 120):
+    import torch
+
+    import gpucomm
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    gpucomm.init_process_group(transport="cuda_ipc", kernels=kernels, timeout=timeout)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _peer_views_alias(rank: int, world_size: int) -> list[str]:
+    import torch
+
+    import gpucomm
+
+    _init(rank, "triton")
+    engine = gpucomm.get_default_communicator()._engines["cuda"]
+    ws = engine.workspace
+    problems = []
+    for p in range(world_size):
+        region = ws.data(p, 0, 16)
+        if region.bytes.data_ptr() != region.addr:
+            problems.append(f"view of rank {p} at {region.bytes.data_ptr():#x}, buffer at {region.addr:#x}")
+    # Each rank writes its rank into the first bytes of its own data area; after a barrier every
+    # rank reads every peer's through its view.
+    ws.data(rank, 0, 8).view(torch.int64).fill_(100 + rank)
+    torch.cuda.synchronize()
+    gpucomm.barrier()
+    seen = [int(ws.data(p, 0, 8).view(torch.int64).item()) for p in range(world_size)]
+    if seen != [100 + p for p in range(world_size)]:
+        problems.append(f"read {seen} through the views")
+    gpucomm.barrier()
+    gpucomm.destroy_process_group()
+    return problems
+
+
+def test_peer_views_alias_the_peers_memory():
+    assert run_ranks(_peer_views_alias, 2, timeout=300) == [[], []]
+
+
+def _graph_outlives_the_cache(rank: int, world_size: int, kernels: str) -> list[float]:
+    import torch
+
+    import gpucomm
+    import gpucomm.engine as engine_module
+
+    device = _init(rank, kernels)
+    t = torch.zeros(256, device=device)
+    gpucomm.all_reduce(t)  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gpucomm.all_reduce(t)
+    for n in range(1, engine_module._PROGRAM_CACHE + 20):  # evicts every program it can
+        gpucomm.all_reduce(torch.ones(n + 256, device=device))
+    torch.cuda.synchronize()
+    results = []
+    for step in range(3):
+        t.fill_(rank + step)
+        graph.replay()
+        torch.cuda.synchronize()
+        results.append(t[0].item())
+    gpucomm.destroy_process_group()
+    return results
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_a_captured_program_outlives_the_cache(kernels):
+    expected = [float(sum(r + step for r in range(2))) for step in range(3)]
+    assert run_ranks(_graph_outlives_the_cache, 2, kernels, timeout=600) == [expected, expected]
+
+
+def _timeout_in_a_replay(rank: int, world_size: int, kernels: str) -> list[str]:
+    import time
+
+    import torch
+
+    import gpucomm
+    from gpucomm.errors import CommBrokenError, CommTimeoutError
+
+    device = _init(rank, kernels, timeout=30)  # the warm-up compiles the kernel within it
+    t = torch.ones(256, device=device)
+    gpucomm.all_reduce(t)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gpucomm.all_reduce(t)
+    gpucomm.barrier()
+    seen = []
+    if rank == 0:
+        # Rank 1 never replays: rank 0's kernel waits for it until the communicator's timeout.
+        graph.replay()
+        torch.cuda.synchronize()
+        for call in (gpucomm.check, lambda: gpucomm.all_reduce(t)):
+            try:
+                call()
+            except (CommTimeoutError, CommBrokenError) as err:
+                seen.append(type(err).__name__)
+    else:
+        time.sleep(40)
+    return seen
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_a_timeout_inside_a_replayed_graph_is_raised(kernels):
+    """Rank 0 replays alone: its kernel's wait ends at the communicator's 30 s deadline, with
+    nobody watching the replay; the error must come out of check() and the next call."""
+    seen = run_ranks(_timeout_in_a_replay, 2, kernels, timeout=400, allow_exit=[1])
+    assert seen[0] == ["CommTimeoutError", "CommBrokenError"]
