@@ -24,7 +24,7 @@ import torch
 from gpucomm.errors import CommTimeoutError, GpucommError
 from gpucomm.ops.contract import Region
 
-__all__ = ["Workspace", "open_workspace", "FLAG_AREA_ALIGN", "DATA_ALIGN", "buffer_layout"]
+__all__ = ["Workspace", "Handshake", "FLAG_AREA_ALIGN", "DATA_ALIGN", "buffer_layout"]
 
 # The flag area fills whole pages so that the data area starts page-aligned (and 256-B aligned
 # for vectorised kernels) whatever the flag count.
@@ -189,53 +189,3 @@ class Handshake:
         """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers."""
         self.store.set(f"{self.prefix}ws_closed/{self.rank}", b"1")
         self._wait("workspace close", "ws_closed", time.monotonic() + self.timeout)
-
-
-def open_workspace(
-    kind: str,
-    *,
-    store: torch.distributed.Store,
-    prefix: str,
-    rank: int,
-    world_size: int,
-    data_bytes: int,
-    flag_count: int,
-    device: torch.device,
-    timeout: float,
-) -> Workspace:
-    """Open the symmetric workspace of ``kind`` ("shm" or "cuda_ipc") on every rank.
-
-    All ranks must call this simultaneously with the same ``prefix``, ``world_size``,
-    ``data_bytes`` and ``flag_count``; the prefix must not have been used by an earlier open.
-    Flags are all zero when it returns.
-
-    Raises:
-        CommTimeoutError: a peer did not publish its handle (or did not open) within ``timeout``.
-        UnsupportedError: the transport cannot run here (no CuPy, GPUs without peer access).
-        GpucommError: a peer published a malformed or mismatched handle.
-    """
-    for name, value in (("rank", rank), ("world_size", world_size), ("data_bytes", data_bytes), ("flag_count", flag_count)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"open_workspace: {name} must be an int, got {type(value).__name__}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"open_workspace: need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
-    if data_bytes < 0 or flag_count < 0 or data_bytes + flag_count == 0:
-        raise ValueError(
-            f"open_workspace: need data_bytes >= 0 and flag_count >= 0, not both 0; got "
-            f"data_bytes={data_bytes} flag_count={flag_count}"
-        )
-    if not isinstance(prefix, str):
-        raise TypeError(f"open_workspace: prefix must be a str, got {type(prefix).__name__}")
-    if not timeout > 0:
-        raise ValueError(f"open_workspace: timeout must be > 0 seconds, got {timeout!r}")
-    device = torch.device(device)
-    handshake = Handshake(store, prefix, rank, world_size, float(timeout))
-    if kind == "shm":
-        from gpucomm.transport.shm import open_shm
-
-        return open_shm(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device)
-    if kind == "cuda_ipc":
-        from gpucomm.transport.cuda_ipc import open_cuda_ipc
-
-        return open_cuda_ipc(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device)
-    raise ValueError(f"open_workspace: kind must be 'shm' or 'cuda_ipc', got {kind!r}")
