@@ -18,7 +18,7 @@ and wherever the communicator looks for errors off the hot path.
 from __future__ import annotations
 
 import collections
-import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,7 +30,7 @@ from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE,
 if TYPE_CHECKING:
     from gpucomm.engine import Engine
 
-__all__ = ["DeviceExecutor"]
+__all__ = ["DeviceExecutor", "operand_rows"]
 
 _ALIGN = 16
 # SYNC names its peers in an int64 bit mask.
@@ -64,6 +64,7 @@ class DeviceExecutor:
         self._kinds = self.record.numpy()[::RECORD_WORDS]  # host view: reading it waits for nothing
         self._timeout_ns = int(engine.timeout * 1e9)
         self._names: dict[int, str] = {}
+        self._on_gpu = self.device.type == "cuda"
 
     def epoch(self) -> int:
         """Channel 0's epoch once the launches so far have run (waits for the device)."""
@@ -82,21 +83,13 @@ class DeviceExecutor:
         if bound is None:
             self._no_upload_in_capture(program)
             bound = self._bind(program, form, addrs)
-        elif capturing(self.device):
+        elif self._on_gpu and capturing(self.device):
             bound["captured"] = True
-        self._names[program.fingerprint] = program.name
-        if len(self._names) > _NAMES_KEPT:
-            self._names.pop(next(iter(self._names)))
-        engine = self.engine
-        guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-        with guard:
-            self.kernels.run_program(
-                form["instructions"], bound["operands"], self.peers, self.state_addr, self.record.data_ptr(),
-                channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
-                half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
-                dtype=program.dtype, op=int(program.op or 0), copy_bytes=bound["copy_bytes"], aligned=bound["aligned"],
-            )
-        if self.device.type != "cuda":
+        if self._on_gpu:
+            with torch.cuda.device(self.device):
+                bound["launch"]()
+        else:
+            bound["launch"]()
             self.check()  # the launch has run: its errors are there now
 
     def _no_upload_in_capture(self, program: Program) -> None:
@@ -132,23 +125,25 @@ class DeviceExecutor:
         # Channel c owns the in-half positions of granules c, c + C, ...: one contiguous share of
         # the half each where the program uses the workspace; copies outside it (between this
         # rank's own buffers) wrap around the channels.
+        self._names[program.fingerprint] = program.name  # to name the call an error record points at
+        if len(self._names) > _NAMES_KEPT:
+            self._names.pop(next(iter(self._names)))
         extent = program.extent or largest
         granule = max(_ALIGN, -(-extent // self.channels // _ALIGN) * _ALIGN)
         return {"instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
 
     def _bind(self, program: Program, form: dict, addrs: tuple[int, ...]) -> dict:
         """The operand table of ``program`` on buffers at ``addrs``, kept for the next call on them."""
-        operands: list[list[int]] = []
-        for ins in program.instructions:
-            if ins[0] != SYNC:
-                named = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
-                operands += [_operand(r, addrs) for r in named]
-        bound = {
-            "operands": self._upload(operands, OPERAND_WORDS),
-            "copy_bytes": program.copy_bytes(addrs),
-            "aligned": program.aligned(addrs),
-            "captured": capturing(self.device),
-        }
+        engine = self.engine
+        table = self._upload(operand_rows(program, addrs), OPERAND_WORDS)
+        # Every argument of the launch packed once: a repeated call passes none of its own.
+        launch = functools.partial(
+            self.kernels.run_program, form["instructions"], table, self.peers, self.state_addr, self.record.data_ptr(),
+            channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
+            half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
+            dtype=program.dtype, op=int(program.op or 0), copy_bytes=program.copy_bytes(addrs), aligned=program.aligned(addrs),
+        )
+        bound = {"operands": table, "launch": launch, "captured": capturing(self.device)}
         kept = form["bound"]
         kept[addrs] = bound
         if len(kept) > _BINDINGS:
@@ -180,6 +175,16 @@ class DeviceExecutor:
             )
         missing = sorted({engine.members[p] for r in records for p in _ranks(r[3])})
         return CommTimeoutError(name, epoch, engine.comm_rank, missing, engine.timeout)
+
+
+def operand_rows(program: Program, addrs: tuple[int, ...]) -> list[list[int]]:
+    """The operand table of ``program`` on the call's buffers at ``addrs``, row by row."""
+    rows: list[list[int]] = []
+    for ins in program.instructions:
+        if ins[0] != SYNC:
+            named = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
+            rows += [_operand(r, addrs) for r in named]
+    return rows
 
 
 def _operand(operand: object, addrs: tuple[int, ...]) -> list[int]:

@@ -276,6 +276,15 @@ class Engine:
             self.run("all_reduce", fields, [Region.of(tensor)], lambda b: allreduce.run(algo, b, tensor, op))
         return self.completed()
 
+    def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
+        """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
+        once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
+        fields = (tensor.dtype, tensor.numel(), op.name, algo)
+        region = Region.of(tensor)
+        program = self.program("all_reduce", fields, [region], lambda b: allreduce.run(algo, b, tensor, op))
+        run, addrs = self.executor.run, (region.addr,)
+        return lambda: run(program, addrs)
+
     def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp, *, algo: str) -> Work:
         root = self.local_of(dst)
         fields = (tensor.dtype, tensor.numel(), op.name, algo)

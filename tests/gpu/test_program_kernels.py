@@ -23,10 +23,10 @@ import pytest
 import torch
 from test_cuda_kernels import DIVISOR, GUARD, _assert_same_bits, _inputs, _poison, _reduce
 
-from gpucomm.device_executor import DeviceExecutor
+from gpucomm.device_executor import DeviceExecutor, operand_rows
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
 from gpucomm.ops.reference import TorchKernels
-from gpucomm.program import FP_BITS, MISMATCH, RECORD_WORDS, TIMEOUT, Builder, Program
+from gpucomm.program import FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, TIMEOUT, Builder, Program
 from gpucomm.reduce_op import ReduceOp
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -62,9 +62,10 @@ def _tables(program: Program, channels: int, device: torch.device) -> dict:
     """The executor's own tables and launch constants of a program (DeviceExecutor._prepare),
     made without an engine: only ``channels`` and ``device`` of the executor are read."""
     executor = DeviceExecutor.__new__(DeviceExecutor)
-    executor.channels, executor.device = channels, device
+    executor.channels, executor.device, executor._names = channels, device, {}
     form = executor._prepare(program)
-    return {**form, **executor._bind(program, form, ())}
+    operands = executor._upload(operand_rows(program, ()), OPERAND_WORDS)
+    return {**form, "operands": operands, "copy_bytes": program.copy_bytes(), "aligned": program.aligned()}
 
 
 def _wrap(value: int) -> int:

@@ -1,0 +1,77 @@
+"""The host's fast path: a blocking all_reduce seen before is one lookup and one launch.
+
+A training loop reduces the same buffers with the same op call after call. The first call of a
+shape goes the whole way (validation, the dtype's wire form, path and algorithm, the program, its
+binding to the buffers); if every decision it took depends only on what the lookup key holds (the
+tensor's address, element count and dtype, the op, the communicator), :class:`Repeats` keeps the
+launch it ended in. The next call with the same key checks the two things the key does not
+(the tensor is contiguous and on this path's device) and launches. Entries hold addresses, never
+a tensor.
+
+Where the key is not enough, or something must be said or watched per call, the full path
+serves: asynchronous calls, staged dtypes (16-bit floats reduced in fp32 elsewhere, other dtypes
+as bytes), PREMUL_SUM, gloo, the hierarchical path, a CUDA stream (its events and Works),
+``GPUCOMM_DEBUG=INFO`` (a line per call) and CUDA graph capture.
+
+Measured with ``python -m gpucomm._bench.host_time`` (docs/benchmarks.md, "Host time per call").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from gpucomm import log
+from gpucomm.reduce_op import ReduceOp
+
+if TYPE_CHECKING:
+    from gpucomm.communicator import Communicator
+
+__all__ = ["Repeats"]
+
+# Kept launches per communicator: a loop's buffers are a few; a caller passing fresh tensors
+# each step only refills the table (it is emptied when full, a dict of closures being cheap to
+# rebuild and an LRU costing every hit a move).
+_KEPT = 64
+# Operators whose hash is their meaning (PREMUL_SUM objects are not, and never repeat here).
+_KEYED_OPS = (ReduceOp, dist.ReduceOp.RedOpType)
+
+Launch = Callable[[], None]
+
+
+class Repeats:
+    """The launches of blocking all_reduce calls seen before (module docstring)."""
+
+    def __init__(self) -> None:
+        self._launches: dict[tuple, tuple[Launch, str]] = {}
+
+    def find(self, tensor: torch.Tensor, op: object) -> Launch | None:
+        """The launch of a call seen before on this tensor's buffer with ``op``, or None."""
+        if not self._launches or op.__class__ not in _KEYED_OPS or not isinstance(tensor, torch.Tensor) or tensor.layout is not torch.strided:
+            return None  # the full path validates whatever is not a plain tensor
+        entry = self._launches.get((tensor.data_ptr(), tensor.numel(), tensor.dtype, op))
+        if entry is None or not tensor.is_contiguous() or tensor.device.type != entry[1]:
+            return None
+        return entry[0]
+
+    def learn(self, comm: Communicator, tensor: torch.Tensor, op: object, rop: ReduceOp) -> None:
+        """Keep the launch of a blocking all_reduce that just ran, where its key decides it."""
+        if op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
+            return
+        engine = comm._engines.get(tensor.device.type)
+        if engine is None or engine.stream is not None:
+            return
+        algo = engine.serves("all_reduce", tensor)
+        if algo is None or algo == "hierarchical":
+            return
+        launch = engine.repeat_all_reduce(tensor, rop, algo)
+        if len(self._launches) >= _KEPT:
+            self._launches.clear()
+        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = (launch, tensor.device.type)
+
+    def clear(self) -> None:
+        self._launches.clear()
