@@ -310,3 +310,22 @@ def test_a_timeout_inside_a_replayed_graph_is_not_silent():
         assert len(seen) == 2, seen
         assert seen[0].startswith("CommTimeoutError") and f"[{1 - rank}]" in seen[0], seen[0]
         assert seen[1].startswith("CommBrokenError"), seen[1]
+
+
+# -- 4. views of memory gpucomm did not allocate alias it -----------------------------------------
+def test_an_alias_is_the_memory_itself_not_a_copy():
+    """The mechanism behind the cuda_ipc peer views and the host executor's bindings, on CPU:
+    the view's data_ptr() is the address, writes go both ways, and nothing is owned."""
+    import torch
+
+    from gpucomm.ops.contract import Region
+
+    owner = torch.arange(16, dtype=torch.int32)
+    region = Region.alias(owner.data_ptr() + 8, 16, torch.device("cpu"))
+    assert region.bytes.data_ptr() == owner.data_ptr() + 8
+    view = region.view(torch.int32)
+    assert view.tolist() == [2, 3, 4, 5]
+    view.fill_(-1)
+    owner[5] = 50
+    assert owner[2:6].tolist() == [-1, -1, -1, 50] and view.tolist() == [-1, -1, -1, 50]
+    assert Region.alias(owner.data_ptr(), 0, torch.device("cpu")).bytes.numel() == 0
