@@ -49,6 +49,7 @@ from gpucomm.api import (
     reduce_scatter_tensor,
     scatter,
     send,
+    status,
     supports_complex,
 )
 from gpucomm.communicator import Communicator
@@ -111,6 +112,7 @@ __all__ = [
     "get_world_size",
     "get_backend",
     "get_default_communicator",
+    "status",
     "graph_safe",
     "get_process_group_ranks",
     "get_global_rank",
