@@ -30,7 +30,8 @@ def _ago(ns: int, now: int) -> str:
 
 
 def describe_call(call: Call) -> str:
-    """``all_reduce #6 (float32 x 4, op SUM) of the world group, called at train.py:41 in step``."""
+    """``all_reduce #6 (float32 x 4, op SUM) of the world group, called at train.py:41 in step``
+    (a subgroup reads ``of group [2, 3]``, its global ranks)."""
     parts = []
     if call.dtype:
         parts.append(f"{call.dtype} x {call.count}")
@@ -39,7 +40,11 @@ def describe_call(call: Call) -> str:
     if call.root >= 0:
         parts.append(f"root {call.root}")
     detail = f" ({', '.join(parts)})" if parts else ""
-    return f"{call.name} #{call.seq}{detail} of the {call.group} group, called at {call.site or '?'}"
+    return f"{call.name} #{call.seq}{detail} of {_group(call.group)}, called at {call.site or '?'}"
+
+
+def _group(label: str) -> str:
+    return "the world group" if label == "world" else label
 
 
 def _last(record: RankRecord, now: int) -> str:
@@ -104,7 +109,7 @@ def mismatch_story(log_: FlightLog, comm: Communicator, seq: int, peers: Sequenc
         else:
             rows.append([f"rank {r}", *_row(_find(seen, log_.group, seq))])
     table = _table(["", *_COLUMNS], rows)
-    return f"  the calls diverged at call #{seq} of the {log_.group} group:\n" + "\n".join("    " + line for line in table)
+    return f"  the calls diverged at call #{seq} of {_group(log_.group)}:\n" + "\n".join("    " + line for line in table)
 
 
 def _find(record: RankRecord | None, group: str, seq: int) -> Call | None:
