@@ -8,17 +8,18 @@ sending anything; :mod:`gpucomm.story` turns the records into words.
 
 Layout of one segment (little-endian int64 words, then a string table)::
 
-    header  [magic, pid, entries (calls entered so far), strings (count interned)]
-    ring    RING slots of [seq, collective, dtype, count, op, root, group, call site,
-                           entered at, ended at]       (slot = entries % RING)
+    header  [magic, pid, strings (count interned), 0]
+    ring    RING slots of [entry, seq, collective, dtype, count, op, root, group, call site,
+                           entered at, ended at]       (call number ``entry`` in slot entry % RING)
     strings STRINGS entries of STRING_BYTES, NUL-padded UTF-8; id 0 is the empty string
 
 Collective, dtype, op, group and call site are ids into the string table, interned once per
 process. Times are ``time.monotonic_ns()`` (CLOCK_MONOTONIC, one clock for every process of a
 host). "ended at" is 0 while the call runs, the time it completed, or minus the time it failed.
-A writer fills a slot, then publishes it by advancing ``entries``; a reader copies the segment
-and takes the ring below ``entries``: a torn slot (a reader racing the writer) shows a wrong
-call for one reading, which is acceptable for a diagnosis and costs the hot path nothing.
+``entry`` counts this rank's calls from 1 (0: a slot never written); a reader copies the segment
+and orders the slots by it. A call is one write of its slot and one store of its end time: a
+reader racing the writer may see a torn slot for one reading, which a diagnosis can afford and
+which keeps the hot path free of any ordering.
 
 One record per process and root communicator: subgroups write into their parent's record, with
 their own group id, so that a rank of the world group can see that a peer waits in a subgroup.
@@ -37,6 +38,7 @@ import os
 import struct
 import sys
 import time
+import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -55,14 +57,13 @@ RING = 64  # calls kept per rank: enough to see a pattern, small enough to copy 
 STRINGS = 256  # interned strings (call sites, names) per process; later ones show as "?"
 STRING_BYTES = 128
 _HEADER = struct.Struct("<4q")
-_SLOT = struct.Struct("<10q")
+_SLOT = struct.Struct("<11q")
 _WORD = struct.Struct("<q")
-_ENTRIES_AT = 16  # byte offset of the header's "entries" word
-_STRINGS_AT_WORD = 24
+_STRINGS_AT_WORD = 16  # byte offset of the header's string count
 _RING_AT = 64
 _STRING_TABLE_AT = _RING_AT + RING * _SLOT.size
 SEGMENT_BYTES = _STRING_TABLE_AT + STRINGS * STRING_BYTES
-_ENDED_AT = 9 * 8  # byte offset of "ended at" in a slot
+_ENDED_AT = 10 * 8  # byte offset of "ended at" in a slot
 
 # Frames in these directories are gpucomm's or torch.distributed's own, not the caller's.
 _INTERNAL_DIRS = (
@@ -156,8 +157,9 @@ class FlightRecord:
         self._mine = memoryview(self.workspace.data(node.index(me)).bytes.numpy())
         self._views = {g: self.workspace.data(i).bytes for i, g in enumerate(node)}
         self._interned: dict[str, int] = {"": 0}
-        self.entries = 0
-        _HEADER.pack_into(self._mine, 0, MAGIC, os.getpid(), 0, 1)
+        self.entries = 0  # calls entered so far, by every communicator writing here
+        self.mine = self._mine  # what FlightLog writes into
+        _HEADER.pack_into(self._mine, 0, MAGIC, os.getpid(), 1, 0)
 
     def close(self) -> None:
         """Unmap every segment. Idempotent."""
@@ -181,19 +183,14 @@ class FlightRecord:
         self._interned[text] = ident
         return ident
 
-    def write(self, seq: int, name: int, dtype: int, count: int, op: int, root: int, group: int, site: int) -> int:
-        """Record a call entered now; returns the byte offset of its slot (for :meth:`end`)."""
-        n = self.entries
-        at = _RING_AT + n % RING * _SLOT.size
-        _SLOT.pack_into(self._mine, at, seq, name, dtype, count, op, root, group, site, time.monotonic_ns(), 0)
-        self.entries = n + 1
-        _WORD.pack_into(self._mine, _ENTRIES_AT, n + 1)
-        return at
-
     def end(self, at: int, ok: bool = True) -> None:
         """Stamp the call at slot offset ``at`` as completed (or failed) now."""
         now = time.monotonic_ns()
         _WORD.pack_into(self._mine, at + _ENDED_AT, now if ok else -now)
+
+    def running(self, at: int) -> bool:
+        """Whether the call at slot offset ``at`` has not ended yet."""
+        return _WORD.unpack_from(self._mine, at + _ENDED_AT)[0] == 0
 
     # -- reading ----------------------------------------------------------------------------------
     def has(self, rank: int) -> bool:
@@ -205,7 +202,7 @@ class FlightRecord:
         if view is None:
             return None
         raw = view.numpy().tobytes()  # one copy: every field below comes from the same moment
-        magic, pid, entries, count = _HEADER.unpack_from(raw, 0)
+        magic, pid, count, _ = _HEADER.unpack_from(raw, 0)
         if magic != MAGIC:
             return RankRecord(rank, 0, [])
         strings = [_string(raw, i) for i in range(min(count, STRINGS))]
@@ -213,10 +210,12 @@ class FlightRecord:
         def text(i: int) -> str:
             return strings[i] if 0 <= i < len(strings) else "?"
 
-        calls = []
-        for k in range(max(0, entries - RING), entries):
-            seq, name, dtype, n, op, root, group, site, entered, ended = _SLOT.unpack_from(raw, _RING_AT + k % RING * _SLOT.size)
-            calls.append(Call(seq, text(name), text(dtype), n, text(op), root, text(group), text(site), entered, ended))
+        slots = sorted(_SLOT.unpack_from(raw, _RING_AT + k * _SLOT.size) for k in range(RING))
+        calls = [
+            Call(seq, text(name), text(dtype), n, text(op), root, text(group), text(site), entered, ended)
+            for entry, seq, name, dtype, n, op, root, group, site, entered, ended in slots
+            if entry > 0
+        ]
         return RankRecord(rank, pid, calls)
 
 
@@ -238,33 +237,63 @@ class FlightLog:
         self.record = record
         self.group = group
         self._group_id = record.intern(group)
-        self._internal: dict[object, bool] = {}  # code object -> inside gpucomm / torch.distributed
-        self._sites: dict[tuple[object, int], int] = {}  # (code, line) -> interned id
+        self._mine = record.mine
+        # Keyed by id(code): a code object's own hash covers its bytecode and constants, and costs
+        # microseconds per call for a function the size of Communicator._run. _codes keeps each
+        # code object alive, so that its id cannot be reused by another.
+        self._codes: list[types.CodeType] = []
+        self._internal: dict[int, bool] = {}  # id(code) -> inside gpucomm / torch.distributed
+        self._sites: dict[int, dict[int, int]] = {}  # id(code) -> instruction offset -> interned call site
+        # (collective, wire dtype, op, user dtype) -> _kind()
         self._kinds: dict[tuple[str, object, object, object], tuple[int, int, int, int, int]] = {}
-        self._open = -1  # slot offset of the last call entered and not ended
+        self._last = -1  # slot offset of the last call entered
         # Asynchronous calls not complete when they returned: (slot, entry number, Work).
         self._pending: list[tuple[int, int, Work]] = []
 
     def entered(self, seq: int, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> int:
-        """Record call ``seq`` of ``fn`` entered now; returns its slot for :meth:`completed`."""
-        user_dtype, op, root = fields.get("user_dtype"), fields.get("op"), fields.get("root", fields.get("peer"))
+        """Record call ``seq`` of ``fn`` entered now; returns its slot for :meth:`completed`.
+
+        The hot path (its cost is measured in docs/reliability.md): a walk up the frames with a
+        cached verdict per code object, starting above ``Communicator._run`` and the collective
+        method that called it; the call site looked up by instruction offset (a frame's line
+        number is computed from its line table on every access); one write of the slot.
+        """
+        frame = sys._getframe(3)
+        internal = self._internal
+        while frame is not None:
+            code = frame.f_code
+            inside = internal.get(id(code))
+            if inside is None:
+                inside = self._classify(code)
+            if not inside:
+                break
+            frame = frame.f_back
+        site = 0 if frame is None else self._sites[id(code)].get(frame.f_lasti)
+        if site is None:
+            site = self._site(code, frame)  # type: ignore[arg-type]
         dtype = None if tensor is None else tensor.dtype
-        key = (fn, dtype, user_dtype, op)
+        if fields:
+            key = (fn, dtype, fields.get("op"), fields.get("user_dtype"))
+            root = fields.get("root", fields.get("peer", -1))
+        else:
+            key, root = (fn, dtype, None, None), -1
         kind = self._kinds.get(key)
         if kind is None:
-            kind = self._kinds[key] = self._kind(fn, dtype, user_dtype, op)
-        name, dtype_id, op_id, wire_size, user_size = kind
+            kind = self._kinds[key] = self._kind(*key)
         if self._pending:
             self._sweep()
-        count = 0 if tensor is None else tensor.numel() * wire_size // user_size
-        at = self.record.write(seq, name, dtype_id, count, op_id, -1 if root is None else root, self._group_id, self._site())  # type: ignore[arg-type]
-        self._open = at
+        record = self.record
+        entry = record.entries = record.entries + 1
+        at = _RING_AT + entry % RING * _SLOT.size
+        _SLOT.pack_into(
+            self._mine, at, entry, seq, kind[0], kind[1], 0 if tensor is None else tensor.numel() * kind[3] // kind[4],
+            kind[2], -1 if root is None else root, self._group_id, site, time.monotonic_ns(), 0,  # type: ignore[operator]
+        )
+        self._last = at
         return at
 
     def completed(self, at: int) -> None:
-        self.record.end(at)
-        if self._open == at:
-            self._open = -1
+        _WORD.pack_into(self._mine, at + _ENDED_AT, time.monotonic_ns())
 
     def completes_with(self, at: int, work: Work) -> None:
         """An asynchronous call returned ``work``. The host paths have run it already (stamped
@@ -274,28 +303,26 @@ class FlightLog:
         if work.side_stream is not None or work.is_completed():
             self.completed(at)
         else:
-            self._pending.append((at, self.record.entries - 1, work))
+            self._pending.append((at, self.record.entries, work))
 
     def _sweep(self) -> None:
         still = []
         for at, entry, work in self._pending:
-            if self.record.entries - entry > RING:
+            if self.record.entries - entry >= RING:
                 continue  # its slot holds a later call now
             if work.is_completed():
                 self.record.end(at)
             else:
                 still.append((at, entry, work))
         self._pending = still
-        if self._open >= 0 and all(at != self._open for at, _, _ in still):
-            self._open = -1
 
     def failed(self) -> None:
         """The last call entered ended in an error (called where the error is translated)."""
-        if self._open >= 0:
-            self.record.end(self._open, ok=False)
-            self._open = -1
+        if self._last >= 0 and self.record.running(self._last):
+            self.record.end(self._last, ok=False)
 
-    def _kind(self, fn: str, dtype: torch.dtype | None, user_dtype: object, op: object) -> tuple[int, int, int, int, int]:
+    def _kind(self, fn: str, dtype: torch.dtype | None, op: object, user_dtype: object) -> tuple[int, int, int, int, int]:
+        """Interned name, dtype and op of a call shape, and the wire and user element sizes."""
         intern = self.record.intern
         wire_size = 1 if dtype is None else dtype.itemsize
         user_size = wire_size
@@ -306,25 +333,17 @@ class FlightLog:
                 user_size, dtype_name = user.itemsize, user_dtype
         return intern(fn), intern(dtype_name), intern("" if op is None else str(op)), wire_size, user_size
 
-    def _site(self) -> int:
-        """The interned file:line of the first frame outside gpucomm and torch.distributed."""
-        frame = sys._getframe(2)
-        internal = self._internal
-        while frame is not None:
-            code = frame.f_code
-            inside = internal.get(code)
-            if inside is None:
-                inside = internal[code] = code.co_filename.startswith(_INTERNAL_DIRS)
-            if not inside:
-                break
-            frame = frame.f_back
-        if frame is None:
-            return 0
-        key = (code, frame.f_lineno)
-        site = self._sites.get(key)
-        if site is None:
-            where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
-            site = self._sites[key] = self.record.intern(where)
+    def _classify(self, code: types.CodeType) -> bool:
+        """Whether ``code`` is gpucomm's or torch.distributed's (first sight of it)."""
+        self._codes.append(code)
+        self._sites[id(code)] = {}
+        inside = self._internal[id(code)] = code.co_filename.startswith(_INTERNAL_DIRS)
+        return inside
+
+    def _site(self, code: types.CodeType, frame: types.FrameType) -> int:
+        """Intern a call site seen for the first time: ``file.py:line in function``."""
+        where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+        site = self._sites[id(code)][frame.f_lasti] = self.record.intern(where)
         return site
 
 
