@@ -64,6 +64,9 @@ _RING_AT = 64
 _STRING_TABLE_AT = _RING_AT + RING * _SLOT.size
 SEGMENT_BYTES = _STRING_TABLE_AT + STRINGS * STRING_BYTES
 _ENDED_AT = 10 * 8  # byte offset of "ended at" in a slot
+_SLOT_BYTES = _SLOT.size
+_RING_MASK = RING - 1  # RING is a power of two
+_UNSEEN = object()
 
 # Frames in these directories are gpucomm's or torch.distributed's own, not the caller's.
 _INTERNAL_DIRS = (
@@ -241,9 +244,10 @@ class FlightLog:
         # Keyed by id(code): a code object's own hash covers its bytecode and constants, and costs
         # microseconds per call for a function the size of Communicator._run. _codes keeps each
         # code object alive, so that its id cannot be reused by another.
+        # id(code) -> None for gpucomm's and torch.distributed's own code, else the call sites
+        # seen in it: instruction offset -> interned "file:line in function".
         self._codes: list[types.CodeType] = []
-        self._internal: dict[int, bool] = {}  # id(code) -> inside gpucomm / torch.distributed
-        self._sites: dict[int, dict[int, int]] = {}  # id(code) -> instruction offset -> interned call site
+        self._sites: dict[int, dict[int, int] | None] = {}
         # (collective, wire dtype, op, user dtype) -> _kind()
         self._kinds: dict[tuple[str, object, object, object], tuple[int, int, int, int, int]] = {}
         self._last = -1  # slot offset of the last call entered
@@ -252,6 +256,7 @@ class FlightLog:
 
     def entered(self, seq: int, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> int:
         """Record call ``seq`` of ``fn`` entered now; returns its slot for :meth:`completed`.
+        Its root is ``fields["root"]`` (a send's or receive's peer is not recorded).
 
         The hot path (its cost is measured in docs/reliability.md): a walk up the frames with a
         cached verdict per code object, starting above ``Communicator._run`` and the collective
@@ -259,24 +264,19 @@ class FlightLog:
         number is computed from its line table on every access); one write of the slot.
         """
         frame = sys._getframe(3)
-        internal = self._internal
+        codes = self._sites
         while frame is not None:
-            code = frame.f_code
-            inside = internal.get(id(code))
-            if inside is None:
-                inside = self._classify(code)
-            if not inside:
+            sites = codes.get(id(frame.f_code), _UNSEEN)
+            if sites is _UNSEEN:
+                sites = self._classify(frame.f_code)
+            if sites is not None:
                 break
             frame = frame.f_back
-        site = 0 if frame is None else self._sites[id(code)].get(frame.f_lasti)
+        site = 0 if frame is None else sites.get(frame.f_lasti)  # type: ignore[union-attr]
         if site is None:
-            site = self._site(code, frame)  # type: ignore[arg-type]
+            site = self._site(frame)  # type: ignore[arg-type]
         dtype = None if tensor is None else tensor.dtype
-        if fields:
-            key = (fn, dtype, fields.get("op"), fields.get("user_dtype"))
-            root = fields.get("root", fields.get("peer", -1))
-        else:
-            key, root = (fn, dtype, None, None), -1
+        key = (fn, dtype, fields.get("op"), fields.get("user_dtype"))
         kind = self._kinds.get(key)
         if kind is None:
             kind = self._kinds[key] = self._kind(*key)
@@ -284,10 +284,10 @@ class FlightLog:
             self._sweep()
         record = self.record
         entry = record.entries = record.entries + 1
-        at = _RING_AT + entry % RING * _SLOT.size
+        at = _RING_AT + (entry & _RING_MASK) * _SLOT_BYTES
         _SLOT.pack_into(
             self._mine, at, entry, seq, kind[0], kind[1], 0 if tensor is None else tensor.numel() * kind[3] // kind[4],
-            kind[2], -1 if root is None else root, self._group_id, site, time.monotonic_ns(), 0,  # type: ignore[operator]
+            kind[2], fields.get("root", -1), self._group_id, site, time.monotonic_ns(), 0,  # type: ignore[operator]
         )
         self._last = at
         return at
@@ -333,17 +333,17 @@ class FlightLog:
                 user_size, dtype_name = user.itemsize, user_dtype
         return intern(fn), intern(dtype_name), intern("" if op is None else str(op)), wire_size, user_size
 
-    def _classify(self, code: types.CodeType) -> bool:
-        """Whether ``code`` is gpucomm's or torch.distributed's (first sight of it)."""
+    def _classify(self, code: types.CodeType) -> dict[int, int] | None:
+        """First sight of ``code``: None if it is gpucomm's or torch.distributed's own."""
         self._codes.append(code)
-        self._sites[id(code)] = {}
-        inside = self._internal[id(code)] = code.co_filename.startswith(_INTERNAL_DIRS)
-        return inside
+        sites = self._sites[id(code)] = None if code.co_filename.startswith(_INTERNAL_DIRS) else {}
+        return sites
 
-    def _site(self, code: types.CodeType, frame: types.FrameType) -> int:
+    def _site(self, frame: types.FrameType) -> int:
         """Intern a call site seen for the first time: ``file.py:line in function``."""
+        code = frame.f_code
         where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
-        site = self._sites[id(code)][frame.f_lasti] = self.record.intern(where)
+        site = self._sites[id(code)][frame.f_lasti] = self.record.intern(where)  # type: ignore[index]
         return site
 
 
