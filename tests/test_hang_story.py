@@ -160,7 +160,7 @@ def test_rank_waiting_in_a_subgroup_is_said_to_be_there(path: str) -> None:
         assert f"rank {rank} (this rank) is in all_reduce #2 (float32 x 3, op SUM) of the world group, called at {world}" in text, text
     text = results[3]  # in the pair, global rank 2 is rank 0; it gave up on the world's all_reduce 3 s ago
     assert "rank 1 timed out after 6 s waiting for rank(s) [0]" in text, text
-    assert f"rank 0 (global rank 2) is in no collective: all_reduce #2 (float32 x 3, op SUM) of the world group, called at {world} failed " in text, text
+    assert f"rank 0 (global rank 2) is in no collective (its all_reduce #2 (float32 x 3, op SUM) of the world group, called at {world} failed " in text, text
     assert f"rank 1 (this rank) is in barrier #1 of group [2, 3], called at {barrier}" in text, text
 
 
@@ -269,3 +269,14 @@ def _torch_types(rank: int, world_size: int, entry: str, tmp: str) -> list[str]:
 def test_errors_are_torch_dist_backend_errors(entry: str, tmp_path) -> None:
     results = run_ranks(_torch_types, 2, entry, str(tmp_path), timeout=90)
     assert results == [["CommTimeoutError", "CommBrokenError", "CommMismatchError"], ["CommMismatchError"]]
+
+
+def test_status_signal_knob_is_off_by_default_and_checked() -> None:
+    from gpucomm.config import Config
+
+    assert Config.from_env({}).status_signal == ""
+    assert Config.from_env({"GPUCOMM_STATUS_SIGNAL": "usr1"}).status_signal == "SIGUSR1"
+    assert Config.from_env({}, status_signal="SIGUSR2").status_signal == "SIGUSR2"
+    assert Config.from_env({"GPUCOMM_STATUS_SIGNAL": "off"}).status_signal == ""
+    with pytest.raises(ValueError, match="GPUCOMM_STATUS_SIGNAL must be off, SIGUSR1 or SIGUSR2, got 'SIGKILL'"):
+        Config.from_env({"GPUCOMM_STATUS_SIGNAL": "SIGKILL"})
