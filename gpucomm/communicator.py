@@ -129,7 +129,9 @@ class Communicator:
         self._signal: StatusSignal | None = None
         try:
             if flight is None:
-                flight = self._own_record = FlightRecord(self)
+                flight = self._own_record = FlightRecord(
+                    store, prefix, self.global_ranks, rank, self.local_world_size, self._liveness.one_host(), self.timeout
+                )
             self._flight = FlightLog(flight, group_label(self.global_ranks, self._own_record is not None, world_size))
             if self.config.status_signal and self._own_record is not None:
                 self._signal = StatusSignal(self._flight, self.global_ranks[rank], signal.Signals[self.config.status_signal])
@@ -323,7 +325,6 @@ class Communicator:
         if fn not in _POINT_TO_POINT:
             self._calls += 1
         translate = self._translate(fn, self._calls, peer)  # type: ignore[arg-type]
-        slot = self._flight.entered(self._calls, fn, tensor, fields)
         # A barrier has no tensor: it waits on the host's workspace where there is one, so that it
         # returns once every rank has arrived, as torch.distributed's does.
         engine = self._engines.get("cpu" if tensor is None else tensor.device.type)
@@ -335,6 +336,7 @@ class Communicator:
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
         if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             self._check_capturable(fn, engine, algo)
+        slot = self._flight.entered(self._calls, fn, tensor, fields)
         try:
             if algo is not None and engine.stream is not None:
                 work = self._on_stream(fn, engine, _Planned(engine, algo), serve, finish)

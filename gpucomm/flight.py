@@ -47,7 +47,6 @@ import torch
 from gpucomm.transport import open_workspace
 
 if TYPE_CHECKING:
-    from gpucomm.communicator import Communicator
     from gpucomm.work import Work
 
 __all__ = ["FlightRecord", "FlightLog", "Call", "RankRecord"]
@@ -122,6 +121,8 @@ class RankRecord:
 
     @property
     def alive(self) -> bool:
+        if self.pid <= 0:  # a segment not written yet: no process to ask about
+            return False
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -134,28 +135,38 @@ class RankRecord:
 class FlightRecord:
     """The segments of one root communicator's node: this rank's to write, its peers' to read.
 
-    Args:
-        comm: the root communicator (collective: every rank of it must open the record).
+    Collective: every rank of the root communicator opens it, with the communicator's store,
+    prefix, global ranks, its own rank in it, ranks per node, whether every rank is on this host
+    and the timeout of the handshake.
     """
 
-    def __init__(self, comm: Communicator) -> None:
-        me = comm.global_ranks[comm.rank]
-        if comm._liveness.one_host():
-            per_node = max(1, comm.local_world_size)
-            node = [g for g in comm.global_ranks if g // per_node == me // per_node]
+    def __init__(
+        self,
+        store: torch.distributed.Store,
+        prefix: str,
+        global_ranks: Sequence[int],
+        rank: int,
+        local_world_size: int,
+        one_host: bool,
+        timeout: float,
+    ) -> None:
+        me = global_ranks[rank]
+        if one_host:
+            per_node = max(1, local_world_size)
+            node = [g for g in global_ranks if g // per_node == me // per_node]
         else:  # ranks on several hosts: which share this one is not known here; keep to ourselves
             node = [me]
         self.ranks = node  # global ranks on this node, in the order of the segments
         self.workspace = open_workspace(
             "shm",
-            store=comm.store,
-            prefix=f"{comm.prefix}flight/n{node[0]}/",
+            store=store,
+            prefix=f"{prefix}flight/n{node[0]}/",
             rank=node.index(me),
             world_size=len(node),
             data_bytes=SEGMENT_BYTES,
             flag_count=0,
             device=torch.device("cpu"),
-            timeout=comm.timeout,
+            timeout=timeout,
         )
         self._mine = memoryview(self.workspace.data(node.index(me)).bytes.numpy())
         self._views = {g: self.workspace.data(i).bytes for i, g in enumerate(node)}

@@ -67,10 +67,10 @@ def _doing(record: RankRecord, now: int) -> str:
     return f"{state}{gone}; {_last(record, now)}"
 
 
-def timeout_story(log_: FlightLog, comm: Communicator, missing: Sequence[int]) -> str:
+def timeout_story(flight: FlightLog, comm: Communicator, missing: Sequence[int]) -> str:
     """For each missing rank (ranks of ``comm``): what it is doing, from its flight record where
     it is on this node; then what the waiting rank itself is in."""
-    record, now = log_.record, time.monotonic_ns()
+    record, now = flight.record, time.monotonic_ns()
     lines = []
     for r in missing:
         g = comm.global_ranks[r] if 0 <= r < comm.world_size else r
@@ -98,18 +98,18 @@ def _row(call: Call | None) -> list[str]:
     return [call.name, call.dtype or "-", str(call.count) if call.dtype else "-", call.op or "-", str(call.root) if call.root >= 0 else "-", call.site or "?"]
 
 
-def mismatch_story(log_: FlightLog, comm: Communicator, seq: int, peers: Sequence[int]) -> str:
+def mismatch_story(flight: FlightLog, comm: Communicator, seq: int, peers: Sequence[int]) -> str:
     """Both calls of a mismatch side by side: this rank's call ``seq`` and each peer's."""
-    record = log_.record
-    rows = [[f"rank {comm.rank}", *_row(_find(record.read(comm.global_ranks[comm.rank]), log_.group, seq))]]
+    record = flight.record
+    rows = [[f"rank {comm.rank}", *_row(_find(record.read(comm.global_ranks[comm.rank]), flight.group, seq))]]
     for r in peers:
         seen = record.read(comm.global_ranks[r]) if 0 <= r < comm.world_size else None
         if seen is None:
             rows.append([f"rank {r}", "(on another node: no flight record here)", "", "", "", "", ""])
         else:
-            rows.append([f"rank {r}", *_row(_find(seen, log_.group, seq))])
+            rows.append([f"rank {r}", *_row(_find(seen, flight.group, seq))])
     table = _table(["", *_COLUMNS], rows)
-    return f"  the calls diverged at call #{seq} of {_group(log_.group)}:\n" + "\n".join("    " + line for line in table)
+    return f"  the calls diverged at call #{seq} of {_group(flight.group)}:\n" + "\n".join("    " + line for line in table)
 
 
 def _find(record: RankRecord | None, group: str, seq: int) -> Call | None:
@@ -163,9 +163,9 @@ def _brief(call: Call) -> str:
     return f"{call.name} #{call.seq} {call.group} at {call.site or '?'}"
 
 
-def node_status(log_: FlightLog, rank: int) -> NodeStatus:
-    """Every rank of the node of ``log_``'s record, read now; ``rank`` is the caller's global rank."""
-    record = log_.record
+def node_status(flight: FlightLog, rank: int) -> NodeStatus:
+    """Every rank of the node of ``flight``'s record, read now; ``rank`` is the caller's global rank."""
+    record = flight.record
     ranks = []
     for g in record.ranks:
         seen = record.read(g)
@@ -183,9 +183,9 @@ class StatusSignal:
     call (gloo) prints when the call returns or times out.
     """
 
-    def __init__(self, log_: FlightLog, rank: int, signum: int) -> None:
+    def __init__(self, flight: FlightLog, rank: int, signum: int) -> None:
         self.signum = signum
-        self._log = log_
+        self._flight = flight
         self._rank = rank
         self._previous: object = None
         self.installed = False
@@ -199,7 +199,7 @@ class StatusSignal:
         self.installed = True
 
     def _handle(self, signum: int, frame: object) -> None:
-        sys.stderr.write(f"{node_status(self._log, self._rank)}\n")
+        sys.stderr.write(f"{node_status(self._flight, self._rank)}\n")
         sys.stderr.flush()
 
     def close(self) -> None:
