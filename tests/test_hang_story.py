@@ -142,6 +142,7 @@ def _subgroup_barrier(rank: int, world_size: int, knobs: dict) -> str:
         if rank == 3:
             gpucomm.barrier(group=pair)  # rank 3 waits for rank 2 in the subgroup
         else:
+            time.sleep(1)  # rank 3 is in its barrier before the world's deadline starts to run
             gpucomm.all_reduce(t)  # ranks 0-2 wait for rank 3 in the world
     except gpucomm.CommTimeoutError as err:
         gpucomm.destroy_process_group()
@@ -158,7 +159,7 @@ def test_rank_waiting_in_a_subgroup_is_said_to_be_there(path: str) -> None:
         assert f"rank {rank} timed out after 3 s waiting for rank(s) [3]" in text, text
         assert f"rank 3 is in barrier #1 of group [2, 3], called at {barrier}, for " in text, text
         assert f"rank {rank} (this rank) is in all_reduce #2 (float32 x 3, op SUM) of the world group, called at {world}" in text, text
-    text = results[3]  # in the pair, global rank 2 is rank 0; it gave up on the world's all_reduce 3 s ago
+    text = results[3]  # in the pair, global rank 2 is rank 0; it gave up on the world's all_reduce 2 s ago
     assert "rank 1 timed out after 6 s waiting for rank(s) [0]" in text, text
     assert f"rank 0 (global rank 2) is in no collective (its all_reduce #2 (float32 x 3, op SUM) of the world group, called at {world} failed " in text, text
     assert f"rank 1 (this rank) is in barrier #1 of group [2, 3], called at {barrier}" in text, text
