@@ -36,16 +36,17 @@ def _site(marker: str, function: str) -> str:
     raise LookupError(marker)
 
 
-def _warm(knobs: dict) -> None:
-    """Run one call alone first, so that the interpreter's first launch (imports, tracing: seconds
-    on a loaded machine) happens before the ranks meet, not inside a 3 s deadline."""
+def _meet(knobs: dict, **init: object) -> None:
+    """Meet the other ranks once under a generous deadline, then part: the short-deadline group
+    the scenario builds next starts with every rank there (importing torch, and the interpreter's
+    first launch, take seconds on a loaded machine, which would eat a 3 s deadline at init)."""
     import torch
 
     import gpucomm
-    from gpucomm.config import Config
 
-    with gpucomm.Communicator(torch.distributed.HashStore(), 0, 1, config=Config.from_env(**knobs)) as comm:
-        comm.all_reduce(torch.ones(1))
+    gpucomm.init_process_group(timeout=60, **init, **knobs)
+    gpucomm.all_reduce(torch.ones(1))
+    gpucomm.destroy_process_group()
 
 
 def _stuck_outside(rank: int, world_size: int, knobs: dict) -> tuple[str, float] | None:
@@ -53,7 +54,7 @@ def _stuck_outside(rank: int, world_size: int, knobs: dict) -> tuple[str, float]
 
     import gpucomm
 
-    _warm(knobs)
+    _meet(knobs)
     gpucomm.init_process_group(timeout=TIMEOUT, **knobs)
     t = torch.ones(5)
     for _ in range(2):
@@ -92,7 +93,7 @@ def _other_collective(rank: int, world_size: int, knobs: dict) -> str:
 
     import gpucomm
 
-    _warm(knobs)
+    _meet(knobs)
     gpucomm.init_process_group(timeout=30, **knobs)  # a mismatch is seen at once: no deadline waited for
     t = torch.ones(6)
     gpucomm.all_reduce(t)
@@ -132,7 +133,7 @@ def _subgroup_barrier(rank: int, world_size: int, knobs: dict) -> str:
 
     import gpucomm
 
-    _warm(knobs)
+    _meet(knobs)
     gpucomm.init_process_group(timeout=TIMEOUT, **knobs)
     # The pair waits longer than the world, so that rank 3 is still in its barrier when 0-2 raise.
     pair = gpucomm.new_group([2, 3], timeout=TIMEOUT + 3)
@@ -174,7 +175,7 @@ def _live_job(rank: int, world_size: int, knobs: dict) -> str:
 
     import gpucomm
 
-    _warm(knobs)
+    _meet(knobs)
     gpucomm.init_process_group(timeout=30, status_signal="SIGUSR1", **knobs)
     t = torch.ones(2)
     gpucomm.all_reduce(t)
@@ -241,6 +242,7 @@ def _torch_types(rank: int, world_size: int, entry: str, tmp: str) -> list[str]:
         else:
             gpucomm.init_process_group(init_method=f"file://{tmp}/{name}", rank=rank, world_size=world_size, timeout=TIMEOUT)
 
+    _meet({}, init_method=f"file://{tmp}/meet", rank=rank, world_size=world_size)
     init("timeout")
     dist.all_reduce(t)
     if rank == 1:
