@@ -50,6 +50,7 @@ from gpucomm.api import (
     reduce_scatter_tensor,
     scatter,
     send,
+    status,
     supports_complex,
 )
 from gpucomm.communicator import Communicator
@@ -112,6 +113,7 @@ __all__ = [
     "get_world_size",
     "get_backend",
     "get_default_communicator",
+    "status",
     "graph_safe",
     "check",
     "get_process_group_ranks",

@@ -25,6 +25,7 @@ from gpucomm.config import Config
 from gpucomm.errors import GpucommError, NotInitializedError, UnsupportedError
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.rendezvous import release_stores, rendezvous
+from gpucomm.story import NodeStatus
 from gpucomm.work import Work
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "get_world_size",
     "get_backend",
     "get_default_communicator",
+    "status",
     "graph_safe",
     "check",
     "get_process_group_ranks",
@@ -295,6 +297,22 @@ def is_torchelastic_launched() -> bool:
 def get_default_communicator() -> Communicator:
     """The default group's :class:`Communicator` (after ``init_process_group``)."""
     return _world("get_default_communicator")
+
+
+def status(group: object = None) -> NodeStatus:
+    """What every rank of this node is doing now, read from their flight records without
+    sending anything (a rank stuck in a collective does not need to answer).
+
+    ``str()`` of the result is a table: per rank, the call it is in (collective, call number,
+    group, call site) and for how long, and the last call it completed and how long ago.
+    ``GPUCOMM_STATUS_SIGNAL=SIGUSR1`` makes a rank print the same table when signalled.
+
+    Example::
+
+        print(gpucomm.status())          # or: kill -USR1 <pid of a rank>
+    """
+    comm = _world("status") if group is None else _as_communicator(group, "status")
+    return comm.status()
 
 
 def _world(fn: str) -> Communicator:

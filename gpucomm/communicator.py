@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import re
+import signal
 import weakref
 import zlib
 from collections.abc import Callable, Sequence
@@ -28,12 +29,14 @@ import torch.distributed as dist
 from gpucomm import dtypes, log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
-from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
+from gpucomm.flight import FlightLog, FlightRecord, group_label
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.repeat import Repeats
+from gpucomm.story import NodeStatus, StatusSignal, mismatch_story, node_status, timeout_story
 from gpucomm.validation import (
     check_numel,
     check_rank,
@@ -97,7 +100,10 @@ class Communicator:
         local_world_size: int | None = None,
         global_ranks: Sequence[int] | None = None,
         device: torch.device | None = None,
+        flight: FlightRecord | None = None,
     ) -> None:
+        """``flight``: the flight record of the parent communicator (a subgroup writes its calls
+        into it); None opens this communicator's own (collective)."""
         self.config = config if config is not None else Config.from_env()
         log.enable(self.config.debug)
         self.rank = check_rank(rank, world_size, "Communicator", "rank")
@@ -123,13 +129,23 @@ class Communicator:
         self._liveness = Liveness(store, prefix, rank, world_size)
         self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
         self._engines: dict[str, Engine] = {}  # device type -> the workspace engine serving it
+        self._own_record: FlightRecord | None = None
+        self._signal: StatusSignal | None = None
         try:
+            if flight is None:
+                flight = self._own_record = FlightRecord(
+                    store, prefix, self.global_ranks, rank, self.local_world_size, self._liveness.one_host(), self.timeout
+                )
+            self._flight = FlightLog(flight, group_label(self.global_ranks, self._own_record is not None, world_size))
+            if self.config.status_signal and self._own_record is not None:
+                self._signal = StatusSignal(self._flight, self.global_ranks[rank], signal.Signals[self.config.status_signal])
             for device_type, (transport, kernels) in self._workspace_plan().items():
                 engine = Engine.create(self, transport, kernels)
                 if engine is not None:
                     self._engines[device_type] = engine
         except BaseException:
             self._close_engines()
+            self._close_record()
             self._fallback.close()
             raise
         _LIVE.add(self)
@@ -169,14 +185,23 @@ class Communicator:
         finally:
             engines.clear()
 
+    def _close_record(self) -> None:
+        signal_, record = self._signal, self._own_record
+        self._signal = self._own_record = None
+        if signal_ is not None:
+            signal_.close()
+        if record is not None:
+            record.close()
+
     def close(self) -> None:
-        """Free the workspace and the gloo group. Idempotent."""
+        """Free the workspace, the flight record and the gloo group. Idempotent."""
         if self._closed:
             return
         self._closed = True
         _LIVE.discard(self)
         try:
             self._close_engines()
+            self._close_record()
         finally:
             self._fallback.close()
 
@@ -204,6 +229,12 @@ class Communicator:
             else:
                 described[device_type] = f"workspace transport={engine.transport} kernels={engine.kernels.name}"
         return described
+
+    def status(self) -> NodeStatus:
+        """What every rank of this rank's node is doing now (:func:`gpucomm.status`)."""
+        if self._closed:
+            raise GpucommError("gpucomm.status: this communicator is closed")
+        return node_status(self._flight, self.global_ranks[self.rank])
 
     def __enter__(self) -> Communicator:
         return self
@@ -237,6 +268,7 @@ class Communicator:
             local_world_size=self.local_world_size,  # nodes are global_rank // local_world_size
             global_ranks=[self.global_ranks[r] for r in ranks],
             device=self.device,
+            flight=self._flight.record,
         )
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -256,6 +288,8 @@ class Communicator:
             if isinstance(err, UnsupportedError):
                 return err  # raised before anything moved (a call that cannot be captured yet)
             if isinstance(err, GpucommError):
+                self._flight.failed()
+                self._tell(err, seq)
                 self._broken = err
                 return err
             text = str(err)
@@ -263,10 +297,19 @@ class Communicator:
                 return err
             missing = [peer] if peer is not None else self._liveness.culprits(seq)
             failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
+            self._flight.failed()
+            self._tell(failure, seq)
             self._broken = failure
             return failure
 
         return translate
+
+    def _tell(self, err: GpucommError, seq: int) -> None:
+        """Add what the ranks involved are doing, from the node's flight records, to ``err``."""
+        if isinstance(err, CommTimeoutError) and err.missing:
+            err.tell(timeout_story(self._flight, self, err.missing))
+        elif isinstance(err, CommMismatchError) and err.peers:
+            err.tell(mismatch_story(self._flight, self, seq, err.peers))
 
     def _run(
         self,
@@ -299,6 +342,7 @@ class Communicator:
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
         if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             self._check_capturable(fn, engine, algo)
+        slot = self._flight.entered(self._calls, fn, tensor, fields)
         try:
             if algo is not None and engine.stream is not None:
                 work = self._on_stream(fn, engine, _Planned(engine, algo), serve, finish)
@@ -325,8 +369,10 @@ class Communicator:
             # Works of one stream end in its order; gloo's works of one group end in theirs.
             watch(work, fn, self.timeout, self._fail, self.rank, queue=engine if on_stream else self._fallback)
         if async_op:
+            self._flight.completes_with(slot, work)
             return work
         work.wait()
+        self._flight.completed(slot)
         return None
 
     def _on_stream(self, fn: str, engine: Engine, path: _Planned, serve: Callable[[object], Work], finish: Callable[[], None] | None) -> Work:
@@ -397,7 +443,8 @@ class Communicator:
             size = "" if tensor is None else f", {tensor.numel()} x {tensor.dtype}"
             return (
                 f"gpucomm.{fn} call {call}: rank {self.rank} called {fn} with {options}{size}, but rank(s) {differ} "
-                f"called something else (a different collective, size, dtype, op or root)"
+                f"called something else (a different collective, size, dtype, op or root)\n"
+                + mismatch_story(self._flight, self, call, differ)
             )
 
         return describe
@@ -418,13 +465,15 @@ class Communicator:
         """
         fn = "all_reduce"
         if not async_op:
-            launch = self._repeat.find(tensor, op)
-            if launch is not None and self._broken is None and not self._closed:
+            seen = self._repeat.find(tensor, op)
+            if seen is not None and self._broken is None and not self._closed:
                 self._calls += 1
+                slot = self._flight.entered(self._calls, fn, tensor, seen.fields)
                 try:
-                    launch()
+                    seen.launch()
                 except RuntimeError as err:
                     raise self._translate(fn, self._calls, None)(err) from err
+                self._flight.completed(slot)
                 return None
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
@@ -433,7 +482,7 @@ class Communicator:
         wire = st.wire[0]
         work = self._run(fn, wire, async_op, lambda p: p.all_reduce(wire, st.op), st.write_back, [tensor], op=name, **_sent_as(tensor, wire))
         if not async_op and wire is tensor and scale is None:
-            self._repeat.learn(self, tensor, op, rop)
+            self._repeat.learn(self, tensor, op, rop, {"op": name})
         return work
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:

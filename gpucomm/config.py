@@ -42,6 +42,7 @@ class Config:
     channels: int = 0  # 0: auto (gpucomm.engine chooses)
     blocking_wait: bool = False  # Work.wait() on a GPU blocks the host too
     async_error_handling: str = "raise"  # a failure the watchdog finds: raise at the next call, or abort
+    status_signal: str = ""  # a signal name (SIGUSR1, ...) that makes a rank print gpucomm.status(); "" = off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -101,6 +102,15 @@ def _parse(name: str, value: object) -> object:
         return text in ("1", "true")
     if name == "async_error_handling":
         return choice(ASYNC_ERROR_HANDLING)
+    if name == "status_signal":
+        text = str(value).strip().upper()
+        if text in ("", "OFF", "0"):
+            return ""
+        # The two signals left to applications: no default action of their own to displace.
+        chosen = text if text.startswith("SIG") else f"SIG{text}"
+        if chosen not in ("SIGUSR1", "SIGUSR2"):
+            raise ValueError(f"gpucomm: GPUCOMM_STATUS_SIGNAL must be off, SIGUSR1 or SIGUSR2, got {value!r}")
+        return chosen
     if name == "channels":
         text = str(value).strip().lower()
         if text in ("auto", "0"):

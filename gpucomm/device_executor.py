@@ -171,7 +171,8 @@ class DeviceExecutor:
             peer = engine.members[_ranks(culprits)[0]]
             return CommMismatchError(
                 f"gpucomm.{name} epoch {epoch}: rank {engine.comm_rank} and rank {peer} called different "
-                f"collectives (or sizes, dtypes, ops, roots or algorithms) at the same step"
+                f"collectives (or sizes, dtypes, ops, roots or algorithms) at the same step",
+                op=name, epoch=epoch, rank=engine.comm_rank, peers=[peer],
             )
         missing = sorted({engine.members[p] for r in records for p in _ranks(r[3])})
         return CommTimeoutError(name, epoch, engine.comm_rank, missing, engine.timeout)

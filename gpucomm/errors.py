@@ -2,11 +2,18 @@
 
 Bad arguments raise the builtin ``ValueError`` / ``TypeError``; everything that goes wrong with
 the environment, a peer or a timeout raises a subclass of :class:`GpucommError`.
+
+A failed or timed-out collective (:class:`CommTimeoutError`, :class:`CommMismatchError`,
+:class:`CommBrokenError`) is also a ``torch.distributed.DistBackendError``, the type torch raises
+for its own backends' failures, so that code written for torch.distributed (torchelastic,
+fault-tolerant trainers) catches gpucomm's too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from torch.distributed import DistBackendError
 
 __all__ = [
     "GpucommError",
@@ -31,7 +38,20 @@ class UnsupportedError(GpucommError):
     """A knob asked for something this host cannot do (e.g. ``GPUCOMM_KERNELS=cuda`` without CUDA)."""
 
 
-class CommTimeoutError(GpucommError):
+class _Story:
+    """An error that can carry the story of the hang: what every rank involved was doing
+    (gpucomm.story builds it from the node's flight records)."""
+
+    story: str = ""
+
+    def tell(self, story: str) -> None:
+        """Append ``story`` to the message, once (the first teller knows the most: the raise)."""
+        if story and not self.story:
+            self.story = story
+            self.args = (f"{self.args[0]}\n{story}" if self.args else story,)
+
+
+class CommTimeoutError(_Story, GpucommError, DistBackendError):
     """A peer did not arrive before the deadline.
 
     Attributes name what the error message says: the collective, the epoch (the communicator's
@@ -61,11 +81,22 @@ class CommTimeoutError(GpucommError):
         )
 
 
-class CommMismatchError(GpucommError):
-    """Ranks called different collectives (or sizes, dtypes, ops, roots) in the same epoch."""
+class CommMismatchError(_Story, GpucommError, DistBackendError):
+    """Ranks called different collectives (or sizes, dtypes, ops, roots) in the same epoch.
+
+    ``rank`` is the rank raising and ``peers`` the ranks whose calls differ from its own (empty
+    where the path cannot tell which); ``op`` and ``epoch`` as in :class:`CommTimeoutError`.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, epoch: int | None = None, rank: int | None = None, peers: Sequence[int] = ()) -> None:
+        self.op = op
+        self.epoch = epoch
+        self.rank = rank
+        self.peers = list(peers)
+        super().__init__(message)
 
 
-class CommBrokenError(GpucommError):
+class CommBrokenError(GpucommError, DistBackendError):
     """The communicator failed earlier; every later call raises this with the original cause."""
 
 

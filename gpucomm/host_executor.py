@@ -224,7 +224,8 @@ class HostExecutor:
                 raise CommMismatchError(
                     f"gpucomm.{program.name} epoch {self._epoch}: rank {self.engine.comm_rank} and rank "
                     f"{self.engine.members[peer]} called different collectives (or sizes, dtypes, ops, roots or "
-                    f"algorithms) at the same step"
+                    f"algorithms) at the same step",
+                    op=program.name, epoch=self._epoch, rank=self.engine.comm_rank, peers=[self.engine.members[peer]],
                 )
 
 

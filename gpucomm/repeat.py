@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from gpucomm.reduce_op import ReduceOp
 if TYPE_CHECKING:
     from gpucomm.communicator import Communicator
 
-__all__ = ["Repeats"]
+__all__ = ["Repeats", "Seen"]
 
 # Kept launches per communicator: a loop's buffers are a few; a caller passing fresh tensors
 # each step only refills the table (it is emptied when full, a dict of closures being cheap to
@@ -43,22 +43,30 @@ _KEYED_OPS = (ReduceOp, dist.ReduceOp.RedOpType)
 Launch = Callable[[], None]
 
 
+class Seen(NamedTuple):
+    """A call seen before: its launch, the device type it ran on, what the flight record keeps."""
+
+    launch: Launch
+    device_type: str
+    fields: dict[str, object]
+
+
 class Repeats:
     """The launches of blocking all_reduce calls seen before (module docstring)."""
 
     def __init__(self) -> None:
-        self._launches: dict[tuple, tuple[Launch, str]] = {}
+        self._launches: dict[tuple, Seen] = {}
 
-    def find(self, tensor: torch.Tensor, op: object) -> Launch | None:
-        """The launch of a call seen before on this tensor's buffer with ``op``, or None."""
+    def find(self, tensor: torch.Tensor, op: object) -> Seen | None:
+        """The call seen before on this tensor's buffer with ``op``, or None."""
         if not self._launches or op.__class__ not in _KEYED_OPS or not isinstance(tensor, torch.Tensor) or tensor.layout is not torch.strided:
             return None  # the full path validates whatever is not a plain tensor
-        entry = self._launches.get((tensor.data_ptr(), tensor.numel(), tensor.dtype, op))
-        if entry is None or not tensor.is_contiguous() or tensor.device.type != entry[1]:
+        seen = self._launches.get((tensor.data_ptr(), tensor.numel(), tensor.dtype, op))
+        if seen is None or not tensor.is_contiguous() or tensor.device.type != seen.device_type:
             return None
-        return entry[0]
+        return seen
 
-    def learn(self, comm: Communicator, tensor: torch.Tensor, op: object, rop: ReduceOp) -> None:
+    def learn(self, comm: Communicator, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]) -> None:
         """Keep the launch of a blocking all_reduce that just ran, where its key decides it."""
         if op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
             return
@@ -71,7 +79,7 @@ class Repeats:
         launch = engine.repeat_all_reduce(tensor, rop, algo)
         if len(self._launches) >= _KEPT:
             self._launches.clear()
-        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = (launch, tensor.device.type)
+        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = Seen(launch, tensor.device.type, fields)
 
     def clear(self) -> None:
         self._launches.clear()
