@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gpucomm.channels import launch_channels
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot
 
@@ -45,6 +46,7 @@ class DeviceExecutor:
         self.kernels = engine.kernels
         self.device = engine.device
         self.channels = engine.channels
+        self.channels_by_size = engine.channels_by_size
         ws, flags, me = engine.workspace, engine.flags, engine.rank
         P = engine.world_size
         if P > MAX_WORLD:
@@ -79,8 +81,8 @@ class DeviceExecutor:
         with guard:
             self.kernels.run_program(
                 form["instructions"], form["operands"], self.peers, self.state_addr, self.record.data_ptr(),
-                channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
-                half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
+                channels=form["channels"], all_channels=self.channels, rank=engine.rank, world=engine.world_size,
+                fingerprint=program.fingerprint, half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
                 dtype=program.dtype, op=int(program.op or 0), copy_bytes=form["copy_bytes"], aligned=form["aligned"],
             )
         if self.device.type != "cuda":
@@ -109,10 +111,13 @@ class DeviceExecutor:
             largest = max(largest, ins[1])
         # Channel c owns the in-half positions of granules c, c + C, ...: one contiguous share of
         # the half each where the program uses the workspace; copies outside it (between this
-        # rank's own buffers) wrap around the channels.
+        # rank's own buffers) wrap around the channels. The grid follows the program's size
+        # (gpucomm.channels), the same on every rank.
         extent = program.extent or largest
-        granule = max(_ALIGN, -(-extent // self.channels // _ALIGN) * _ALIGN)
+        grid = launch_channels(extent, self.channels) if self.channels_by_size else self.channels
+        granule = max(_ALIGN, -(-extent // grid // _ALIGN) * _ALIGN)
         return {
+            "channels": grid,
             "instructions": self._upload(rows, WORDS),
             "operands": self._upload(operands, OPERAND_WORDS),
             "granule": granule,
