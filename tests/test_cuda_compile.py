@@ -242,7 +242,8 @@ def test_bulk_paths_move_16_byte_vectors(compiled, arch: int) -> None:
 
 # Measured (nvcc 13.0): the float32 sum program kernel issues 5 LDG.E.128 in a row before its
 # first fold or store at sm_80 and sm_90 (ptxas starts folding the first sources while the last
-# are in flight); the kernel of 2026-11-22 issued 1 (load a source, fold it, load the next).
+# are in flight); the kernel of 2026-11-22, which loaded a source, folded it, then loaded the next,
+# reaches 2 by this count.
 PROGRAM_LOADS_BEFORE_FOLDING = 5
 
 
