@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gpucomm.channels import launch_channels
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.capture import capturing
 from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot, resolve
@@ -50,6 +51,7 @@ class DeviceExecutor:
         self.kernels = engine.kernels
         self.device = engine.device
         self.channels = engine.channels
+        self.channels_by_size = engine.channels_by_size
         ws, flags, me = engine.workspace, engine.flags, engine.rank
         P = engine.world_size
         if P > MAX_WORLD:
@@ -124,13 +126,15 @@ class DeviceExecutor:
             largest = max(largest, ins[1])
         # Channel c owns the in-half positions of granules c, c + C, ...: one contiguous share of
         # the half each where the program uses the workspace; copies outside it (between this
-        # rank's own buffers) wrap around the channels.
+        # rank's own buffers) wrap around the channels. The grid follows the program's size
+        # (gpucomm.channels), the same on every rank.
         self._names[program.fingerprint] = program.name  # to name the call an error record points at
         if len(self._names) > _NAMES_KEPT:
             self._names.pop(next(iter(self._names)))
         extent = program.extent or largest
-        granule = max(_ALIGN, -(-extent // self.channels // _ALIGN) * _ALIGN)
-        return {"instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
+        grid = launch_channels(extent, self.channels) if self.channels_by_size else self.channels
+        granule = max(_ALIGN, -(-extent // grid // _ALIGN) * _ALIGN)
+        return {"channels": grid, "instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
 
     def _bind(self, program: Program, form: dict, addrs: tuple[int, ...]) -> dict:
         """The operand table of ``program`` on buffers at ``addrs``, kept for the next call on them."""
@@ -139,7 +143,7 @@ class DeviceExecutor:
         # Every argument of the launch packed once: a repeated call passes none of its own.
         launch = functools.partial(
             self.kernels.run_program, form["instructions"], table, self.peers, self.state_addr, self.record.data_ptr(),
-            channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
+            channels=form["channels"], all_channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
             half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
             dtype=program.dtype, op=int(program.op or 0), copy_bytes=program.copy_bytes(addrs), aligned=program.aligned(addrs),
         )

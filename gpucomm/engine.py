@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
+from gpucomm.channels import layout_channels
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
@@ -117,7 +118,9 @@ class Engine:
                 f"gpucomm: GPUCOMM_WORKSPACE_BYTES={data_bytes} leaves halves of {self.half_bytes} bytes, too "
                 f"small for 16 bytes per rank of {self.world_size} ranks on a node; raise it"
             )
-        self.channels = _channels(comm.config.channels, self.kernels.name, device, self.world_size)
+        self.channels = layout_channels(comm.config.channels, self.kernels.name, device, self.world_size)
+        # GPUCOMM_CHANNELS fixes every launch's grid; otherwise it follows each program's size.
+        self.channels_by_size = not comm.config.channels
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
         node_tag = f"n{topology.node}/" if topology.hierarchical else ""
@@ -381,21 +384,6 @@ class Engine:
         """The Work of a collective whose kernels were all issued (the communicator adds the
         end of its stream on a GPU)."""
         return Work()
-
-
-def _channels(knob: int, kernels: str, device: torch.device, world_size: int) -> int:
-    """How many channels the program kernel runs (1 for the host executor)."""
-    if kernels == "torch":
-        return 1
-    if knob:
-        return knob
-    if device.type != "cuda":
-        return 1  # the interpreter runs channels one after the other: more buy nothing
-    # Enough channels for a launch to keep the copy engines of the SMs busy, few enough that the
-    # channels of every rank sharing this GPU fit on it at once (waits spin inside them). To be
-    # measured on a lent GPU (docs/results/).
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(16, sms // (2 * world_size)))
 
 
 def _split(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[Region]:

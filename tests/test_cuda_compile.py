@@ -240,6 +240,27 @@ def test_bulk_paths_move_16_byte_vectors(compiled, arch: int) -> None:
         assert any(ins.startswith("STG.E.128") for ins in sass), name
 
 
+# Measured (nvcc 13.0): the float32 sum program kernel issues 5 LDG.E.128 in a row before its
+# first fold or store at sm_80 and sm_90 (ptxas starts folding the first sources while the last
+# are in flight); the kernel of 2026-11-22, which loaded a source, folded it, then loaded the next,
+# reaches 2 by this count.
+PROGRAM_LOADS_BEFORE_FOLDING = 5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_program_reduce_loads_its_sources_before_folding(compiled, arch: int) -> None:
+    # A REDUCE of up to 8 sources loads one 16-byte vector of each before its fold.
+    sass = compiled["program.cu", arch].sass["gpucomm_program_sum_float32"]
+    best = run = 0
+    for ins in sass:
+        if re.match(r"(@!?P\d+\s+)?LDG\.E\.128", ins):
+            run += 1
+            best = max(best, run)
+        elif re.match(r"(@!?P\d+\s+)?(FADD|STG)\b", ins):
+            run = 0
+    assert best >= PROGRAM_LOADS_BEFORE_FOLDING, best
+
+
 def test_compile_options_pin_the_rounding() -> None:
     options = compile_options("sm_90", {"B": 2, "A": 1})
     assert options[:6] == (

@@ -17,6 +17,8 @@ import sys
 import pytest
 
 ARCHS = (80, 90)
+# Sources a REDUCE loads at once, as the launcher picks them for 2, 4 and 8 ranks.
+LOAD_SOURCES = (2, 4, 8)
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 # Memory instructions and divisions, e.g. "atom.global.sys.release.exch.b64", "div.rn.f32".
@@ -93,7 +95,7 @@ def _variants() -> dict[str, tuple]:
     program_signature = {
         "prog_ptr": "*i64", "n_instr": "i64", "opnd_ptr": "*i64", "peers_ptr": "*i64", "state_addr": "i64",
         "record_addr": "i64", "rank": "i32", "world": "i32", "fingerprint": "i64", "half_bytes": "i64",
-        "granule": "i64", "timeout_ns": "i64",
+        "granule": "i64", "timeout_ns": "i64", "all_channels": "i32",
     }
     program_variants = [(dtype, "SUM") for dtype in DTYPES] + [("float32", op) for op in ("PRODUCT", "MIN", "MAX")]
     program_variants.append(("bfloat16", "MIN"))
@@ -101,10 +103,14 @@ def _variants() -> dict[str, tuple]:
         constexprs = {
             "DTYPE": getattr(tl, dtype), "OP": getattr(reduce, f"OP_{op}"), "COPY_ELEM": tl.int64, "COPY_BYTES": 8,
             "ELEM_BYTES": {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4), "ALIGNED": True,
-            "PEERS": 16, "BLOCK": 1024,
+            "SOURCES": 8, "LANES": 32 * program.NUM_WARPS,
         }
         signature = {**program_signature, **{name: "constexpr" for name in constexprs}}
         variants[f"program-{op}-{dtype}"] = (program.program_kernel, signature, constexprs, {})
+    # The REDUCE body at fewer sources loaded at once (a workspace of 2 or 4 ranks).
+    for sources in LOAD_SOURCES[:-1]:
+        kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
+        variants[f"program-SUM-float32-sources{sources}"] = (kernel, signature, {**constexprs, "SOURCES": sources}, attrs)
     # Triton may turn an int argument equal to 1 into a constant; the kernels must compile then too.
     kernel, signature, constexprs, attrs = variants["reduce-AVG-float32"]
     variants["reduce-AVG-float32-divisor1"] = (
@@ -119,6 +125,13 @@ def _variants() -> dict[str, tuple]:
     return variants
 
 
+def _options(name: str) -> dict:
+    """Compile options as the launcher passes them to the program kernel."""
+    from gpucomm._kernels.triton import program
+
+    return {"num_warps": program.NUM_WARPS, "maxnreg": program.MAX_REGISTERS} if name.startswith("program") else {}
+
+
 def _worker() -> dict[str, list[str] | str]:
     """Compile every variant for every arch; the sorted instructions seen, or the error text."""
     import triton
@@ -131,14 +144,103 @@ def _worker() -> dict[str, list[str] | str]:
         for arch in ARCHS:
             source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
             try:
-                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32))
+                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=_options(name))
             except Exception as exc:  # reported per variant, so one failure does not hide others
                 report[f"{name}-sm{arch}"] = f"{type(exc).__name__}: {exc}"
                 continue
             ptx = compiled.asm["ptx"]
             markers = ["%globaltimer"] if "%globaltimer" in ptx else []
             report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(ptx))) + markers
+            if name.startswith("program"):
+                report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
+                report[f"{name}-sm{arch}-timer"] = _timer_facts(compiled.asm["ttgir"])
     return report
+
+
+# -- what the PTX's loops load ------------------------------------------------------------------
+_LABEL = re.compile(r"^\s*(\$L__\w+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+# A 16-byte load from global memory: ld.global.v4.b32 (4-byte elements), ld.global.v2.b64 (8-byte).
+_VECTOR_LOAD = re.compile(r"\bld\.global(?:\.\w+)*\.v(?:4\.[bfsu]32|2\.[bfsu]64)\b")
+# What folds or stores: a float32 fold (the variants these counts are asserted on), a global store.
+_FOLD_OR_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:(?:add|mul|min|max)(?:\.\w+)*\.f32|st\.global)\b")
+
+
+def _loop_loads(ptx: str) -> list[list[int]]:
+    """[16-byte loads, folds or stores between the first and the last of them] of every loop of
+    the PTX, counting only a loop's own lines (not those of loops nested in it): what one
+    iteration issues, and whether it waits for a load's data before it has issued them all."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
+    # A loop is a branch back to a label above it.
+    spans = [
+        (labels[m.group(1)], i)
+        for i, line in enumerate(lines)
+        if (m := _BRANCH.search(line)) and labels.get(m.group(1), i + 1) <= i
+    ]
+    found = []
+    for lo, hi in spans:
+        nested = [(a, b) for a, b in spans if lo <= a and b <= hi and (a, b) != (lo, hi)]
+        own = [lines[i] for i in range(lo, hi + 1) if not any(a <= i <= b for a, b in nested)]
+        loads = [k for k, line in enumerate(own) if _VECTOR_LOAD.search(line)]
+        between = own[loads[0] : loads[-1]] if loads else []
+        found.append([len(loads), sum(bool(_FOLD_OR_STORE.match(line)) for line in between)])
+    return found
+
+
+# -- where the wait's clock goes ----------------------------------------------------------------
+_DEF = re.compile(r"^\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)$")
+_USE = re.compile(r"%[\w.$-]+")
+_LAYOUT = re.compile(r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[(\d+)\], threadsPerWarp = \[(\d+)\], warpsPerCTA = \[(\d+)\]")
+_TIMER = re.compile(r"globaltimer.*->\s*(tensor<(\d+)x\w+, (#\w+)>|\w+)")
+
+
+def _timer_facts(ttgir: str) -> dict:
+    """How the kernel reads %globaltimer and what its readings reach (from the TTGIR).
+
+    ``per_thread``: every reading is a tensor laid out one element per thread of the block (a
+    scalar, or a replicated tensor, would be read by each thread on its own with nothing to make
+    the threads agree). ``branch_sees_raw``: some loop exit or branch depends on a reading through
+    no reduction; ``branch_sees_reduced``: some does through a ``tt.reduce`` (a block-wide value).
+    """
+    layouts = {m.group(1): [int(x) for x in m.groups()[1:]] for line in ttgir.splitlines() if (m := _LAYOUT.match(line))}
+    defs: dict[str, str] = {}
+    for line in ttgir.splitlines():
+        line = re.sub(r"\bloc\(.*$", "", line)
+        if m := _DEF.match(line):
+            defs[m.group(1)] = m.group(2)
+        # scf.while's loop-carried values start from their initial ones: (%arg = %init, ...).
+        for name, init in re.findall(r"(%[\w.$-]+) = (%[\w.$-]+)(?=[,)])", line.split("=", 1)[-1]):
+            defs.setdefault(name, init)
+    per_thread = True
+    for line in ttgir.splitlines():
+        if m := _TIMER.search(line):
+            shape, layout = m.group(2), m.group(3)
+            spt, tpw, wpc = layouts.get(layout, (0, 0, 0))
+            per_thread &= shape is not None and spt == 1 and int(shape) == tpw * wpc
+
+    def reaches_timer(name: str, through_reduce: bool, seen: set) -> tuple[bool, bool]:
+        """(a raw reading reaches name, a reduced reading does)."""
+        if name in seen or name not in defs:
+            return False, False
+        seen.add(name)
+        text = defs[name]
+        if "globaltimer" in text:
+            return (not through_reduce, through_reduce)
+        reduces = text.startswith('"tt.reduce"')
+        raw = reduced = False
+        for use in _USE.findall(text):
+            r, d = reaches_timer(use.split("#")[0], through_reduce or reduces, seen)
+            raw, reduced = raw or r, reduced or d
+        return raw, reduced
+
+    raw = reduced = False
+    for line in ttgir.splitlines():
+        m = re.search(r"\b(?:scf\.condition|scf\.if)\s*\(?\s*(%[\w.$-]+)", line)
+        if m:
+            r, d = reaches_timer(m.group(1), False, set())
+            raw, reduced = raw or r, reduced or d
+    return {"per_thread": per_thread, "branch_sees_raw": raw, "branch_sees_reduced": reduced}
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +325,42 @@ def test_program_kernel_compiles_with_system_scope_flags_a_clock_and_vectors(ptx
 @pytest.mark.parametrize("op", ["SUM", "PRODUCT", "MIN", "MAX"])
 def test_program_kernel_compiles_every_fold(ptx, arch: int, op: str) -> None:
     _instructions(ptx, f"program-{op}-float32-sm{arch}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("variant", ["SUM-float32", "SUM-bfloat16", "MIN-bfloat16"])
+def test_program_wait_decides_its_timeout_once_per_block(ptx, arch: int, variant: str) -> None:
+    # Issue 21, item 5. Threads read %globaltimer at different moments: if each decided the
+    # deadline for itself, warps would leave the wait at different iterations and meet different
+    # barriers. The kernel reads the clock one lane per thread and decides by a reduction over
+    # the block, so every warp leaves together and sees the same outcome.
+    facts = ptx[f"program-{variant}-sm{arch}-timer"]
+    assert facts == {"per_thread": True, "branch_sees_raw": False, "branch_sees_reduced": True}, facts
+
+
+# Measured on the sm_90 PTX (Triton 3.9): 16 loads of 16 bytes per thread in one iteration of the
+# REDUCE body at 2, 4 and 8 sources, all issued before the first fold or store (the kernel of
+# 2026-11-22 issued 1 per iteration of a loop over the sources). The floor is that count.
+REDUCE_LOADS_FLOOR = 16
+# COPY: 8 loads of 16 bytes per thread per iteration before it stores (2 before).
+COPY_LOADS_FLOOR = 8
+
+
+@pytest.mark.parametrize("sources", LOAD_SOURCES)
+def test_program_reduce_keeps_every_source_in_flight_before_folding(ptx, sources: int) -> None:
+    name = "program-SUM-float32" + ("" if sources == LOAD_SOURCES[-1] else f"-sources{sources}")
+    loops = ptx[f"{name}-sm90-loops"]
+    # float32 sources load as ld.global.v4.b32; the REDUCE body is the loop with the most of them.
+    loads, interleaved = max(loops)
+    assert loads >= REDUCE_LOADS_FLOOR, loops
+    assert interleaved == 0, loops  # no fold or store until every load of the iteration is issued
+
+
+def test_program_copy_keeps_several_loads_in_flight_before_storing(ptx) -> None:
+    # The COPY body moves int64 units here: ld.global.v2.b64. Its loop is the only one with a
+    # number of loads other than the REDUCE's.
+    loops = [loop for loop in ptx["program-SUM-float32-sm90-loops"] if 0 < loop[0] < REDUCE_LOADS_FLOOR]
+    assert loops and all(loads >= COPY_LOADS_FLOOR and interleaved == 0 for loads, interleaved in loops), loops
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

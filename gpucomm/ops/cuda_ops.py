@@ -250,8 +250,11 @@ class CudaKernels:
         op: int,
         copy_bytes: int,
         aligned: bool,
+        all_channels: int | None = None,
     ) -> None:
-        """One launch of ``kernels/cuda/program.cu``: ``channels`` blocks on torch's current stream.
+        """One launch of ``kernels/cuda/program.cu``: ``channels`` blocks on torch's current stream;
+        ``all_channels`` (default ``channels``) is how many the flag layout has, whose epochs the
+        launch keeps in step.
 
         The arguments mean what they mean for ``TritonKernels.run_program``
         (:mod:`gpucomm.device_executor` describes them). ``copy_bytes`` and ``aligned`` are
@@ -261,15 +264,16 @@ class CudaKernels:
 
         Nothing here waits for the device or allocates: a CUDA graph can capture the launch.
         """
+        all_channels = channels if all_channels is None else all_channels
         kernel = _check_program(
             self._device, instructions, operands, peers, state_addr, record_addr, channels, rank, world,
-            fingerprint, half_bytes, granule, timeout_ns, dtype, op,
+            fingerprint, half_bytes, granule, timeout_ns, dtype, op, all_channels,
         )
         args = (
             np.uint64(instructions.data_ptr()), np.int64(instructions.numel() // WORDS),
             np.uint64(operands.data_ptr()), np.uint64(peers.data_ptr()), np.uint64(state_addr),
             np.uint64(record_addr), np.int32(rank), np.int32(world), np.int64(fingerprint),
-            np.int64(half_bytes), np.int64(granule), np.uint64(timeout_ns),
+            np.int64(half_bytes), np.int64(granule), np.uint64(timeout_ns), np.int32(all_channels),
         )
         self._launch("program.cu", kernel, channels, args)
 
@@ -397,6 +401,7 @@ def _check_program(
     timeout_ns: int,
     dtype: torch.dtype | None,
     op: int,
+    all_channels: int | None = None,
 ) -> str:
     """Check run_program's arguments (cheaply: it runs on every call); the kernel's name."""
     fn = "CudaKernels.run_program"
@@ -410,6 +415,8 @@ def _check_program(
         raise ValueError(f"{fn}: peers must hold 2 * world = {2 * world} addresses, got {peers.numel()}")
     _check_int(fn, "rank", rank, 0, world - 1)
     _check_int(fn, "channels", channels, 1, 2**31 - 1)
+    if all_channels is not None:
+        _check_int(fn, "all_channels", all_channels, channels, 2**31 - 1)
     _check_int(fn, "fingerprint", fingerprint, 0, (1 << FP_BITS) - 1)
     _check_int(fn, "granule", granule, 1, 2**63 - 1)
     _check_int(fn, "half_bytes", half_bytes, 0, 2**63 - 1)

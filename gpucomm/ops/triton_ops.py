@@ -27,11 +27,6 @@ __all__ = ["TritonKernels"]
 # they are kept (bounded: pieces of large tensors and user buffers bring new addresses).
 _TABLE_CACHE_SIZE = 1024
 
-# Elements per vector step of the program kernel. On a GPU, 1024 lanes of 8 warps keep several
-# 16-byte accesses in flight per thread; under the interpreter every step costs Python overhead,
-# so it takes bigger steps.
-_PROGRAM_BLOCK = {"cuda": 1024, "cpu": 4096}
-
 # The wait kernel polls a bounded number of times per launch, then the host checks the clock.
 # A round should take about _ROUND_S: long enough that launches are rare, short enough that a
 # wait returns soon after its deadline. One poll costs ~1 us on a GPU and ~0.5 ms under the
@@ -141,8 +136,11 @@ class TritonKernels:
         op: int,
         copy_bytes: int,
         aligned: bool,
+        all_channels: int | None = None,
     ) -> None:
-        """One launch of the program kernel (gpucomm.device_executor describes the arguments)."""
+        """One launch of the program kernel (gpucomm.device_executor describes the arguments) over
+        ``channels`` blocks; ``all_channels`` (default ``channels``) is how many the flag layout
+        has, whose epochs the launch keeps in step."""
         self._check_device("run_program", Region.of(instructions))
         if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
             dtype = torch.int32
@@ -151,6 +149,6 @@ class TritonKernels:
             channels=channels, rank=rank, world=world, fingerprint=fingerprint, half_bytes=half_bytes,
             granule=granule, timeout_ns=timeout_ns, dtype=reduce_kernel.TL_DTYPES[dtype], op=op,
             copy_bytes=copy_bytes, elem_bytes=torch.empty(0, dtype=dtype).element_size(), aligned=aligned,
-            block=_PROGRAM_BLOCK[self.device.type],
+            all_channels=all_channels,
         )
 

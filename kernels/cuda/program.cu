@@ -69,6 +69,7 @@ struct Launch {
     gc_i64 half_bytes;       // bytes from half 0 to half 1
     gc_i64 granule;          // bytes of in-half positions a channel owns in turn
     gc_u64 timeout_ns;       // a wait gives up after this long
+    int all_channels;        // channels of the flag layout (epochs in state), >= the grid
     int channel;             // this block
     int channels;            // the grid
     gc_i64 e0;               // the channel's epoch at launch: it picks the half of every round
@@ -259,8 +260,7 @@ template <class D, class Op>
 __device__ __forceinline__ void run_program(Launch L) {
     __shared__ gc_u64 cached[CACHED_OPERANDS];
     __shared__ gc_i64 seen[MAX_PEERS];
-    gc_i64* epoch = L.state + 1 + L.channel;
-    L.e0 = *epoch;
+    L.e0 = L.state[1 + L.channel];
     // One thread looks at the poison for the whole block (another channel may set it meanwhile,
     // and every thread must take the same path); the barrier also orders every thread's read of
     // the epoch before thread 0 stores it back.
@@ -277,7 +277,12 @@ __device__ __forceinline__ void run_program(Launch L) {
         }
         // Any other row moves nothing: the executor uploads one row of zeros for an empty program.
     }
-    if (threadIdx.x == 0) *epoch = e;
+    // A launch may run fewer channels than the flag layout has (small messages run one): channel
+    // c also keeps the epochs of channels c + grid, c + 2 * grid, ..., so that every channel
+    // counts every SYNC and a later launch, whatever its grid, starts from one epoch.
+    if (threadIdx.x == 0) {
+        for (int c = L.channel; c < L.all_channels; c += L.channels) L.state[1 + c] = e;
+    }
 }
 
 }  // namespace
@@ -286,10 +291,10 @@ __device__ __forceinline__ void run_program(Launch L) {
 #define GPUCOMM_PROGRAM_PARAMS                                                                        \
     const gc_i64 *prog, gc_i64 n_instr, const gc_i64 *operands, const gc_i64 *peers, gc_i64 *state,   \
         gc_i64 *record, int rank, int world, gc_i64 fingerprint, gc_i64 half_bytes, gc_i64 granule,    \
-        gc_u64 timeout_ns
+        gc_u64 timeout_ns, int all_channels
 #define GPUCOMM_PROGRAM_LAUNCH                                                                        \
     Launch{prog, n_instr, operands, peers, state, record, rank, world, fingerprint, half_bytes,        \
-           granule, timeout_ns, (int)blockIdx.x, (int)gridDim.x, 0}
+           granule, timeout_ns, all_channels, (int)blockIdx.x, (int)gridDim.x, 0}
 
 #define GPUCOMM_PROGRAM_KERNEL(op_name, OpType, dtype_name, DType)                                   \
     extern "C" __global__ void __launch_bounds__(GPUCOMM_THREADS)                                    \

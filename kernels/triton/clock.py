@@ -1,4 +1,10 @@
-"""``clock_ns()``: the wall clock a kernel's bounded waits measure their deadline with.
+"""``clock_ns_lanes(lanes)``: the wall clock a kernel's bounded waits measure their deadline with,
+read by every thread that holds a lane of ``lanes`` (one value per lane).
+
+A per-thread reading must never steer control flow by itself: threads read it at different
+moments, so they would disagree about a deadline. It is therefore a tensor, and a kernel takes a
+block-wide reduction of it (kernels/triton/program.py's ``_wait_status``). A scalar would be worse
+than wrong: Triton assumes a scalar is the same in every thread, and would branch on it as such.
 
 On a GPU it is ``%globaltimer`` (nanoseconds, the same clock on every SM). Under the Triton
 interpreter (``TRITON_INTERPRET=1``, the CPU emulation CI runs) kernels execute as Python, and
@@ -18,7 +24,7 @@ import time
 import triton
 import triton.language as tl
 
-__all__ = ["clock_ns", "INTERPRETED"]
+__all__ = ["clock_ns_lanes", "INTERPRETED"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -30,13 +36,16 @@ def _host_clock_ns() -> int:
 if INTERPRETED:
 
     @triton.jit
-    def clock_ns():
-        """Nanoseconds of the host's monotonic clock (interpreter only)."""
-        return _host_clock_ns()
+    def clock_ns_lanes(lanes):
+        """Nanoseconds of the host's monotonic clock in every lane (interpreter only)."""
+        return tl.zeros(lanes.shape, tl.int64) + _host_clock_ns()
 
 else:
 
     @triton.jit
-    def clock_ns():
-        """Nanoseconds of the GPU's global timer; only differences are meaningful."""
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    def clock_ns_lanes(lanes):
+        """Nanoseconds of the GPU's global timer, read by the thread of each lane; only differences
+        are meaningful. ``lanes`` (int32) only gives the shape and layout: the asm ignores it."""
+        return tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l,r", [lanes], dtype=tl.int64, is_pure=False, pack=1
+        )

@@ -27,7 +27,7 @@ lives in, counted in syncs from the start of the launch: half ``(epoch at launch
 State on the device: the epoch of every channel and a poison word live in the rank's own flag
 area (``state_addr``: [poison, epoch of channel 0, epoch of channel 1, ...]); a launch loads
 them, advances them and stores them back, so a replayed CUDA graph continues from where the
-last launch left off. Every wait ends at its deadline (``clock_ns``); a timeout, or a peer's flag
+last launch left off. Every wait ends at its deadline (``clock_ns_lanes``, decided once per block); a timeout, or a peer's flag
 at this epoch with another fingerprint, writes the channel's error record (``RECORD_WORDS``
 int64 at ``record_addr``: [kind, epoch, instruction, peer mask, value seen, fingerprint]),
 sets the poison word and ends the channel; every later launch sees the poison and does nothing.
@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
-from gpucomm._kernels.triton.clock import clock_ns
+from gpucomm._kernels.triton.clock import clock_ns_lanes
 # The instruction set is gpucomm.program's; re-exported for the launcher and the tests.
 from gpucomm.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, TIMEOUT, WORDS
 
@@ -68,6 +68,21 @@ _RECORD_WORDS = tl.constexpr(RECORD_WORDS)
 _TIMEOUT = tl.constexpr(TIMEOUT)
 _MISMATCH = tl.constexpr(MISMATCH)
 
+# Warps of a channel (a block): 256 threads.
+NUM_WARPS = 8
+# Sources a REDUCE loads before folding: with 2 vectors each, 8 sources keep 16 loads of 16 bytes
+# in flight per thread (64 registers), within the 255 a thread of a 256-thread block can have.
+MAX_SOURCES = 8
+# 16-byte loads per thread per step: a REDUCE spreads _REDUCE_LOADS over its sources (2 each at
+# least), a COPY issues _COPY_VECTORS before storing: 64 KiB (REDUCE) or 32 KiB (COPY) in flight
+# per channel. How many it takes to reach the bandwidth of an H100 awaits a GPU measurement.
+_REDUCE_LOADS = tl.constexpr(16)
+_COPY_VECTORS = tl.constexpr(8)
+# Registers a thread may use. By default ptxas (CUDA 13.4, as Triton 3.9 ships it) held the
+# kernel to 128 and spilled 148 bytes (sm_90, float32 SUM, 8 sources); allowed 255 it used 174
+# and spilled nothing. A channel is one 256-thread block: 174 x 256 still fits an SM's 64 Ki.
+MAX_REGISTERS = 255
+
 
 @triton.jit
 def _address(opnd_ptr, index, peers_ptr, e0, half_bytes):
@@ -81,13 +96,15 @@ def _address(opnd_ptr, index, peers_ptr, e0, half_bytes):
 
 
 @triton.jit
-def _copy_range(dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+def _copy_range(dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr, ALIGNED: tl.constexpr, LANES: tl.constexpr):
     n = nbytes // COPY_BYTES
     d = as_pointer(dst, COPY_ELEM, ALIGNED)
     s = as_pointer(src, COPY_ELEM, ALIGNED)
     body = _vector_body(n, COPY_BYTES, ALIGNED)
-    for start in range(0, body, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    # Each thread loads _COPY_VECTORS 16-byte vectors, all in flight at once, before it stores any.
+    STEP: tl.constexpr = _COPY_VECTORS * 16 * LANES // COPY_BYTES
+    for start in range(0, body, STEP):
+        offs = start + tl.arange(0, STEP)
         mask = offs < body
         tl.store(d + offs, tl.load(s + offs, mask=mask), mask=mask)
     # The last elements that do not fill a 16-byte vector (none unless ALIGNED).
@@ -110,26 +127,67 @@ def _vector_body(n, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
 @triton.jit
 def _reduce_range(
     out, opnd_ptr, first_src, n_src, lo, nbytes, peers_ptr, e0, half_bytes, do_divide, divisor,
-    DTYPE: tl.constexpr, OP: tl.constexpr, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+    DTYPE: tl.constexpr, OP: tl.constexpr, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr,
+    SOURCES: tl.constexpr, LANES: tl.constexpr,
 ):
     n = nbytes // ELEM_BYTES
     body = _vector_body(n, ELEM_BYTES, ALIGNED)
-    for start in range(0, body, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        _reduce_step(out, opnd_ptr, first_src, n_src, lo, offs, offs < body, peers_ptr, e0, half_bytes, do_divide, divisor, DTYPE, OP, ALIGNED)
+    # Each thread loads VECTORS 16-byte vectors of each of SOURCES sources before folding any:
+    # about _REDUCE_LOADS loads in flight per thread, two per source at least.
+    VECTORS: tl.constexpr = max(2, _REDUCE_LOADS // SOURCES)
+    STEP: tl.constexpr = VECTORS * 16 * LANES // ELEM_BYTES
+    for start in range(0, body, STEP):
+        offs = start + tl.arange(0, STEP)
+        _reduce_step(
+            out, opnd_ptr, first_src, n_src, lo, offs, offs < body, peers_ptr, e0, half_bytes, do_divide, divisor,
+            DTYPE, OP, ALIGNED, SOURCES,
+        )
     offs = body + tl.arange(0, 16)
-    _reduce_step(out, opnd_ptr, first_src, n_src, lo, offs, offs < n, peers_ptr, e0, half_bytes, do_divide, divisor, DTYPE, OP, ALIGNED)
+    _reduce_step(
+        out, opnd_ptr, first_src, n_src, lo, offs, offs < n, peers_ptr, e0, half_bytes, do_divide, divisor,
+        DTYPE, OP, ALIGNED, SOURCES,
+    )
+
+
+@triton.jit
+def _load_sources(
+    opnd_ptr, first, count, lo, offs, mask, peers_ptr, e0, half_bytes,
+    DTYPE: tl.constexpr, ALIGNED: tl.constexpr, SOURCES: tl.constexpr,
+):
+    """Sources first .. first + SOURCES - 1 of a REDUCE (those below ``count`` of them), loaded at
+    once in the accumulation type: their loads are independent, so all of them are in flight
+    together. A slot at or past ``count`` loads nothing (its mask is off)."""
+    xs = ()
+    for j in tl.static_range(SOURCES):
+        # A slot past the last source names the last one (a valid operand) and masks every lane.
+        src = _address(opnd_ptr, first + tl.minimum(j, count - 1), peers_ptr, e0, half_bytes) + lo
+        live = mask & (tl.full(offs.shape, j, tl.int64) < count)
+        xs = xs + (load_acc(src, offs, live, DTYPE, ALIGNED),)
+    return xs
+
+
+@triton.jit
+def _fold(acc, xs, count, OP: tl.constexpr, SOURCES: tl.constexpr, FIRST: tl.constexpr):
+    """Fold the first ``count`` of ``xs`` into ``acc`` in order, from ``xs[FIRST]``."""
+    for j in tl.static_range(FIRST, SOURCES):
+        acc = tl.where(j < count, combine(acc, xs[j], OP), acc)
+    return acc
 
 
 @triton.jit
 def _reduce_step(
     out, opnd_ptr, first_src, n_src, lo, offs, mask, peers_ptr, e0, half_bytes, do_divide, divisor,
-    DTYPE: tl.constexpr, OP: tl.constexpr, ALIGNED: tl.constexpr,
+    DTYPE: tl.constexpr, OP: tl.constexpr, ALIGNED: tl.constexpr, SOURCES: tl.constexpr,
 ):
-    acc = load_acc(_address(opnd_ptr, first_src, peers_ptr, e0, half_bytes) + lo, offs, mask, DTYPE, ALIGNED)
-    for j in range(1, n_src):
-        src = _address(opnd_ptr, first_src + j, peers_ptr, e0, half_bytes) + lo
-        acc = combine(acc, load_acc(src, offs, mask, DTYPE, ALIGNED), OP)
+    # Sources fold in rank order, SOURCES at a time (one group for every algorithm up to 8 ranks),
+    # so the bits are those of a fold one source after the other.
+    xs = _load_sources(opnd_ptr, first_src, n_src, lo, offs, mask, peers_ptr, e0, half_bytes, DTYPE, ALIGNED, SOURCES)
+    acc = _fold(xs[0], xs, n_src, OP, SOURCES, 1)
+    for group in range(SOURCES, n_src, SOURCES):
+        xs = _load_sources(
+            opnd_ptr, first_src + group, n_src - group, lo, offs, mask, peers_ptr, e0, half_bytes, DTYPE, ALIGNED, SOURCES,
+        )
+        acc = _fold(acc, xs, n_src - group, OP, SOURCES, 0)
     if do_divide != 0:
         acc = divide(acc, divisor.to(acc.dtype))
     # Every source of these elements is read before they are stored: out may alias one.
@@ -140,7 +198,7 @@ def _reduce_step(
 def _move(
     row, opnd_ptr, peers_ptr, e0, half_bytes, granule, channel, channels,
     DTYPE: tl.constexpr, OP: tl.constexpr, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr,
-    ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+    ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, SOURCES: tl.constexpr, LANES: tl.constexpr,
 ):
     """One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns."""
     # The previous instruction may have written bytes this one reads, from other threads of the
@@ -162,52 +220,72 @@ def _move(
         hi = tl.minimum((g + 1) * granule, end) - pos
         if opcode == _COPY:
             src = _address(opnd_ptr, first + 1, peers_ptr, e0, half_bytes)
-            _copy_range(dst + lo, src + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, BLOCK)
+            _copy_range(dst + lo, src + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES)
         else:
             _reduce_range(
                 dst, opnd_ptr, first + 1, n_src, lo, hi - lo, peers_ptr, e0, half_bytes, do_divide, divisor,
-                DTYPE, OP, ELEM_BYTES, ALIGNED, BLOCK,
+                DTYPE, OP, ELEM_BYTES, ALIGNED, SOURCES, LANES,
             )
         g += channels
 
 
 @triton.jit
-def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, PEERS: tl.constexpr):
+def _wait_status(seen, target, start, timeout_ns, lanes):
+    """The block's one verdict on a wait: 1 while some awaited rank is behind and no thread's
+    deadline has passed, otherwise 0 or more (stop waiting).
+
+    Each lane is one thread's (LANES threads): its clock and its flag. The verdict is a reduction
+    over all of them, so every warp of the block gets the same value and leaves the wait loop at
+    the same iteration, as ``__syncthreads_or`` makes the CUDA kernel's threads do.
+    """
+    # seen - target < 0: the peer is behind (a difference, so that the test survives wraparound).
+    behind = ((seen - target) < 0).to(tl.int32)
+    expired = ((clock_ns_lanes(lanes) - start) > timeout_ns).to(tl.int32)
+    return tl.max(behind | (expired << 1), axis=0)
+
+
+@triton.jit
+def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANES: tl.constexpr):
     """One SYNC of this channel: (new epoch, error kind, peers at fault as a mask, a value seen)."""
     signal_mask = tl.load(row + 1)
     wait_mask = tl.load(row + 2)
     e = e + 1
     target = e << _FP_BITS
-    lanes = tl.arange(0, PEERS)
-    bits = tl.full((PEERS,), 1, tl.int64) << lanes.to(tl.int64)
+    # Lane p (thread p of the block) signals rank p and polls rank p's flag. One lane per thread:
+    # a tensor smaller than the block would be replicated across warps, each replica doing its
+    # own atomics and reaching its own verdict.
+    lanes = tl.arange(0, LANES)
     member = lanes < world
+    bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     flag_areas = tl.load(peers_ptr + world + lanes, mask=member, other=0)
     # Every thread of the channel has stored its data before the flag is released.
     tl.debug_barrier()
     signalled = member & ((signal_mask & bits) != 0)
     at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
-    value = tl.zeros((PEERS,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
+    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
     # Release at system scope: a peer (another GPU, or the host) that acquires the new value sees
     # everything this channel wrote before.
     tl.atomic_xchg(at_peers, value, mask=signalled, sem="release", scope="sys")
     awaited = member & ((wait_mask & bits) != 0)
     mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
-    zero = tl.zeros((PEERS,), tl.int64)
+    zero = tl.zeros((LANES,), tl.int64)
     # An atomic add of 0 is an acquire load every GPU and the interpreter support.
     seen = tl.where(awaited, tl.atomic_add(mine, zero, mask=awaited, sem="acquire", scope="sys"), value)
-    start = clock_ns()
-    # seen - target < 0: the peer is behind (a difference, so that the test survives wraparound).
-    while (tl.sum(((seen - target) < 0).to(tl.int32), axis=0) > 0) & (clock_ns() - start <= timeout_ns):
+    start = clock_ns_lanes(lanes)
+    status = _wait_status(seen, target, start, timeout_ns, lanes)
+    while status == 1:
         seen = tl.where(awaited, tl.atomic_add(mine, zero, mask=awaited, sem="acquire", scope="sys"), value)
+        status = _wait_status(seen, target, start, timeout_ns, lanes)
     # Every thread reads peer data only after the acquire above.
     tl.debug_barrier()
+    # The outcome from the flags seen, by reductions over every lane: the block's, like the verdict.
     behind = (seen - target) < 0
     other_call = ((seen >> _FP_BITS) == e) & ((seen & _FP_MASK) != fingerprint)
     behind_mask = tl.sum(tl.where(behind, bits, 0), axis=0)
     other_mask = tl.sum(tl.where(other_call, bits, 0), axis=0)
     kind = tl.where(other_mask != 0, _MISMATCH, tl.where(behind_mask != 0, _TIMEOUT, 0))
     culprits = tl.where(other_mask != 0, other_mask, behind_mask)
-    first = tl.min(tl.where((culprits & bits) != 0, lanes, PEERS), axis=0)
+    first = tl.min(tl.where((culprits & bits) != 0, lanes, LANES), axis=0)
     seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
     return e, kind, culprits, seen_first
 
@@ -229,6 +307,7 @@ def _record(record_addr, state, channel, kind, e, instruction, culprits, seen, f
 @triton.jit(
     do_not_specialize=[
         "n_instr", "state_addr", "record_addr", "rank", "world", "fingerprint", "half_bytes", "granule", "timeout_ns",
+        "all_channels",
     ]
 )
 def program_kernel(
@@ -239,41 +318,51 @@ def program_kernel(
     state_addr,  # this rank's state words: [poison, epoch of channel 0, epoch of channel 1, ...]
     record_addr,  # this rank's error records, RECORD_WORDS int64 per channel
     rank,  # this rank, in the workspace
-    world,  # ranks of the workspace (<= PEERS)
+    world,  # ranks of the workspace (<= 63, < LANES)
     fingerprint,  # of the call: every flag carries it (< 2**FP_BITS)
     half_bytes,  # bytes from half 0 to half 1
     granule,  # bytes of in-half positions a channel owns in turn
     timeout_ns,  # a wait gives up after this long
+    all_channels,  # channels of the flag layout (epochs in the state words), >= this launch's grid
     DTYPE: tl.constexpr,  # element type of REDUCE
     OP: tl.constexpr,  # gpucomm.ReduceOp value of REDUCE's fold (SUM for AVG: the division is per instruction)
     COPY_ELEM: tl.constexpr,  # the integer type COPY moves
     COPY_BYTES: tl.constexpr,  # its size, which divides every COPY's size, position and addresses
     ELEM_BYTES: tl.constexpr,  # size of DTYPE
     ALIGNED: tl.constexpr,  # every address, position and the granule are multiples of 16 bytes
-    PEERS: tl.constexpr,  # power of two >= world
-    BLOCK: tl.constexpr,  # elements per vector step
+    SOURCES: tl.constexpr,  # sources a REDUCE loads at once, a power of two (more fold in groups)
+    LANES: tl.constexpr,  # threads of a channel, 32 * num_warps: lane p of a SYNC is thread p's
 ):
     channel = tl.program_id(0)
     channels = tl.num_programs(0)
     state = state_addr.to(tl.pointer_type(tl.int64))
     e0 = tl.load(state + 1 + channel)
     e = e0
-    running = tl.load(state) == 0
+    lanes = tl.arange(0, LANES)
+    # The poison, as the block sees it: another channel may set it while this one starts, and
+    # every thread must take the same path, so one reduction over every thread's look decides.
+    running = tl.max(tl.load(state + lanes * 0), axis=0) == 0
     i = 0
     while running & (i < n_instr):
         row = prog_ptr + i * _WORDS
         if tl.load(row) == _SYNC:
-            e, kind, culprits, seen = _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, PEERS)
+            e, kind, culprits, seen = _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANES)
             if kind != 0:
                 _record(record_addr, state, channel, kind, e, i, culprits, seen, fingerprint)
             running = kind == 0
         else:
             _move(
                 row, opnd_ptr, peers_ptr, e0, half_bytes, granule, channel, channels,
-                DTYPE, OP, COPY_ELEM, COPY_BYTES, ELEM_BYTES, ALIGNED, BLOCK,
+                DTYPE, OP, COPY_ELEM, COPY_BYTES, ELEM_BYTES, ALIGNED, SOURCES, LANES,
             )
         i += 1
-    tl.store(state + 1 + channel, e)
+    # A launch may run fewer channels than the flag layout has (small messages run one): channel
+    # c also keeps the epochs of channels c + grid, c + 2 * grid, ..., so that every channel
+    # counts every SYNC and any later launch, whatever its grid, starts from one epoch.
+    c = channel
+    while c < all_channels:
+        tl.store(state + 1 + c, e)
+        c += channels
 
 
 _COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
@@ -298,13 +387,21 @@ def launch(
     copy_bytes: int,
     elem_bytes: int,
     aligned: bool,
-    block: int,
-    num_warps: int = 8,
+    all_channels: int | None = None,
+    num_warps: int = NUM_WARPS,
 ) -> None:
-    """Launch ``program_kernel`` over ``channels`` programs (see the module docstring)."""
+    """Launch ``program_kernel`` over ``channels`` programs (see the module docstring);
+    ``all_channels`` (default ``channels``) is the number of channels of the flag layout."""
     program_kernel[(channels,)](
         prog, prog.numel() // WORDS, operands, peers, state_addr, record_addr, rank, world, fingerprint,
-        half_bytes, granule, timeout_ns,
+        half_bytes, granule, timeout_ns, channels if all_channels is None else all_channels,
         DTYPE=dtype, OP=op, COPY_ELEM=_COPY_ELEMS[copy_bytes], COPY_BYTES=copy_bytes, ELEM_BYTES=elem_bytes,
-        ALIGNED=aligned, PEERS=max(16, triton.next_power_of_2(world)), BLOCK=block, num_warps=num_warps,
+        ALIGNED=aligned, SOURCES=sources(world), LANES=32 * num_warps, num_warps=num_warps, maxnreg=MAX_REGISTERS,
     )
+
+
+def sources(world: int) -> int:
+    """How many sources a REDUCE of a ``world``-rank workspace loads at once: every algorithm's
+    REDUCE has at most ``world`` sources, and up to 8 keep their loads within the registers. A
+    power of two, so that a step's elements (a tl.arange) are one too."""
+    return min(triton.next_power_of_2(world), MAX_SOURCES)

@@ -6,7 +6,9 @@ ranks the test plays itself (their halves and flag areas are tensors of this pro
   1 and 3 channels, 16-byte aligned and odd offsets; a reduce of 70 sources (more than the CUDA
   kernel resolves into shared memory);
 - epochs on the device: every launch advances each channel's epoch, and the halves alternate;
-- SYNC: a rank that never comes gives a TIMEOUT record (kind, epoch, instruction, culprit mask,
+- channels by size: a small program runs one block, and every launch keeps every channel's epoch;
+- SYNC: a channel decides a timeout once, all its warps together, also when the late rank
+  arrives at the deadline; a rank that never comes gives a TIMEOUT record (kind, epoch, instruction, culprit mask,
   value seen, fingerprint) after the timeout, a flag of another call at this epoch a MISMATCH
   record at once; either poisons every later launch; a flag one epoch ahead counts as arrived,
   also where ``e << FP_BITS`` wraps around int64.
@@ -58,11 +60,12 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _tables(program: Program, channels: int, device: torch.device) -> dict:
+def _tables(program: Program, channels: int, device: torch.device, by_size: bool = False) -> dict:
     """The executor's own tables and launch constants of a program (DeviceExecutor._prepare),
-    made without an engine: only ``channels`` and ``device`` of the executor are read."""
+    made without an engine: only ``channels``, ``channels_by_size`` and ``device`` of the
+    executor are read. The launch runs ``channels`` blocks unless ``by_size``."""
     executor = DeviceExecutor.__new__(DeviceExecutor)
-    executor.channels, executor.device, executor._names = channels, device, {}
+    executor.channels, executor.channels_by_size, executor.device, executor._names = channels, by_size, device, {}
     form = executor._prepare(program)
     operands = executor._upload(operand_rows(program, ()), OPERAND_WORDS)
     return {**form, "operands": operands, "copy_bytes": program.copy_bytes(), "aligned": program.aligned()}
@@ -91,12 +94,13 @@ class Workspace:
     def builder(self, name: str = "test") -> Builder:
         return Builder(0, self.world, HALF_BYTES, name, ())
 
-    def run(self, kernels, program: Program, timeout_s: float = 10.0) -> None:
+    def run(self, kernels, program: Program, timeout_s: float = 10.0, by_size: bool = False) -> None:
         """One launch, waited for."""
-        form = _tables(program, self.channels, self.device)
+        form = _tables(program, self.channels, self.device, by_size)
         kernels.run_program(
             form["instructions"], form["operands"], self.peers, self.state.data_ptr(), self.record.data_ptr(),
-            channels=self.channels, rank=0, world=self.world, fingerprint=program.fingerprint,
+            channels=form["channels"], all_channels=self.channels, rank=0, world=self.world,
+            fingerprint=program.fingerprint,
             half_bytes=HALF_BYTES, granule=form["granule"], timeout_ns=int(timeout_s * 1e9),
             dtype=program.dtype, op=int(program.op or 0), copy_bytes=form["copy_bytes"], aligned=form["aligned"],
         )
@@ -272,3 +276,78 @@ def test_a_flag_one_epoch_ahead_counts_as_arrived(kernels, device, start_epoch: 
     assert not ws.poisoned() and not any(r[0] for r in ws.records()), ws.records()
     assert ws.epochs() == [e] * channels
     assert [ws.flag(1, c, 0).item() for c in range(channels)] == [_wrap(e << FP_BITS | fp)] * channels
+
+
+def _timeout_outcomes(ws: Workspace, fp: int, late: int) -> list[str]:
+    """What each channel did at a barrier where rank ``late`` may have missed the deadline: one
+    of 'arrived', 'timeout' (its record names exactly that rank) or 'skipped' (poisoned first).
+    A channel whose threads disagreed would show anything else, or hang the launch."""
+    outcomes = []
+    for c, (got, epoch) in enumerate(zip(ws.records(), ws.epochs())):
+        if (got, epoch) == ([0] * RECORD_WORDS, 1):
+            outcomes.append("arrived")
+        elif (got, epoch) == ([TIMEOUT, 1, 0, 1 << late, 0, fp, 0, 0], 1):
+            outcomes.append("timeout")
+        elif (got, epoch) == ([0] * RECORD_WORDS, 0) and ws.poisoned():
+            outcomes.append("skipped")
+        else:
+            raise AssertionError(f"channel {c}: record {got}, epoch {epoch}")
+    return outcomes
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["never", "at-the-deadline"])
+def test_a_timeout_is_decided_once_per_channel(kernels, device, race: bool) -> None:
+    # Issue 21, item 5: every thread of a channel reads the clock, but the channel decides the
+    # deadline once, so all its warps leave the wait together and its record is one verdict.
+    # Ranks 1 and 3 have arrived, rank 2 has not; with `race`, rank 2 arrives about when the
+    # deadline passes, so that threads reading the clock at different moments would disagree.
+    channels, timeout, late = 8, 0.05, 2
+    _compile_barrier(kernels, device, channels)
+    side = torch.cuda.Stream(device)
+    for attempt in range(10):
+        ws = Workspace(device, 4, channels)
+        program = _barrier(ws)
+        fp = program.fingerprint
+        arrived = 1 << FP_BITS | fp
+        for c in range(channels):
+            ws.flag(0, c, 1).fill_(arrived)
+            ws.flag(0, c, 3).fill_(arrived)
+        torch.cuda.synchronize(device)
+        start = time.monotonic()
+        form = _tables(program, channels, device)
+        kernels.run_program(
+            form["instructions"], form["operands"], ws.peers, ws.state.data_ptr(), ws.record.data_ptr(),
+            channels=channels, rank=0, world=ws.world, fingerprint=fp, half_bytes=HALF_BYTES,
+            granule=form["granule"], timeout_ns=int(timeout * 1e9), dtype=program.dtype, op=0,
+            copy_bytes=form["copy_bytes"], aligned=form["aligned"],
+        )
+        if race:
+            time.sleep(timeout * (0.8 + 0.04 * attempt))  # from just before to just after the deadline
+            with torch.cuda.stream(side):
+                for c in range(channels):
+                    ws.flag(0, c, late).fill_(arrived)
+        torch.cuda.synchronize(device)
+        assert time.monotonic() - start < channels * timeout + 2.0
+        outcomes = _timeout_outcomes(ws, fp, late)
+        if not race:
+            assert "arrived" not in outcomes and "timeout" in outcomes, outcomes
+
+
+def test_a_small_program_runs_one_channel_and_keeps_every_epoch(kernels, device) -> None:
+    # 8 bytes: one block of the 6 the flag layout has; a 1 MiB program then runs all 6 (16 with
+    # 64 KiB each, capped), and starts from the epoch the small one left in every channel.
+    channels = 6
+    ws = Workspace(device, 1, channels)
+    for count in (2, 1 << 18):
+        x = torch.arange(count, dtype=torch.float32, device=device)
+        y = torch.full_like(x, float("nan"))
+        b = ws.builder()
+        b.copy(b.slot(0, b.write_offset(), 4 * count), Region.of(x))
+        b.sync()
+        b.copy(Region.of(y), b.slot(0, b.read_offset(), 4 * count))
+        program = b.finish()
+        grid = _tables(program, channels, device, by_size=True)["channels"]
+        assert grid == (1 if count == 2 else channels), grid
+        ws.run(kernels, program, by_size=True)
+        assert torch.equal(y, x), count
+    assert ws.epochs() == [2] * channels and not ws.poisoned()
