@@ -177,7 +177,7 @@ def _matrix(rank: int, world_size: int, seed: int, hierarchical: bool) -> tuple[
             c.all_reduce(f"torch {algo}", MEDIUM, dtype, OPS[(i + len(algo)) % len(OPS)])
         if algo == "auto":
             # auto reduces the prefix one-shot and the whole two-shot. At 8 ranks on the
-            # 2-core CI machine the large case is the costliest of all: the 16-bit floats only.
+            # 2-core CI machine the large case costs the most: fp32 and bf16 only there.
             for i, dtype in enumerate(DTYPES):
                 if world_size <= 4 or dtype in ("float32", "bfloat16"):
                     c.prefix("torch auto", dtype, OPS[i % 2])
