@@ -17,13 +17,13 @@ machine. The engine's workspace then spans only its node's ranks, and:
 Deterministic by contract, in a fixed two-level order: every stage runs in the accumulation
 type (16-bit floats are staged in fp32, on a buffer kept for the next call of that size, and so
 move twice their bytes inside the node), so an element's result is
-``round((x[node 0] ⊕ x[node 1] ⊕ ...) / W)`` where ``x[node k]`` is the fold of node k's ranks
+``round((x[node 0] ⊕ x[node 1] ⊕ ...) / W)``, where ``x[node k]`` is the fold of node k's ranks
 in rank order, the nodes are folded in node order, AVG divides once by the world size W at the
-end and the one rounding to the dtype comes last. It depends on the layout (ranks per node), never on the size, the
-algorithm of the node's stages (save a forced ring, which warns) or the nodes' arrival order.
-Why not torch.distributed's all-reduce across nodes: gloo's ring (and NCCL's ring or tree)
-folds each chunk starting at another rank, so the bits of an element would depend on where it
-falls in the message.
+end and the one rounding to the dtype comes last. It depends on the layout (ranks per node),
+never on the size, the algorithm of the node's stages (save a forced ring, which warns) or the
+nodes' arrival order. Why not torch.distributed's all-reduce across nodes: gloo's ring (and
+NCCL's ring or tree) folds each chunk starting at another rank, so the bits of an element would
+depend on where it falls in the message.
 """
 
 from __future__ import annotations
