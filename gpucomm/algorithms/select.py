@@ -45,8 +45,10 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 
 # Reducing algorithms whose fold is not rank order (ring order, heap order), with 16-bit partials
-# rounded at every step: another result than one-shot's in about 20% (ring) and 25% (tree) of
-# fp32 elements at 4 ranks on values of wide dynamic range (issue 24). Never picked by the table.
+# rounded at every step: at 4 ranks, 1 Mi fp32 elements of wide dynamic range, another result
+# than one-shot's in 6.1% (ring) and 7.5% (tree) of the elements, and ring's result of an element
+# changes with the message size (docs/results/2026-11-23-determinism/orders.json). Never picked
+# by the table.
 ORDER_CHANGING: dict[str, frozenset[str]] = {
     "all_reduce": frozenset({"ring", "tree"}),
     "reduce": frozenset({"tree"}),
