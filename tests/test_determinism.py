@@ -3,8 +3,8 @@
 Every result must be bitwise equal to a reference that folds the ranks' inputs in rank order in
 the accumulation type (fp32 for fp32, bf16, fp16 and fp8, which gpucomm.dtypes stages in fp32),
 divides once for AVG and rounds once: not a float64 reference, which rounds differently. The
-inputs span a wide dynamic range, so a fold in any other order gives other bits in a large
-share of the elements (ring: 6.1% of 1 Mi fp32 elements at 4 ranks, docs/results/2026-11-23-determinism).
+inputs span a wide dynamic range, so a fold in any other order gives other bits in many
+elements (ring: 6.1% of 1 Mi fp32 elements at 4 ranks, docs/results/2026-11-23-determinism).
 
 One spawned job per world size runs the whole matrix (the ranks loop over kernels, channels,
 algorithms, dtypes, ops and sizes), so that CI pays for one rendezvous of processes per world
