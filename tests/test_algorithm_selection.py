@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import warnings
 
 import pytest
 
@@ -46,27 +46,6 @@ def test_auto_keeps_the_deterministic_contract_at_every_size_and_world_size(fn: 
                 assert select.keeps_contract(family, algo), (fn, nbytes, world_size, topology, algo)
 
 
-class _Warnings(logging.Handler):
-    """The warnings gpucomm's logger emits while attached."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@pytest.fixture
-def gpucomm_warnings(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(select, "_warned", set())  # a fresh process, as far as warnings go
-    handler = _Warnings()
-    logger = logging.getLogger("gpucomm")
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
-
-
 @pytest.mark.parametrize(
     ("fn", "knob", "algo"),
     [
@@ -76,21 +55,24 @@ def gpucomm_warnings(monkeypatch: pytest.MonkeyPatch):
         ("reduce_scatter_tensor", "reduce_scatter=ring", "ring"),
     ],
 )
-def test_forcing_an_order_changing_algorithm_warns_once(fn: str, knob: str, algo: str, gpucomm_warnings: list[str]) -> None:
-    for nbytes in (4, 1 << 20, 64 << 20):
-        assert select.choose(fn, nbytes, 4, "shm", knob) == algo
-    assert len(gpucomm_warnings) == 1, gpucomm_warnings
+def test_forcing_an_order_changing_algorithm_warns_once(fn: str, knob: str, algo: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per message and place
+        for nbytes in (4, 1 << 20, 64 << 20):
+            assert select.choose(fn, nbytes, 4, "shm", knob) == algo
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
     family = select.family_of(fn)
-    assert gpucomm_warnings[0].startswith(f"gpucomm.{family}: GPUCOMM_ALGO={knob} forces {algo}, which folds"), gpucomm_warnings[0]
-    assert "\n" not in gpucomm_warnings[0]
+    assert messages[0].startswith(f"gpucomm.{family}: GPUCOMM_ALGO={knob} forces {algo}, which folds"), messages[0]
+    assert "\n" not in messages[0]
 
 
-def test_forcing_a_contract_keeper_does_not_warn(gpucomm_warnings: list[str]) -> None:
-    assert select.choose("all_reduce", 1 << 20, 4, "shm", "oneshot") == "oneshot"
-    assert select.choose("all_gather", 1 << 20, 4, "shm", "ring") == "ring"  # copies only: no fold
-    assert select.choose("reduce", 1 << 20, 4, "shm", "ring") == "direct"
-    assert select.choose("all_reduce", 1 << 30, 8, "cuda_ipc", "auto") == "twoshot"
-    assert gpucomm_warnings == []
+def test_forcing_a_contract_keeper_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select.choose("all_reduce", 1 << 20, 4, "shm", "oneshot") == "oneshot"
+        assert select.choose("all_gather", 1 << 20, 4, "shm", "ring") == "ring"  # copies only: no fold
+        assert select.choose("reduce", 1 << 20, 4, "shm", "ring") == "direct"
 
 
 def test_one_name_applies_where_it_serves() -> None:

@@ -14,7 +14,6 @@ cheaply; the Triton interpreter, which is slow, gets the small sizes only (a few
 
 from __future__ import annotations
 
-import logging
 import random
 
 import pytest
@@ -161,22 +160,12 @@ def _session(knobs: dict, expect_kernels: str):
         raise AssertionError(f"{knobs}: CPU tensors are served by {paths}, not the {expect_kernels} kernels")
 
 
-class _Warnings(logging.Handler):
-    """The warnings gpucomm's logger emits (a call that leaves the contract says so there)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def _matrix(rank: int, world_size: int, seed: int, hierarchical: bool) -> tuple[list[str], int]:
+    import warnings
+
     import gpucomm
 
-    warned = _Warnings()
-    logging.getLogger("gpucomm").addHandler(warned)
+    warnings.filterwarnings("error", message="gpucomm")  # no call of this matrix may leave the contract
     c = Checker(rank, world_size, seed)
     # The torch kernels: every algorithm that keeps the contract, and auto, at every size.
     for algo in ("auto", "oneshot", "twoshot"):
@@ -215,23 +204,22 @@ def _matrix(rank: int, world_size: int, seed: int, hierarchical: bool) -> tuple[
         c.reduce("triton channels=2 auto", 4099, dtype, OPS[i % len(OPS)])
         c.reduce_scatter("triton channels=2 auto", 1031, dtype, OPS[(i + 1) % len(OPS)])
     gpucomm.destroy_process_group()
-    if warned.messages:
-        c.failures.append(f"rank {rank}: calls of the matrix warned: {warned.messages[:3]}")
     # Ring and tree (forced) fold in another order, and the matrix must see it. Not where their
     # fp32 order is rank order's: at 2 ranks x1 + x0 (IEEE addition commutes), and tree at 3
     # ranks (the root folds x0, x1, x2, its two leaves).
     for algo in [a for a, smallest in (("ring", 3), ("tree", 4)) if world_size >= smallest]:
-        _session({"kernels": "torch", "algo": algo}, "torch")
-        before = len(c.failures)
-        c.all_reduce(f"forced {algo}", MEDIUM, "float32", "SUM")
-        gpucomm.destroy_process_group()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _session({"kernels": "torch", "algo": algo}, "torch")
+            before = len(c.failures)
+            c.all_reduce(f"forced {algo}", MEDIUM, "float32", "SUM")
+            gpucomm.destroy_process_group()
         if len(c.failures) == before:
             c.failures.append(f"rank {rank}: a forced {algo} all_reduce matched the rank-order fold: the matrix cannot tell orders apart")
         else:
             c.failures.pop()
-        if not any(f"forces {algo}" in m for m in warned.messages):
+        if not any(f"forces {algo}" in str(w.message) for w in caught):
             c.failures.append(f"rank {rank}: forcing {algo} did not warn")
-    warned.messages.clear()
     if hierarchical:  # two pretended nodes of two ranks: the stated two-level order
         nodes = [[0, 1], [2, 3]]
         _session({"kernels": "torch", "local_world_size": 2}, "torch")
@@ -240,8 +228,6 @@ def _matrix(rank: int, world_size: int, seed: int, hierarchical: bool) -> tuple[
                 for n in (*SMALL, MEDIUM):
                     c.all_reduce("hierarchical 2x2", n, dtype, op, groups=nodes)
         gpucomm.destroy_process_group()
-        if warned.messages:
-            c.failures.append(f"rank {rank}: the hierarchical calls warned: {warned.messages[:3]}")
     return c.failures, c.calls
 
 

@@ -26,7 +26,7 @@ per transport; today one table serves both.
 
 from __future__ import annotations
 
-from gpucomm.log import logger
+import warnings
 
 __all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "choose", "family_of", "keeps_contract"]
 
@@ -116,22 +116,15 @@ def keeps_contract(family: str, algo: str) -> bool:
     return algo not in ORDER_CHANGING.get(family, ())
 
 
-# (family, algorithm, knob) already warned about in this process: like Python's warning
-# registry, it makes the warning once per process, and it is per process for the same reason
-# (the knob is read by every communicator of the process alike).
-_warned: set[tuple[str, str, str]] = set()
-
-
 def _warn_order_changing(family: str, algo: str, knob: str) -> None:
-    # One line on gpucomm's logger (stderr unless the application routes it), not
-    # warnings.warn, whose report adds a line of gpucomm's source.
-    if (family, algo, knob) in _warned:
-        return
-    _warned.add((family, algo, knob))
-    logger.warning(
+    # One line per (family, algorithm) and process: Python's warning registry shows a message
+    # once per place it is raised from, and the text names no size.
+    warnings.warn(
         f"gpucomm.{family}: GPUCOMM_ALGO={knob} forces {algo}, which folds partial results in {algo} order, "
         f"not rank order: results now depend on the message size and differ from the default's; "
-        f"unset GPUCOMM_ALGO (or name {_CONTRACT_KEEPERS[family]}) to keep reductions deterministic"
+        f"unset GPUCOMM_ALGO (or name {_CONTRACT_KEEPERS[family]}) to keep reductions deterministic",
+        UserWarning,
+        stacklevel=2,
     )
 
 
