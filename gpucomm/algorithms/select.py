@@ -117,8 +117,10 @@ def keeps_contract(family: str, algo: str) -> bool:
 
 
 def _warn_order_changing(family: str, algo: str, knob: str) -> None:
-    # One line per (family, algorithm) and process: Python's warning registry shows a message
-    # once per place it is raised from, and the text names no size.
+    # Once per (family, algorithm) and process: Python's warning registry shows a message once
+    # per place it is raised from, and the text names no size. A warning rather than a line on
+    # gpucomm's logger: the logger carries one line per served call (GPUCOMM_DEBUG=INFO), and
+    # an application can filter this one, or make it an error, with Python's warning filters.
     warnings.warn(
         f"gpucomm.{family}: GPUCOMM_ALGO={knob} forces {algo}, which folds partial results in {algo} order, "
         f"not rank order: results now depend on the message size and differ from the default's; "

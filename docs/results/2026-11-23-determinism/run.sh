@@ -28,25 +28,37 @@ sys.path.insert(0, os.getcwd())
 from gpucomm.algorithms import select
 
 out = sys.argv[1]
-cells = {}  # (threads, algo, size) -> [round medians, out-of-place and in-place pooled]
+ALGOS = ("oneshot", "twoshot", "ring", "tree")
+PLACES = ("out_of_place", "in_place")
+cells = {}  # (threads, algo, place, size) -> the medians of the rounds that ran
 for path in sorted(glob.glob(f"{out}/ar_np4_*_r*.json")):
     _, _, algo, threads, _ = os.path.basename(path)[:-5].split("_")
     for table in json.load(open(path))["tables"]:
         for row in table["rows"]:
-            for place in ("out_of_place", "in_place"):
+            for place in PLACES:
                 cells.setdefault((threads[3:], algo, place, row["size"]), []).append(row[place]["time_us"])
 summary = {"rows": []}
 for threads in ("default", "1"):
-    print(f"\nOMP_NUM_THREADS={'unset' if threads == 'default' else 1}: median us over rounds, out-of-place / in-place\n")
-    print("| size | oneshot | twoshot | ring | tree | auto picks | auto / fastest |")
-    print("|---:|---:|---:|---:|---:|---|---:|")
-    sizes = sorted({k[3] for k in cells if k[0] == threads})
-    for size in sizes:
-        med = {(a, p): statistics.median(cells[(threads, a, p, size)]) for a in ("oneshot", "twoshot", "ring", "tree") for p in ("out_of_place", "in_place")}
+    print(f"\nOMP_NUM_THREADS {'unset' if threads == 'default' else '= 1'}: medians over rounds in us, out-of-place / in-place")
+    print("\n| size | auto picks | its time | fastest of all four | contract's best / fastest | auto / fastest |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for size in sorted({k[3] for k in cells if k[0] == threads}):
+        med = {(a, p): statistics.median(cells[(threads, a, p, size)]) for a in ALGOS for p in PLACES}
         pick = select.choose("all_reduce", size, 4, "shm", "auto")
-        ratios = [med[(pick, p)] / min(med[(a, p)] for a in ("oneshot", "twoshot", "ring", "tree")) for p in ("out_of_place", "in_place")]
-        cols = " | ".join(f"{med[(a, 'out_of_place')]:.4g} / {med[(a, 'in_place')]:.4g}" for a in ("oneshot", "twoshot", "ring", "tree"))
-        print(f"| {size} | {cols} | {pick} | {ratios[0]:.2f} / {ratios[1]:.2f} |")
-        summary["rows"].append({"threads": threads, "size": size, "pick": pick, "median_us": {f"{a}/{p}": v for (a, p), v in med.items()}, "ratio_out_of_place": ratios[0], "ratio_in_place": ratios[1]})
+        fastest = {p: min(ALGOS, key=lambda a: med[(a, p)]) for p in PLACES}
+        keeper = {p: min(("oneshot", "twoshot"), key=lambda a: med[(a, p)]) for p in PLACES}
+        best = [med[(keeper[p], p)] / med[(fastest[p], p)] for p in PLACES]
+        auto = [med[(pick, p)] / med[(fastest[p], p)] for p in PLACES]
+        f = lambda a, p: f"{med[(a, p)]:.0f}"  # noqa: E731
+        print(
+            f"| {size} | {pick} | {f(pick, 'out_of_place')} / {f(pick, 'in_place')} | "
+            f"{fastest['out_of_place']} {f(fastest['out_of_place'], 'out_of_place')} / {fastest['in_place']} {f(fastest['in_place'], 'in_place')} | "
+            f"{best[0]:.2f} / {best[1]:.2f} | {auto[0]:.2f} / {auto[1]:.2f} |"
+        )
+        summary["rows"].append({
+            "omp_num_threads": threads, "size": size, "auto": pick, "rounds": {a: len(cells[(threads, a, "in_place", size)]) for a in ALGOS},
+            "median_us": {f"{a} {p}": v for (a, p), v in med.items()}, "fastest": fastest,
+            "contract_best_over_fastest": best, "auto_over_fastest": auto,
+        })
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 PY
