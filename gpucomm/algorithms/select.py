@@ -83,8 +83,10 @@ FAMILIES: dict[str, str] = {
 # (256 KiB: 361/291 vs 463/411; 4 MiB: 3139/2438 vs 4183/4988). P=2: one-shot ahead by 6-17% at
 # 16 and 64 KiB, even from 256 KiB on. GPU numbers (bench/gpu_check.sh) are to set the CUDA value.
 ONESHOT_MAX_BYTES = 64 << 10
-# The deterministic choice costs nothing measurable at 4 ranks on this path: docs/algorithms.md,
-# "What the contract costs", times it against the fastest of all four algorithms at every size.
+# What the deterministic choice costs against the fastest of all four algorithms, size by size
+# at 4 ranks on this path: docs/algorithms.md, "What the contract costs" (2026-11-23, a 2-core VM
+# under heavy load from other work: 1.1-3.6x behind tree or ring at most sizes with
+# OMP_NUM_THREADS=1; the α-β model of an NVSwitch GPU node has it the fastest at every size).
 # Every number from here on is older: the host-driven emulation (shm transport, torch kernels,
 # waits that slept 1 ms) on a 2-core VM shared with other jobs, `gpucomm-bench <collective>
 # --nproc P --transport shm --kernels torch --algo A -n 10 -w 3 --device cpu`, median time in ms;
