@@ -502,11 +502,20 @@ def _subgroups(parent: Communicator, lists: list[list[int]], timeout: object, ba
 
 # -- collectives ------------------------------------------------------------------------------
 def all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None, async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` over the group, in place, on every rank (torch.distributed's call).
+
+    Deterministic by contract: an element's bits depend only on its inputs on every rank, its
+    dtype and op, and the group's layout, never on the size, algorithm, channels, kernels or
+    arrival order (rank order in the accumulation type, one rounding; see
+    :meth:`gpucomm.Communicator.all_reduce`).
+    """
     comm = _group(group, "all_reduce")
     return None if comm is None else comm.all_reduce(tensor, op, async_op)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: object = ReduceOp.SUM, group: object = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` over the group into ``dst``'s tensor; deterministic by contract, with
+    the bits :func:`all_reduce` gives (see :meth:`gpucomm.Communicator.all_reduce`)."""
     comm = _group(group, "reduce")
     if comm is None:
         return None
@@ -550,11 +559,15 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
 
 
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, group: object = None, async_op: bool = False) -> Work | None:
+    """``output`` on rank i = the reduction of every rank's ``input_list[i]``; deterministic by
+    contract, with the bits :func:`all_reduce` gives (see :meth:`gpucomm.Communicator.all_reduce`)."""
     comm = _group(group, "reduce_scatter")
     return None if comm is None else comm.reduce_scatter(output, input_list, op, async_op)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, group: object = None, async_op: bool = False) -> Work | None:
+    """``output`` on rank i = the reduction of chunk i of every rank's ``input``; deterministic by
+    contract, with the bits :func:`all_reduce` gives (see :meth:`gpucomm.Communicator.all_reduce`)."""
     comm = _group(group, "reduce_scatter_tensor")
     return None if comm is None else comm.reduce_scatter_tensor(output, input, op, async_op)
 

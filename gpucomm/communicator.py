@@ -458,9 +458,23 @@ class Communicator:
 
         All ranks in the group must call this simultaneously.
 
+        Deterministic by contract on the workspace path: each element of the result depends
+        only on that element's inputs on every rank, its dtype and op, and the group's layout
+        (ranks, and ranks per node); never on the message size, the algorithm (chosen, or forced
+        by GPUCOMM_ALGO: only ring and tree leave the contract, and warn), the channels, the
+        kernels (Triton, CUDA C++, torch), the order in which ranks arrive, or the run. The
+        ranks of a node fold in rank order in the accumulation type (fp32 for 16-bit floats and
+        float8) and the result is rounded once; AVG divides once, after the fold; across nodes
+        the nodes' folds meet in node order. PREMUL_SUM multiplies each rank's tensor first,
+        in its dtype (float8 in fp32), then sums under the same contract. MIN and MAX are
+        exact, and so are integer SUM and PRODUCT (wrapping), in any order; a floating-point
+        PRODUCT folds in rank order like SUM. The gloo path
+        keeps it for calls that fit its checked exchange (gpucomm.gloo_checked) and uses
+        gloo's own order beyond. docs/algorithms.md, "Deterministic reductions", has the rule.
+
         Args:
             tensor: input and output; contiguous, any dtype of :data:`gpucomm.dtypes.REDUCIBLE`.
-            op: a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG).
+            op: a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG) or ``ReduceOp.PREMUL_SUM(factor)``.
             async_op: return a Work instead of waiting.
         """
         fn = "all_reduce"
@@ -486,7 +500,11 @@ class Communicator:
         return work
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
-        """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; other ranks' tensors are unchanged."""
+        """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; other ranks' tensors are unchanged.
+
+        Deterministic by contract, as :meth:`all_reduce`: every element on ``dst`` has the
+        bits all_reduce would give it, whichever rank is the root.
+        """
         fn = "reduce"
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
@@ -559,7 +577,11 @@ class Communicator:
         return self._run(fn, wire, async_op, lambda p: p.scatter(wire, inputs, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
-        """``output`` on rank i = the reduction over ranks of ``input_list[i]``."""
+        """``output`` on rank i = the reduction over ranks of ``input_list[i]``.
+
+        Deterministic by contract, as :meth:`all_reduce`: every element has the bits that
+        all_reduce of the concatenated inputs would give it.
+        """
         fn = "reduce_scatter"
         self._check_usable(fn)
         check_tensor(output, fn, "output", self.device)
@@ -570,7 +592,11 @@ class Communicator:
         return self._run(fn, wire, async_op, lambda p: p.reduce_scatter(wire, ins.wire, out.op), out.write_back, [output], op=name, **_sent_as(output, wire))
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
-        """``output`` on rank i = the reduction over ranks of chunk i of ``input`` (dim 0)."""
+        """``output`` on rank i = the reduction over ranks of chunk i of ``input`` (dim 0).
+
+        Deterministic by contract, as :meth:`all_reduce`: ``output`` on rank i has the bits of
+        chunk i of all_reduce's result on ``input``.
+        """
         fn = "reduce_scatter_tensor"
         self._check_usable(fn)
         check_tensor(output, fn, "output", self.device)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from gpucomm.algorithms import select
@@ -17,7 +19,7 @@ KIB, MIB = 1 << 10, 1 << 20
         ("all_reduce", select.ONESHOT_MAX_BYTES, 4, "oneshot"),
         ("all_reduce", select.ONESHOT_MAX_BYTES + 4, 4, "twoshot"),
         ("all_reduce", 64 * MIB, 2, "twoshot"),
-        ("all_reduce", 64 * MIB, 8, "ring"),
+        ("all_reduce", 64 * MIB, 8, "twoshot"),
         ("all_reduce", 1 * MIB, 8, "twoshot"),
         ("broadcast", 64 * MIB, 16, "direct"),
         ("reduce", 1 * KIB, 16, "direct"),
@@ -31,6 +33,46 @@ KIB, MIB = 1 << 10, 1 << 20
 )
 def test_table(fn: str, nbytes: int, world_size: int, expected: str) -> None:
     assert select.choose(fn, nbytes, world_size, "cuda_ipc", "auto") == expected
+
+
+@pytest.mark.parametrize("fn", ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"])
+def test_auto_keeps_the_deterministic_contract_at_every_size_and_world_size(fn: str) -> None:
+    family = select.family_of(fn)
+    sizes = sorted({0, 1, *(1 << k for k in range(40)), *((1 << k) + 4 for k in range(40)), select.ONESHOT_MAX_BYTES})
+    for world_size in range(1, 33):
+        for topology in ("shm", "cuda_ipc"):
+            for nbytes in sizes:
+                algo = select.choose(fn, nbytes, world_size, topology, "auto")
+                assert select.keeps_contract(family, algo), (fn, nbytes, world_size, topology, algo)
+
+
+@pytest.mark.parametrize(
+    ("fn", "knob", "algo"),
+    [
+        ("all_reduce", "ring", "ring"),
+        ("all_reduce", "all_reduce=tree", "tree"),
+        ("reduce", "tree", "tree"),
+        ("reduce_scatter_tensor", "reduce_scatter=ring", "ring"),
+    ],
+)
+def test_forcing_an_order_changing_algorithm_warns_once(fn: str, knob: str, algo: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per message and place
+        for nbytes in (4, 1 << 20, 64 << 20):
+            assert select.choose(fn, nbytes, 4, "shm", knob) == algo
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    family = select.family_of(fn)
+    assert messages[0].startswith(f"gpucomm.{family}: GPUCOMM_ALGO={knob} forces {algo}, which folds"), messages[0]
+    assert "\n" not in messages[0]
+
+
+def test_forcing_a_contract_keeper_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select.choose("all_reduce", 1 << 20, 4, "shm", "oneshot") == "oneshot"
+        assert select.choose("all_gather", 1 << 20, 4, "shm", "ring") == "ring"  # copies only: no fold
+        assert select.choose("reduce", 1 << 20, 4, "shm", "ring") == "direct"
 
 
 def test_one_name_applies_where_it_serves() -> None:

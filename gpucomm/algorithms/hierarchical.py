@@ -5,15 +5,25 @@ Ranks are laid out node-major (node = rank // local_world_size, the layout torch
 machine. The engine's workspace then spans only its node's ranks, and:
 
 - all_reduce = intra-node reduce-scatter on the workspace (rank l of the node gets shard l of
-  the tensor, summed over the node) + inter-node all-reduce of that shard through
-  torch.distributed among the ranks with the same local rank (NCCL for CUDA tensors where torch
-  has it, gloo otherwise; groups built here on gpucomm's store, never torch's default group) +
-  intra-node all-gather of the shards on the workspace. Each rank moves 2·(L-1)/L·n bytes
-  inside its node and n/L across nodes. The inter-node stage runs in the accumulation type
-  (fp32 for 16-bit floats) and AVG divides once, at its end, by the world size; 16-bit floats
-  are therefore rounded twice (after the node's reduce-scatter and at the end).
+  the tensor, folded over the node's ranks in rank order) + inter-node all-gather of that shard
+  through torch.distributed among the ranks with the same local rank (NCCL for CUDA tensors
+  where torch has it, gloo otherwise; groups built here on gpucomm's store, never torch's
+  default group), folded locally in node order + intra-node all-gather of the shards on the
+  workspace. Each rank moves 2·(L-1)/L·n bytes inside its node and receives (N-1)/L·n bytes
+  across N nodes (the same as a ring all-reduce's 2(N-1)/N/L·n at N = 2, N/2 times more beyond).
 - every other collective goes through torch.distributed directly (the communicator's gloo
   group): the selector returns no workspace algorithm for them (gpucomm.algorithms.select).
+
+Deterministic by contract, in a fixed two-level order: every stage runs in the accumulation
+type (16-bit floats are staged in fp32, on a buffer kept for the next call of that size, and so
+move twice their bytes inside the node), so an element's result is
+``round((x[node 0] ⊕ x[node 1] ⊕ ...) / W)``, where ``x[node k]`` is the fold of node k's ranks
+in rank order, the nodes are folded in node order, AVG divides once by the world size W at the
+end and the one rounding to the dtype comes last. It depends on the layout (ranks per node),
+never on the size, the algorithm of the node's stages (save a forced ring, which warns) or the
+nodes' arrival order. Why not torch.distributed's all-reduce across nodes: gloo's ring (and
+NCCL's ring or tree) folds each chunk starting at another rank, so the bits of an element would
+depend on where it falls in the message.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import torch.distributed as dist
 
 from gpucomm.algorithms import allgather, reducescatter, select
 from gpucomm.ops.contract import Region
+from gpucomm.ops.reference import fold_into
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 
 if TYPE_CHECKING:
@@ -33,15 +44,6 @@ if TYPE_CHECKING:
     from gpucomm.engine import Engine, Topology
 
 __all__ = ["InterNode", "all_reduce"]
-
-_TORCH_OP = {
-    ReduceOp.SUM: dist.ReduceOp.SUM,
-    ReduceOp.AVG: dist.ReduceOp.SUM,  # then one division by the world size
-    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-    ReduceOp.MIN: dist.ReduceOp.MIN,
-    ReduceOp.MAX: dist.ReduceOp.MAX,
-}
-
 
 class InterNode:
     """The torch.distributed group of the ranks that share this rank's local rank, one per node."""
@@ -57,6 +59,9 @@ class InterNode:
         # collective (every member calls the same all_reduce).
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", self._store), self.rank, self.size, self.timeout)
         self._nccl: dist.ProcessGroup | None = None
+        # The accumulation-type copy of the last 16-bit tensor reduced, reused while the size
+        # stays the same: the node's programs are cached by address (gpucomm.engine).
+        self._staging: torch.Tensor | None = None
 
     def _group(self, tensor: torch.Tensor) -> dist.ProcessGroup:
         if tensor.device.type != "cuda" or not dist.is_nccl_available():
@@ -67,20 +72,21 @@ class InterNode:
             self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", self._store), self.rank, self.size, options)
         return self._nccl
 
+    def staging(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``'s values in its accumulation type (exact), in a buffer kept for reuse."""
+        acc = accumulation_dtype(tensor.dtype)
+        buffer = self._staging
+        if buffer is None or buffer.numel() != tensor.numel() or buffer.dtype != acc or buffer.device != tensor.device:
+            buffer = self._staging = torch.empty(tensor.numel(), dtype=acc, device=tensor.device)
+        buffer.copy_(tensor.view(-1))
+        return buffer
+
     def all_reduce(self, shard: torch.Tensor, op: ReduceOp) -> None:
-        """All-reduce ``shard`` in place across nodes; AVG divides by the whole world size."""
-        acc = accumulation_dtype(shard.dtype)
-        buffer = shard if shard.dtype == acc else shard.to(acc)
-        options = dist.AllreduceOptions()
-        options.reduceOp = _TORCH_OP[op]
-        self._group(buffer).allreduce([buffer], options).wait()
-        if op is ReduceOp.AVG:
-            if buffer.is_floating_point():
-                buffer = torch.div(buffer, torch.full_like(buffer, self.world_size))
-            else:
-                buffer = torch.div(buffer, self.world_size, rounding_mode="trunc")
-        if buffer is not shard:
-            shard.copy_(buffer)
+        """Reduce ``shard`` (in its accumulation type) in place across nodes, in node order;
+        AVG divides once by the whole world size."""
+        gathered = [torch.empty_like(shard) for _ in range(self.size)]
+        self._group(shard).allgather([gathered], [shard]).wait()
+        fold_into(shard, gathered, op, self.world_size, None)
 
     def close(self) -> None:
         """Stop the groups' threads and release them now (see GlooFallback.close). Idempotent."""
@@ -92,6 +98,15 @@ class InterNode:
 
 
 def all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
+    if accumulation_dtype(tensor.dtype) != tensor.dtype:
+        staged = engine.inter.staging(tensor)
+        _all_reduce(engine, staged, op)
+        tensor.view(-1).copy_(staged)  # the one rounding, to nearest even
+    else:
+        _all_reduce(engine, tensor, op)
+
+
+def _all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
     L, me = engine.world_size, engine.rank
     n, size = tensor.numel(), tensor.element_size()
     whole = Region.of(tensor)

@@ -11,6 +11,14 @@ The choice depends only on values every rank shares (the collective, its size in
 world size, the topology), so every rank picks the same algorithm; the engine puts the name in
 the call's fingerprint anyway.
 
+Deterministic by contract (docs/algorithms.md, "Deterministic reductions"): the table only
+ever picks an algorithm that folds every element in rank order in the accumulation type and
+rounds once (one-shot, two-shot, direct reduce and reduce-scatter), so the bits of a result do
+not depend on the size of the message, the world size's table entry or the algorithm. Ring and
+tree fold their partials in ring or heap order and round 16-bit partials at every step: they
+run only when GPUCOMM_ALGO names them, with one warning per process that the call leaves the
+contract (:data:`ORDER_CHANGING`).
+
 Each threshold names the measurement behind it: CPU numbers so far (below), to be joined by
 GPU numbers when a GPU is lent. The topology is an input so that those can differ
 per transport; today one table serves both.
@@ -18,7 +26,9 @@ per transport; today one table serves both.
 
 from __future__ import annotations
 
-__all__ = ["ALGORITHMS", "FAMILIES", "choose", "family_of"]
+import warnings
+
+__all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "choose", "family_of", "keeps_contract"]
 
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -32,6 +42,17 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_to_all": ("direct",),
     "p2p": ("direct",),
     "barrier": ("direct",),
+}
+
+# Reducing algorithms whose fold is not rank order (ring order, heap order), with 16-bit partials
+# rounded at every step: at 4 ranks, 1 Mi fp32 elements of wide dynamic range, another result
+# than one-shot's in 6.1% (ring) and 7.5% (tree) of the elements, and ring's result of an element
+# changes with the message size (docs/results/2026-11-23-determinism/orders.json). Never picked
+# by the table.
+ORDER_CHANGING: dict[str, frozenset[str]] = {
+    "all_reduce": frozenset({"ring", "tree"}),
+    "reduce": frozenset({"tree"}),
+    "reduce_scatter": frozenset({"ring"}),
 }
 
 # The family of each collective the communicator routes.
@@ -62,6 +83,10 @@ FAMILIES: dict[str, str] = {
 # (256 KiB: 361/291 vs 463/411; 4 MiB: 3139/2438 vs 4183/4988). P=2: one-shot ahead by 6-17% at
 # 16 and 64 KiB, even from 256 KiB on. GPU numbers (bench/gpu_check.sh) are to set the CUDA value.
 ONESHOT_MAX_BYTES = 64 << 10
+# What the deterministic choice costs against the fastest of all four algorithms, size by size
+# at 4 ranks on this path: docs/algorithms.md, "What the contract costs" (2026-11-23, a 2-core VM
+# under heavy load from other work: 1.1-3.6x behind tree or ring at most sizes with
+# OMP_NUM_THREADS=1; the α-β model of an NVSwitch GPU node has it the fastest at every size).
 # Every number from here on is older: the host-driven emulation (shm transport, torch kernels,
 # waits that slept 1 ms) on a 2-core VM shared with other jobs, `gpucomm-bench <collective>
 # --nproc P --transport shm --kernels torch --algo A -n 10 -w 3 --device cpu`, median time in ms;
@@ -69,13 +94,10 @@ ONESHOT_MAX_BYTES = 64 << 10
 # flatters neighbour-only schedules (ring, tree). To be measured again on the stream-ordered path.
 #
 # all_reduce, two-shot vs ring: at 16 MiB ring was ahead at P=8 (802 vs 1831 ms) and P=4
-# (110/159 vs 273/296 ms); at 1 MiB it was behind at P=8 (443 vs 171 ms). Ring from 8 ranks
-# and 16 MiB: it also needs the most syncs (2(P-1) per piece), which only pays where the
-# bytes dominate. Tree was the fastest of all from 1 MiB at P=4 and P=8 in this emulation
-# (P=8, 16 MiB: 508 ms), but the table leaves it out: tree and ring round 16-bit partial sums
-# at every step, and that trade is not made automatically on CPU-only evidence.
-RING_MIN_RANKS = 8
-RING_MIN_BYTES = 16 << 20
+# (110/159 vs 273/296 ms); at 1 MiB it was behind at P=8 (443 vs 171 ms). Tree was the fastest
+# of all from 1 MiB at P=4 and P=8 in this emulation (P=8, 16 MiB: 508 ms). The table picked
+# ring from 8 ranks and 16 MiB until issue 24; it no longer picks ring or tree at all, since
+# neither folds in rank order (ORDER_CHANGING), whatever they gain in time.
 # broadcast and reduce: direct (one step) vs tree (log2 P steps). Broadcast: direct was ahead
 # at every size from 4 KiB to 16 MiB at P=4 and P=8 (P=8, 16 MiB: 214 vs 237 ms). Reduce, P=8:
 # mixed (4 KiB: 2.7 vs 3.2 ms direct ahead; 64 KiB: 28 vs 15 ms and 16 MiB: 333 vs 259 ms,
@@ -89,6 +111,33 @@ RING_MIN_BYTES = 16 << 20
 
 def family_of(fn: str) -> str | None:
     return FAMILIES.get(fn)
+
+
+def keeps_contract(family: str, algo: str) -> bool:
+    """Whether ``algo`` folds every element of a ``family`` call in rank order, rounding once."""
+    return algo not in ORDER_CHANGING.get(family, ())
+
+
+def _warn_order_changing(family: str, algo: str, knob: str) -> None:
+    # Once per (family, algorithm) and process: Python's warning registry shows a message once
+    # per place it is raised from, and the text names no size. A warning rather than a line on
+    # gpucomm's logger: the logger carries one line per served call (GPUCOMM_DEBUG=INFO), and
+    # an application can filter this one, or make it an error, with Python's warning filters.
+    warnings.warn(
+        f"gpucomm.{family}: GPUCOMM_ALGO={knob} forces {algo}, which folds partial results in {algo} order, "
+        f"not rank order: results now depend on the message size and differ from the default's; "
+        f"unset GPUCOMM_ALGO (or name {_CONTRACT_KEEPERS[family]}) to keep reductions deterministic",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+# What to name instead, per family with order-changing algorithms.
+_CONTRACT_KEEPERS = {
+    "all_reduce": "oneshot or twoshot",
+    "reduce": "direct",
+    "reduce_scatter": "direct",
+}
 
 
 def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
@@ -138,11 +187,9 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
     served = ALGORITHMS[family]
     forced = _forced(family, served, knob)
     if forced != "auto":
+        if not keeps_contract(family, forced):
+            _warn_order_changing(family, forced, knob)
         return forced
     if family == "all_reduce":
-        if nbytes <= ONESHOT_MAX_BYTES:
-            return "oneshot"
-        if world_size >= RING_MIN_RANKS and nbytes >= RING_MIN_BYTES:
-            return "ring"
-        return "twoshot"
+        return "oneshot" if nbytes <= ONESHOT_MAX_BYTES else "twoshot"
     return "direct"
