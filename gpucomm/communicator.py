@@ -32,6 +32,7 @@ from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError, Unsu
 from gpucomm.fallback import GlooFallback
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
+from gpucomm.progress import Progress, Queued
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.validation import (
     check_numel,
@@ -119,6 +120,7 @@ class Communicator:
         self._liveness = Liveness(store, prefix, rank, world_size)
         self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
         self._engines: dict[str, Engine] = {}  # device type -> the workspace engine serving it
+        self._progress = Progress(f"gpucomm-progress-r{rank}")  # async calls on the host workspace
         try:
             for device_type, (transport, kernels) in self._workspace_plan().items():
                 engine = Engine.create(self, transport, kernels)
@@ -172,6 +174,7 @@ class Communicator:
         self._closed = True
         _LIVE.discard(self)
         try:
+            self._progress.close()  # before the workspace goes: its collectives run on it
             self._close_engines()
         finally:
             self._fallback.close()
@@ -180,6 +183,7 @@ class Communicator:
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""
         self._closed = True
         _LIVE.discard(self)
+        self._progress.close(wait=False)
         try:
             for engine in self._engines.values():
                 if engine.inter is not None:
@@ -293,6 +297,11 @@ class Communicator:
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
         if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             self._check_capturable(fn, engine, algo)
+        # The host workspace runs an asynchronous call, or any call behind one, on the progress thread.
+        host = algo is not None and engine.stream is None
+        queued = host and fn not in _POINT_TO_POINT and (async_op or self._progress.busy())
+        if host and fn in _POINT_TO_POINT:
+            self._progress.drain()
         try:
             if algo is not None and engine.stream is not None:
                 work = self._on_stream(fn, engine, _Planned(engine, algo), serve, finish)
@@ -305,16 +314,19 @@ class Communicator:
                     path = _Planned(engine, algo)
                 elif fn not in _POINT_TO_POINT and self.config.check != "off":
                     path = self._fallback.checked(_fingerprint(fn, tensor, fields), self._describe(fn, tensor, fields))
-                work = serve(path)
-                if finish is not None:
-                    work = Work([work], finish=finish)
+                if queued:  # on the progress thread, in call order (gpucomm.progress)
+                    work = Work([self._progress.submit(Queued(functools.partial(serve, path), fn, self.rank))], finish=finish)
+                else:
+                    work = serve(path)
+                    if finish is not None:
+                        work = Work([work], finish=finish)
         except RuntimeError as err:
             raise translate(err) from err
         work._on_error = translate
         work.outputs = list(outputs)
         work.blocking = self.config.blocking_wait
         work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
-        if (engine is not None and engine.stream is not None and not torch.cuda.is_current_stream_capturing()) or (algo is None and async_op):
+        if (engine is not None and engine.stream is not None and not torch.cuda.is_current_stream_capturing()) or (async_op and (algo is None or queued)):
             watch(work, fn, self.timeout, self._fail, self.rank)
         if async_op:
             return work
