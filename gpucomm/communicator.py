@@ -42,6 +42,7 @@ from gpucomm.validation import (
     check_tensor,
     check_tensor_list,
 )
+from gpucomm.watchdog import stop as stop_watchdog
 from gpucomm.watchdog import watch
 from gpucomm.work import StreamEnd, Work
 
@@ -60,9 +61,11 @@ _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 def release_all() -> None:
-    """Stop the threads of every communicator still open (gloo's, the inter-node groups'), for
-    a process that exits without destroying its groups. Nothing collective happens: peers may
-    be gone already, and the process's exit frees the workspaces."""
+    """Stop every thread gpucomm started, for a process that exits (whether or not it destroyed
+    its groups): the watchdog first (it asks gloo's works), then each open communicator's
+    progress thread and gloo's threads (the inter-node groups' too). Nothing collective happens:
+    peers may be gone already, and the process's exit frees the workspaces."""
+    stop_watchdog()
     for comm in list(_LIVE):
         comm._release_threads()
 
@@ -178,6 +181,8 @@ class Communicator:
             self._close_engines()
         finally:
             self._fallback.close()
+            if not _LIVE:  # no communicator left to watch: no gpucomm thread outlives the last one
+                stop_watchdog()
 
     def _release_threads(self) -> None:
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""

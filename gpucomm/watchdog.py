@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from gpucomm.errors import CommTimeoutError
 from gpucomm.work import Work
 
-__all__ = ["watch", "POLL_S", "GRACE_S"]
+__all__ = ["watch", "stop", "POLL_S", "GRACE_S"]
 
 # How often pending works are looked at: a failure is reported within this much of happening.
 POLL_S = 0.05
@@ -49,17 +49,33 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._watched: list[_Watched] = []
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()  # of the running thread; each thread gets its own
 
     def watch(self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int) -> None:
         with self._lock:
             self._watched.append(_Watched(work, name, time.monotonic() + timeout + GRACE_S, fail, rank, timeout))
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gpucomm-watchdog", daemon=True)
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(self._stop,), name="gpucomm-watchdog", daemon=True)
                 self._thread.start()
 
-    def _run(self) -> None:
-        while True:
-            time.sleep(POLL_S)
+    def stop(self) -> None:
+        """End the thread and forget what it watched (no communicator is open any more, or the
+        process exits); a later :meth:`watch` starts a new one.
+
+        Why at exit: a daemon thread still running when the interpreter finalises is ended where
+        it next takes the GIL; inside a torch call (a gloo work's ``wait``) that is a C++
+        destructor, and the process aborts with "terminate called without an active exception".
+        """
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._watched = []
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(POLL_S):
             with self._lock:
                 watched = list(self._watched)
             ended = [w for w in watched if self._ended(w)]
@@ -86,3 +102,8 @@ _WATCHDOG = _Watchdog()
 def watch(work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int) -> None:
     """Watch ``work`` until it ends; ``fail(error)`` if it fails or outlives ``timeout``."""
     _WATCHDOG.watch(work, name, timeout, fail, rank)
+
+
+def stop() -> None:
+    """End the watchdog's thread now (see :meth:`_Watchdog.stop`)."""
+    _WATCHDOG.stop()
