@@ -302,9 +302,12 @@ class Communicator:
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
         if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             self._check_capturable(fn, engine, algo)
-        # The host workspace runs an asynchronous call, or any call behind one, on the progress thread.
+        # An asynchronous call that would wait in the caller's thread (the host workspace runs it
+        # there; a checked gloo call agrees on fingerprints before gloo's collective may start),
+        # or any call behind one, runs on the progress thread, in call order.
         host = algo is not None and engine.stream is None
-        queued = host and fn not in _POINT_TO_POINT and (async_op or self._progress.busy())
+        waits = host or (algo is None and self.config.check != "off")
+        queued = waits and fn not in _POINT_TO_POINT and (async_op or self._progress.busy())
         if host and fn in _POINT_TO_POINT:
             self._progress.drain()
         try:
@@ -320,7 +323,7 @@ class Communicator:
                 elif fn not in _POINT_TO_POINT and self.config.check != "off":
                     path = self._fallback.checked(_fingerprint(fn, tensor, fields), self._describe(fn, tensor, fields))
                 if queued:  # on the progress thread, in call order (gpucomm.progress)
-                    work = Work([self._progress.submit(Queued(functools.partial(serve, path), fn, self.rank))], finish=finish)
+                    work = Work([self._progress.submit(Queued(functools.partial(_to_end, serve, path), fn, self.rank))], finish=finish)
                 else:
                     work = serve(path)
                     if finish is not None:
@@ -613,6 +616,11 @@ class Communicator:
             found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
             missing = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else [0]
             raise CommTimeoutError(fn, None, self.rank, missing, seconds, detail=f"gloo: {text.splitlines()[0]}") from err
+
+
+def _to_end(serve: Callable[[object], Work], path: object) -> None:
+    """Run a call on ``path`` and wait for its end (on the progress thread)."""
+    serve(path).wait()
 
 
 def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:
