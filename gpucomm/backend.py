@@ -30,8 +30,8 @@ What torch's stack asks of a process group besides the collectives, and where it
 
 Completion: every collective is started asynchronously and returns a torch ``Work`` made from
 the Future of gpucomm's Work (gpucomm.work): completed on gloo's thread when gloo finishes, in
-stream order on a GPU (a CUDA-aware Future on the communicator's stream), at once where the
-collective ran in the caller's thread (the shared-memory workspace). So DDP's buckets reduce
+stream order on a GPU (a CUDA-aware Future on the communicator's stream), on the communicator's
+progress thread on the shared-memory workspace (gpucomm.progress). So DDP's buckets reduce
 while its backward pass goes on. Point-to-point calls return at once with a :class:`_P2PWork`
 whose ``wait()`` completes them, so that any legal pattern of ``isend``/``irecv`` (rings, both
 directions, ``batch_isend_irecv``) completes.
