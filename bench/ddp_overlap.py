@@ -10,15 +10,21 @@ several gradient buckets) on CPU tensors, under DDP on a gloo process group, in 
 - ``hook-blocking``: the same hook waiting for its all-reduce before returning (no overlap), the
   behaviour before gpucomm's Works completed in the background;
 - ``hook-shm``: gpucomm's hook on the default path of one host, the shared-memory workspace,
-  where the all-reduce runs in the caller's thread.
+  where the all-reduce runs on the communicator's progress thread;
+- ``hook-shm-blocking``: the same hook waiting for its all-reduce before returning.
 
 Modes take turns in rounds (a different order each round), and each figure is the median over
 rounds of the median step time in a round, with the spread (min-max over rounds). Overlap shows as
-``hook`` close to ``gloo`` and below ``hook-blocking``.
+``hook`` close to ``gloo`` and below ``hook-blocking`` (and ``hook-shm`` below
+``hook-shm-blocking``).
+
+The ranks keep the thread settings they are started with, as a user's would: torch's default
+(one thread per core) unless OMP_NUM_THREADS is set.
 
 Example::
 
     OMP_NUM_THREADS=1 python -m gpucomm._bench.ddp_overlap --nproc 2 --rounds 5 --json ddp.json
+    python -m gpucomm._bench.ddp_overlap --nproc 2 --rounds 5 --json ddp_default_threads.json
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import time
 
 __all__ = ["main", "MODES"]
 
-MODES = ("compute", "gloo", "hook", "hook-blocking", "hook-shm")
+MODES = ("compute", "gloo", "hook", "hook-blocking", "hook-shm", "hook-shm-blocking")
 
 
 def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
@@ -48,7 +54,6 @@ def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, resu
     from gpucomm.communicator import Communicator
     from gpucomm.config import Config
 
-    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     layers = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
@@ -67,8 +72,8 @@ def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, resu
         """A DDP wrapper of the same layers with the mode's hook (a hook is registered once per wrapper)."""
         model = DistributedDataParallel(layers, bucket_cap_mb=args.bucket_mb)
         if mode.startswith("hook"):
-            comm = comms["hook-shm" if mode == "hook-shm" else "hook"]
-            model.register_comm_hook(ddp.GpucommState(comm=comm), blocking_hook if mode == "hook-blocking" else ddp.allreduce_hook)
+            comm = comms["hook-shm" if mode.startswith("hook-shm") else "hook"]
+            model.register_comm_hook(ddp.GpucommState(comm=comm), blocking_hook if mode.endswith("-blocking") else ddp.allreduce_hook)
         return model
 
     batch = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
@@ -124,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         proc.join()
     # A step ends when the slowest rank's does: the figure of a round is the largest rank median.
     rounds = {m: [max(per_rank[r][m][k] for r in per_rank) for k in range(args.rounds)] for m in MODES}
+    threads = os.environ.get("OMP_NUM_THREADS", f"not set: torch's default, {os.cpu_count()} cores")
     print(f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
-          f" buckets of {args.bucket_mb:g} MB; median [min-max] over {args.rounds} rounds, ms")
+          f" buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; median [min-max] over {args.rounds} rounds, ms")
     base = statistics.median(rounds["gloo"])
     for mode in MODES:
         values = rounds[mode]
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "rounds_s": rounds}, f, indent=1)
+            json.dump({"settings": {**vars(args), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}, "rounds_s": rounds}, f, indent=1)
     return 0
 
 

@@ -30,8 +30,8 @@ What torch's stack asks of a process group besides the collectives, and where it
 
 Completion: every collective is started asynchronously and returns a torch ``Work`` made from
 the Future of gpucomm's Work (gpucomm.work): completed on gloo's thread when gloo finishes, in
-stream order on a GPU (a CUDA-aware Future on the communicator's stream), at once where the
-collective ran in the caller's thread (the shared-memory workspace). So DDP's buckets reduce
+stream order on a GPU (a CUDA-aware Future on the communicator's stream), on the communicator's
+progress thread on the shared-memory workspace (gpucomm.progress). So DDP's buckets reduce
 while its backward pass goes on. Point-to-point calls return at once with a :class:`_P2PWork`
 whose ``wait()`` completes them, so that any legal pattern of ``isend``/``irecv`` (rings, both
 directions, ``batch_isend_irecv``) completes.
@@ -55,6 +55,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from gpucomm.communicator import Communicator
 from gpucomm.config import Config
+from gpucomm.errors import CommTimeoutError
 from gpucomm.reduce_op import ReduceOp, as_reduce_op
 from gpucomm.rendezvous import rendezvous
 from gpucomm.work import Work
@@ -316,7 +317,37 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         return _P2PWork(self.communicator.irecv(t, None, tag), [t])
 
     def barrier(self, opts: object = None) -> dist.Work:
-        return _pending([self.communicator.barrier(async_op=True)], [])
+        return _BarrierWork(self.communicator.barrier(async_op=True))
+
+
+class _BarrierWork(dist.Work):
+    """A barrier in flight, whose ``wait()`` raises as gloo's does once the group's timeout has
+    passed (torch's ``test_barrier_timeout_full_group``: a message matching
+    ``" (Timed out|closed|timeout) "``). A Work made by ``_create_work_from_future`` would not:
+    its ``wait()`` returns True even when the Future holds an error (torch 2.13)."""
+
+    def __init__(self, work: Work) -> None:
+        super().__init__()
+        self._work = work
+
+    def wait(self, timeout: object = None) -> bool:
+        try:
+            self._work.wait(timeout)
+        except CommTimeoutError as err:
+            # gloo's words ("Timed out waiting 1000ms for recv operation to complete"), which
+            # torch's tests and its users' scripts match, beside gpucomm's own.
+            detail = f"Timed out waiting {err.timeout * 1e3:.0f}ms for the barrier"
+            raise CommTimeoutError(err.op, err.epoch, err.rank, err.missing, err.timeout, detail=detail) from err
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future()
 
 
 class _P2PWork(dist.Work):

@@ -34,6 +34,7 @@ from gpucomm.fallback import GlooFallback
 from gpucomm.flight import FlightLog, FlightRecord, group_label
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
+from gpucomm.progress import Progress, Queued
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.repeat import Repeats
 from gpucomm.story import NodeStatus, StatusSignal, mismatch_story, node_status, timeout_story
@@ -45,6 +46,7 @@ from gpucomm.validation import (
     check_tensor,
     check_tensor_list,
 )
+from gpucomm.watchdog import stop as stop_watchdog
 from gpucomm.watchdog import watch
 from gpucomm.work import StreamEnd, Work
 
@@ -63,9 +65,11 @@ _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 def release_all() -> None:
-    """Stop the threads of every communicator still open (gloo's, the inter-node groups'), for
-    a process that exits without destroying its groups. Nothing collective happens: peers may
-    be gone already, and the process's exit frees the workspaces."""
+    """Stop every thread gpucomm started, for a process that exits (whether or not it destroyed
+    its groups): the watchdog first (it asks gloo's works), then each open communicator's
+    progress thread and gloo's threads (the inter-node groups' too). Nothing collective happens:
+    peers may be gone already, and the process's exit frees the workspaces."""
+    stop_watchdog()
     for comm in list(_LIVE):
         comm._release_threads()
 
@@ -131,6 +135,7 @@ class Communicator:
         self._engines: dict[str, Engine] = {}  # device type -> the workspace engine serving it
         self._own_record: FlightRecord | None = None
         self._signal: StatusSignal | None = None
+        self._progress = Progress(f"gpucomm-progress-r{rank}")  # async calls on the host workspace
         try:
             if flight is None:
                 flight = self._own_record = FlightRecord(
@@ -200,15 +205,19 @@ class Communicator:
         self._closed = True
         _LIVE.discard(self)
         try:
+            self._progress.close()  # before the workspace goes: its collectives run on it
             self._close_engines()
             self._close_record()
         finally:
             self._fallback.close()
+            if not _LIVE:  # no communicator left to watch: no gpucomm thread outlives the last one
+                stop_watchdog()
 
     def _release_threads(self) -> None:
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""
         self._closed = True
         _LIVE.discard(self)
+        self._progress.close(wait=False)
         try:
             for engine in self._engines.values():
                 if engine.inter is not None:
@@ -342,6 +351,14 @@ class Communicator:
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
         if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             self._check_capturable(fn, engine, algo)
+        # An asynchronous call that would wait in the caller's thread (the host workspace runs it
+        # there; a checked gloo call agrees on fingerprints before gloo's collective may start),
+        # or any call behind one, runs on the progress thread, in call order.
+        host = algo is not None and engine.stream is None
+        waits = host or (algo is None and self.config.check != "off")
+        queued = waits and fn not in _POINT_TO_POINT and (async_op or self._progress.busy())
+        if host and fn in _POINT_TO_POINT:
+            self._progress.drain()
         slot = self._flight.entered(self._calls, fn, tensor, fields)
         try:
             if algo is not None and engine.stream is not None:
@@ -355,9 +372,12 @@ class Communicator:
                     path = _Planned(engine, algo)
                 elif fn not in _POINT_TO_POINT and self.config.check != "off":
                     path = self._fallback.checked(_fingerprint(fn, tensor, fields), self._describe(fn, tensor, fields))
-                work = serve(path)
-                if finish is not None:
-                    work = Work([work], finish=finish)
+                if queued:  # on the progress thread, in call order (gpucomm.progress)
+                    work = Work([self._progress.submit(Queued(functools.partial(_to_end, serve, path), fn, self.rank))], finish=finish)
+                else:
+                    work = serve(path)
+                    if finish is not None:
+                        work = Work([work], finish=finish)
         except RuntimeError as err:
             raise translate(err) from err
         work._on_error = translate
@@ -365,9 +385,10 @@ class Communicator:
         work.blocking = self.config.blocking_wait
         work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
         on_stream = algo is not None and engine.stream is not None
-        if (on_stream and not torch.cuda.is_current_stream_capturing()) or (algo is None and async_op):
-            # Works of one stream end in its order; gloo's works of one group end in theirs.
-            watch(work, fn, self.timeout, self._fail, self.rank, queue=engine if on_stream else self._fallback)
+        if (on_stream and not torch.cuda.is_current_stream_capturing()) or (async_op and (algo is None or queued)):
+            # Works of one queue end in its order: a stream's, the progress thread's, a gloo group's.
+            queue = engine if on_stream else self._progress if queued else self._fallback
+            watch(work, fn, self.timeout, self._fail, self.rank, queue=queue)
         if async_op:
             self._flight.completes_with(slot, work)
             return work
@@ -480,7 +501,7 @@ class Communicator:
         fn = "all_reduce"
         if not async_op:
             seen = self._repeat.find(tensor, op)
-            if seen is not None and self._broken is None and not self._closed:
+            if seen is not None and self._broken is None and not self._closed and not self._progress.busy():
                 self._calls += 1
                 slot = self._flight.entered(self._calls, fn, tensor, seen.fields)
                 try:
@@ -715,6 +736,11 @@ class Communicator:
             found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
             missing = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else [0]
             raise CommTimeoutError(fn, None, self.rank, missing, seconds, detail=f"gloo: {text.splitlines()[0]}") from err
+
+
+def _to_end(serve: Callable[[object], Work], path: object) -> None:
+    """Run a call on ``path`` and wait for its end (on the progress thread)."""
+    serve(path).wait()
 
 
 def _operator(op: object, fn: str) -> tuple[ReduceOp, float | None, str]:

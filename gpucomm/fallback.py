@@ -53,10 +53,12 @@ class _Staged:
         for i in range(len(self.buffers)) if indices is None else indices:
             result = self.buffers[i]
             if self.op is ReduceOp.AVG:
+                # In place: the buffer holds this call's sum and nothing else (a new tensor per
+                # bucket, then a copy, was one more pass over every DDP gradient bucket).
                 if result.is_floating_point():
-                    result = result / self.divisor
+                    result.div_(self.divisor)
                 else:
-                    result = torch.div(result, self.divisor, rounding_mode="trunc")
+                    result.div_(self.divisor, rounding_mode="trunc")
             if result is not self.originals[i]:
                 self.originals[i].copy_(result)
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpucomm.errors import CommMismatchError, CommTimeoutError
+from gpucomm.host_threads import ThreadFit, pieces
 from gpucomm.ops import host_atomics
 from gpucomm.ops.contract import Region
 from gpucomm.ops.reference import fold_into, needs_scratch
@@ -96,6 +97,7 @@ class HostExecutor:
         self.workspace = engine.workspace
         self.rank = engine.rank
         self.backoff = Backoff(engine.world_size)
+        self.fit = ThreadFit(engine.world_size)
         self._host_flags = engine.device.type == "cpu"
         if self._host_flags:
             self._store = host_atomics.raw_store_release()
@@ -131,11 +133,11 @@ class HostExecutor:
         for ins in program.instructions:
             if ins[0] == COPY:
                 dst, src = self._region(ins[3], parity, addrs), self._region(ins[4], parity, addrs)
-                steps.append(_bound_copy(dst, src))
+                steps.append(_bound_copy(dst, src, self.fit))
             elif ins[0] == REDUCE:
                 out = self._region(ins[3], parity, addrs)
                 srcs = [self._region(s, parity, addrs) for s in ins[4]]
-                steps.append(_bound_reduce(out, srcs, program.dtype, ReduceOp.AVG if ins[5] else program.op, ins[6]))
+                steps.append(_bound_reduce(out, srcs, program.dtype, ReduceOp.AVG if ins[5] else program.op, ins[6], self.fit))
             else:
                 steps.append(self._bind_sync(program, ins[1], ins[2]))
         return steps
@@ -229,18 +231,42 @@ class HostExecutor:
                 )
 
 
-def _bound_copy(dst: Region, src: Region) -> Step:
+def _bound_copy(dst: Region, src: Region, fit: ThreadFit) -> Step:
     d, s = dst.bytes, src.bytes
     if (dst.addr | src.addr | dst.nbytes) % 8 == 0:
         try:  # eight-byte elements where the layout allows: the copy loop moves words, not bytes
             d, s = dst.view(torch.int64), src.view(torch.int64)
         except RuntimeError:  # a view whose storage offset torch cannot reinterpret
             pass
-    return lambda: d.copy_(s)
+    parts = list(zip(pieces(d), pieces(s)))
+    if len(parts) == 1:
+        return lambda: d.copy_(s)
+
+    def copy() -> None:
+        if not fit.serial():
+            d.copy_(s)
+            return
+        for dp, sp in parts:  # below torch's grain: in this thread alone (gpucomm.host_threads)
+            dp.copy_(sp)
+
+    return copy
 
 
-def _bound_reduce(out: Region, srcs: list[Region], dtype: torch.dtype, op: ReduceOp, divisor: int) -> Step:
+def _bound_reduce(out: Region, srcs: list[Region], dtype: torch.dtype, op: ReduceOp, divisor: int, fit: ThreadFit) -> Step:
     target = out.view(dtype)
     views = [s.view(dtype) for s in srcs]
     acc = torch.empty_like(target, dtype=accumulation_dtype(dtype)) if needs_scratch(out, srcs, dtype) else None
-    return lambda: fold_into(target, views, op, divisor, acc)
+    targets = pieces(target)
+    if len(targets) == 1:
+        return lambda: fold_into(target, views, op, divisor, acc)
+    # Piece i of the target, of every source and of the accumulator.
+    parts = list(zip(targets, zip(*(pieces(v) for v in views)), pieces(acc) if acc is not None else [None] * len(targets)))
+
+    def reduce() -> None:
+        if not fit.serial():
+            fold_into(target, views, op, divisor, acc)
+            return
+        for t, vs, a in parts:  # below torch's grain: in this thread alone (gpucomm.host_threads)
+            fold_into(t, vs, op, divisor, a)
+
+    return reduce

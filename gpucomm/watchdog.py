@@ -34,7 +34,7 @@ from gpucomm.capture import enter_thread_local_capture_mode
 from gpucomm.errors import CommTimeoutError
 from gpucomm.work import Work
 
-__all__ = ["watch", "POLL_S", "GRACE_S"]
+__all__ = ["watch", "stop", "POLL_S", "GRACE_S"]
 
 # How often pending works are looked at: a failure is reported within this much of happening.
 POLL_S = 0.05
@@ -58,13 +58,15 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._queues: dict[Hashable, collections.deque[_Watched]] = {}
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()  # of the running thread; each thread gets its own
 
     def watch(self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable) -> None:
         """:meth:`add` the work, and start the thread that polls if it is not running."""
         self.add(work, name, timeout, fail, rank, queue)
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gpucomm-watchdog", daemon=True)
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(self._stop,), name="gpucomm-watchdog", daemon=True)
                 self._thread.start()
 
     def add(self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable) -> None:
@@ -79,10 +81,24 @@ class _Watchdog:
         with self._lock:
             return sum(len(q) for q in self._queues.values())
 
-    def _run(self) -> None:
+    def stop(self) -> None:
+        """End the thread and forget what it watched (no communicator is open any more, or the
+        process exits); a later :meth:`watch` starts a new one.
+
+        Why at exit: a daemon thread still running when the interpreter finalises is ended where
+        it next takes the GIL; inside a torch call (a gloo work's ``wait``) that is a C++
+        destructor, and the process aborts with "terminate called without an active exception".
+        """
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._queues = {}
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self, stop: threading.Event) -> None:
         enter_thread_local_capture_mode()  # before the first event query (module docstring)
-        while True:
-            time.sleep(POLL_S)
+        while not stop.wait(POLL_S):
             self.poll()
 
     def poll(self) -> None:
@@ -117,6 +133,12 @@ def watch(work: Work, name: str, timeout: float, fail: Callable[[BaseException],
     """Watch ``work`` until it ends; ``fail(error)`` if it fails or outlives ``timeout``.
 
     ``queue`` names the order the work completes in (works of one queue end oldest first: a
-    CUDA stream, a gloo group); the watchdog looks only at the oldest pending work of each.
+    CUDA stream, a gloo group, a progress thread); the watchdog looks only at the oldest pending
+    work of each.
     """
     _WATCHDOG.watch(work, name, timeout, fail, rank, queue)
+
+
+def stop() -> None:
+    """End the watchdog's thread now (see :meth:`_Watchdog.stop`)."""
+    _WATCHDOG.stop()

@@ -2,8 +2,12 @@
 
 How a Work completes depends on the path that served the collective:
 
-- **in the caller's thread** (the shared-memory workspace, the Triton interpreter): the collective
-  has run when the call returns; the Work is complete from the start.
+- **in the caller's thread** (a blocking call on the shared-memory workspace, the Triton
+  interpreter): the collective has run when the call returns; the Work is complete from the start.
+- **the communicator's progress thread** (an ``async_op=True`` call on the shared-memory
+  workspace, and any call behind one: :mod:`gpucomm.progress`): the call returns at once; the
+  Work completes when the thread has run it, and then runs its ``finish`` step once; ``wait()``
+  blocks the host, ``get_future()`` completes on the progress thread.
 - **gloo**: torch's gloo works run on gloo's threads; the Work completes once they have, and then
   runs its ``finish`` step once (a check, the write-back of a staged result). ``wait()`` blocks
   the host, as gloo's does; ``get_future()`` completes on gloo's thread without anyone waiting.
@@ -28,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gpucomm.errors import CommTimeoutError
+from gpucomm.progress import Queued
 
 __all__ = ["Work", "StreamEnd", "WaitedInThread"]
 
@@ -281,7 +286,7 @@ def _settle(future: torch.futures.Future, error: BaseException | None, outputs: 
 def _wait_one(pending: object, block: bool, timeout: float | None) -> None:
     if isinstance(pending, StreamEnd):
         pending.wait(block, timeout)
-    elif isinstance(pending, (WaitedInThread, Work)):
+    elif isinstance(pending, (WaitedInThread, Work, Queued)):
         pending.wait(timeout)
     elif timeout is not None and isinstance(pending, torch.distributed.Work):
         pending.wait(datetime.timedelta(seconds=timeout))

@@ -4,8 +4,8 @@ On gpucomm's gloo path an ``async_op=True`` call returns at once and its Work co
 background; ``is_completed()`` never blocks; ``get_future()`` chains; DDP's gpucomm hook hands
 back a Future before the bucket is reduced, and the result is unchanged; a peer that dies while
 the caller is busy elsewhere is found by the watchdog, which breaks the communicator and names the
-culprit. On the shared-memory path a collective runs in the caller's thread, so its Work is
-complete on return, with the same API.
+culprit. On the shared-memory path an asynchronous call returns at once too: it runs on the
+communicator's progress thread, in call order with blocking calls, with the same errors.
 """
 
 from __future__ import annotations
@@ -259,3 +259,84 @@ def test_async_error_handling_abort_ends_the_process(tmp_path) -> None:
     assert procs[0].returncode == -signal.SIGABRT, (procs[0].returncode, out, err[-2000:])
     assert time.monotonic() - start < 2 + 5 + 15, "the abort came too late"
     assert "watchdog" in err and "still alive" not in out, err[-2000:]
+
+
+# -- the shared-memory workspace: asynchronous calls on the communicator's progress thread --------
+
+SHM = {"transport": "shm"}
+
+
+def _host_async(rank: int, world_size: int) -> dict:
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(timeout=60, **SHM)
+    n = 1 << 20
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's calls cannot complete before this rank joins
+    x = torch.full((n,), float(rank + 1))
+    h = torch.full((1001,), float(rank + 1), dtype=torch.float16)  # staged: written back on completion
+    work = gpucomm.all_reduce(x, async_op=True)
+    returned_pending = not work.is_completed()
+    half = gpucomm.all_reduce(h, op=gpucomm.ReduceOp.MAX, async_op=True)
+    future = half.get_future()
+    # A blocking call behind pending asynchronous ones runs after them, in call order on every rank.
+    b = torch.full((7,), float(rank))
+    gpucomm.broadcast(b, src=1)
+    done_after_blocking = work.is_completed() and half.is_completed()
+    work.wait()
+    result = future.wait()
+    seen = {
+        "returned_pending": returned_pending,
+        "done_after_blocking": done_after_blocking,
+        "sum": torch.equal(x, torch.full((n,), 3.0)),
+        "future": result[0] is h and torch.equal(h, torch.full((1001,), 2.0, dtype=torch.float16)),
+        "broadcast": torch.equal(b, torch.full((7,), 1.0)),
+        "thread": [t.name for t in __import__("threading").enumerate() if t.name.startswith("gpucomm-progress")],
+    }
+    gpucomm.destroy_process_group()
+    seen["threads_after_destroy"] = [t.name for t in __import__("threading").enumerate() if t.name.startswith("gpucomm-progress")]
+    return seen
+
+
+def test_async_calls_on_shared_memory_return_at_once_and_complete_in_order() -> None:
+    results = run_ranks(_host_async, 2, timeout=120)
+    # Rank 0 called first: its call was still waiting for rank 1 when it returned.
+    assert results[0]["returned_pending"], results[0]
+    for rank, seen in enumerate(results):
+        assert seen["done_after_blocking"] and seen["sum"] and seen["future"] and seen["broadcast"], (rank, seen)
+        assert seen["thread"] == [f"gpucomm-progress-r{rank}"] and seen["threads_after_destroy"] == [], (rank, seen)
+
+
+def _host_async_errors(rank: int, world_size: int, case: str) -> str:
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(timeout=2, **SHM)
+    if case == "mismatch":
+        work = gpucomm.all_reduce(torch.ones(8 if rank == 0 else 16), async_op=True)
+    else:  # timeout: rank 1 never calls
+        if rank == 1:
+            time.sleep(4.0)
+            return "absent"
+        work = gpucomm.all_reduce(torch.ones(8), async_op=True)
+    try:
+        work.wait()
+        first = "no error"
+    except gpucomm.GpucommError as err:
+        first = type(err).__name__
+    try:
+        gpucomm.all_reduce(torch.ones(8))
+        later = "no error"
+    except gpucomm.GpucommError as err:
+        later = type(err).__name__
+    return f"{first} then {later}"
+
+
+@pytest.mark.parametrize("case", ["mismatch", "timeout"])
+def test_async_calls_on_shared_memory_raise_as_blocking_ones(case: str) -> None:
+    results = run_ranks(_host_async_errors, 2, case, timeout=120)
+    expected = "CommMismatchError" if case == "mismatch" else "CommTimeoutError"
+    assert results[0] == f"{expected} then CommBrokenError", results

@@ -1,0 +1,161 @@
+"""``Progress``: the thread that runs a communicator's asynchronous collectives on the host workspace.
+
+On the shared-memory workspace a collective is run by the host (:mod:`gpucomm.host_executor`):
+copies, folds and flag waits in some thread. An ``async_op=True`` call must return at once
+(DDP reduces its gradient buckets while the backward pass goes on), so such calls are queued
+here and run, one after the other in call order, on one thread per communicator, started on the
+first one. Every rank queues its collectives in the order it calls them, so the ranks' threads
+run them in the same order, with the same programs, waits, timeouts and mismatch checks as a
+blocking call.
+
+A blocking call made while queued ones are pending goes through the same queue and waits for its
+turn (:meth:`Progress.busy`), so that calls keep their order whatever mix of blocking and
+asynchronous calls the caller makes; with nothing pending it runs in the caller's thread, with
+no hand-over.
+
+After a queued collective fails, the ones queued behind it are not run (their peers are in
+another state by then): each ends with :class:`CommBrokenError` naming the first failure.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+
+import torch
+
+from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError
+
+__all__ = ["Progress", "Queued"]
+
+
+class Queued:
+    """One collective in a :class:`Progress` queue: the part of a :class:`gpucomm.work.Work` that
+    ends when the progress thread has run it (``is_completed``, ``wait``, ``get_future``).
+
+    Args:
+        run: runs the collective (raises its error).
+        name: the collective, for a wait's timeout message.
+        rank: this rank, for a wait's timeout message.
+    """
+
+    def __init__(self, run: Callable[[], object], name: str, rank: int) -> None:
+        self.run = run
+        self.name = name
+        self.rank = rank
+        self._ended = threading.Event()
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def end(self, error: BaseException | None) -> None:
+        """Called once by the progress thread when the collective has run (or failed)."""
+        self._error = error
+        self._ended.set()
+        if error is None:
+            self._future.set_result(None)
+        else:
+            self._future.set_exception(error)
+
+    def is_completed(self) -> bool:
+        return self._ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the collective has run; raise its error. ``timeout`` (seconds) bounds
+        this wait alone: the collective goes on (its own deadline is the communicator's)."""
+        if not self._ended.wait(timeout):
+            raise CommTimeoutError(self.name, None, self.rank, [], timeout, detail="the collective was still running on the progress thread")
+        if self._error is not None:
+            raise self._error
+
+    def get_future(self) -> torch.futures.Future:
+        """A Future completed on the progress thread when the collective has run."""
+        return self._future
+
+
+class Progress:
+    """The progress thread of one communicator (module docstring).
+
+    Args:
+        name: the thread's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Queued] = collections.deque()
+        self._running = False  # the thread is running a collective now
+        self._failure: BaseException | None = None  # the first collective that failed
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def busy(self) -> bool:
+        """Whether a queued collective has not ended yet, so that a new call must queue behind
+        it. False on the progress thread itself (a Future's callback that calls a collective runs
+        it there and then, at the same point on every rank: queueing it would wait on itself)."""
+        if threading.current_thread() is self._thread:
+            return False
+        with self._cond:
+            return self._running or bool(self._queue)
+
+    def drain(self) -> None:
+        """Wait until every queued collective has ended (send/recv share the mailboxes with
+        the collectives' waits, so they start only then)."""
+        if threading.current_thread() is self._thread:
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running and not self._queue)
+
+    def submit(self, queued: Queued) -> Queued:
+        """Queue ``queued`` behind every collective queued before it; return it."""
+        with self._cond:
+            if self._closing:
+                raise GpucommError(f"gpucomm.{queued.name}: the communicator is being closed")
+            self._queue.append(queued)
+            if self._thread is None:
+                # A daemon: a process that exits without destroying its groups is not held up by
+                # it (release_all stops it first).
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return queued
+
+    def close(self, wait: bool = True) -> None:
+        """Stop taking collectives; with ``wait``, let the one running end (its waits have a
+        deadline) and end the rest with an error, then join the thread. Idempotent."""
+        with self._cond:
+            self._closing = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._cond.notify()
+            thread = self._thread
+        for queued in dropped:
+            queued.end(GpucommError(f"gpucomm.{queued.name}: the communicator was closed before this collective ran"))
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                queued = self._queue.popleft()
+                self._running = True
+            error: BaseException | None = None
+            try:
+                if self._failure is not None:
+                    raise CommBrokenError(
+                        f"gpucomm.{queued.name}: not run: an asynchronous collective queued before it failed "
+                        f"(original error: {self._failure})"
+                    )
+                queued.run()
+            except Exception as err:  # noqa: BLE001 - handed to the Work, which raises it in wait()
+                error = err
+                if self._failure is None:
+                    self._failure = err
+            queued.end(error)  # the Future's callbacks run here, before the next collective
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
