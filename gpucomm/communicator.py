@@ -501,7 +501,7 @@ class Communicator:
         fn = "all_reduce"
         if not async_op:
             seen = self._repeat.find(tensor, op)
-            if seen is not None and self._broken is None and not self._closed and not self._progress.busy():
+            if seen is not None and self._broken is None and not self._closed and self._progress.idle():
                 self._calls += 1
                 slot = self._flight.entered(self._calls, fn, tensor, seen.fields)
                 try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,6 +65,7 @@ class DeviceExecutor:
         pinned = self.device.type == "cuda"
         self.record = torch.zeros(self.channels * RECORD_WORDS, dtype=torch.int64, pin_memory=pinned)
         self._kinds = self.record.numpy()[::RECORD_WORDS]  # host view: reading it waits for nothing
+        self._no_kinds = bytes(self._kinds.nbytes)
         self._timeout_ns = int(engine.timeout * 1e9)
         self._names: dict[int, str] = {}
         self._on_gpu = self.device.type == "cuda"
@@ -106,8 +108,29 @@ class DeviceExecutor:
 
     def check(self) -> None:
         """Raise the error an earlier launch recorded, if any (never waits for the device)."""
-        if self._kinds.any():
+        if self._kinds.tobytes() != self._no_kinds:  # two C calls: this runs around every launch
             raise self._error()
+
+    def repeat(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
+        """The launch of ``program`` on buffers at ``addrs`` (which has run), for the host's fast
+        path (:mod:`gpucomm.repeat`): what :meth:`run` does on a second call, looked up once.
+        Launches that run where they are called only (the interpreter's): a GPU's go through
+        the communicator's stream, which the fast path does not serve yet."""
+        form = program.cache.get("device")
+        bound = None if form is None else form["bound"].get(addrs)
+        if bound is None:  # not bound (any more): run() binds it on the next call
+            run = self.run
+            return lambda: run(program, addrs)
+        launch, check = bound["launch"], self.check
+        if self._on_gpu:
+            raise UnsupportedError("DeviceExecutor.repeat: a GPU launch goes through the communicator's stream and its Works")
+
+        def launch_here() -> None:
+            check()
+            launch()
+            check()  # the launch has run: its errors are there now
+
+        return launch_here
 
     # -- tables -------------------------------------------------------------------------------
     def _prepare(self, program: Program) -> dict:

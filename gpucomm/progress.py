@@ -85,6 +85,10 @@ class Progress:
         self._cond = threading.Condition()
         self._queue: collections.deque[Queued] = collections.deque()
         self._running = False  # the thread is running a collective now
+        # Collectives submitted that have not ended: raised by the submitting thread, lowered by
+        # the progress thread once one has ended, so that 0 (read without the lock: one int)
+        # means every collective queued so far has ended (idle(), the fast path's check).
+        self._outstanding = 0
         self._failure: BaseException | None = None  # the first collective that failed
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -97,6 +101,11 @@ class Progress:
             return False
         with self._cond:
             return self._running or bool(self._queue)
+
+    def idle(self) -> bool:
+        """Whether every collective queued so far has ended, without taking the lock (False on
+        the progress thread while it runs one: the caller then asks :meth:`busy`)."""
+        return self._outstanding == 0
 
     def drain(self) -> None:
         """Wait until every queued collective has ended (send/recv share the mailboxes with
@@ -112,6 +121,7 @@ class Progress:
             if self._closing:
                 raise GpucommError(f"gpucomm.{queued.name}: the communicator is being closed")
             self._queue.append(queued)
+            self._outstanding += 1
             if self._thread is None:
                 # A daemon: a process that exits without destroying its groups is not held up by
                 # it (release_all stops it first).
@@ -131,6 +141,8 @@ class Progress:
             thread = self._thread
         for queued in dropped:
             queued.end(GpucommError(f"gpucomm.{queued.name}: the communicator was closed before this collective ran"))
+        with self._cond:
+            self._outstanding -= len(dropped)
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
 
@@ -158,4 +170,5 @@ class Progress:
             queued.end(error)  # the Future's callbacks run here, before the next collective
             with self._cond:
                 self._running = False
+                self._outstanding -= 1
                 self._cond.notify_all()

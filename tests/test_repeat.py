@@ -11,8 +11,9 @@ INTERPRET = {"TRITON_INTERPRET": "1"}
 # Python function calls (and C calls) of one repeated 8-byte all_reduce at 2 ranks, counted with
 # sys.setprofile by python -m gpucomm._bench.host_time on the 2-core VM (2026-11-23): the device
 # path with the kernel launch recorded, and the shared-memory path with the torch kernels. A
-# ceiling a little above what was measured (53 and 29): more means work crept back onto the hot path.
-CALLS_CEILING = {"device": 60, "shm": 35}
+# ceiling a little above what was measured (63 and 54, flight record included): more means work
+# crept back onto the hot path.
+CALLS_CEILING = {"device": 70, "shm": 60}
 
 
 def _repeats(rank: int, world_size: int) -> list:

@@ -83,7 +83,7 @@ class TritonKernels:
     ) -> None:
         op = check_reduce(out, srcs, dtype, op, divisor)
         self._check_device("reduce", out)
-        n = out.nbytes // torch.empty(0, dtype=dtype).element_size()
+        n = out.nbytes // dtype.itemsize
         addrs = [out.addr, *(s.addr for s in srcs)]
         aligned = all(a % 16 == 0 for a in addrs)
         reduce_kernel.reduce(self._table(addrs), n, dtype, int(op), divisor, aligned)
@@ -141,14 +141,15 @@ class TritonKernels:
         """One launch of the program kernel (gpucomm.device_executor describes the arguments) over
         ``channels`` blocks; ``all_channels`` (default ``channels``) is how many the flag layout
         has, whose epochs the launch keeps in step."""
-        self._check_device("run_program", Region.of(instructions))
+        if instructions.device.type != self.device.type:  # the table's device, not a Region built to ask
+            raise ValueError(f"run_program: instructions on {instructions.device}, expected {self.device} (this TritonKernels' device)")
         if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
             dtype = torch.int32
         program_kernel.launch(
             instructions, operands, peers, state_addr, record_addr,
             channels=channels, rank=rank, world=world, fingerprint=fingerprint, half_bytes=half_bytes,
             granule=granule, timeout_ns=timeout_ns, dtype=reduce_kernel.TL_DTYPES[dtype], op=op,
-            copy_bytes=copy_bytes, elem_bytes=torch.empty(0, dtype=dtype).element_size(), aligned=aligned,
+            copy_bytes=copy_bytes, elem_bytes=dtype.itemsize, aligned=aligned,
             all_channels=all_channels,
         )
 
