@@ -332,7 +332,7 @@ class _BarrierWork(dist.Work):
 
     def wait(self, timeout: object = None) -> bool:
         try:
-            self._work.wait(timeout)
+            self._work.wait(_no_timeout_as_none(timeout))
         except CommTimeoutError as err:
             # gloo's words ("Timed out waiting 1000ms for recv operation to complete"), which
             # torch's tests and its users' scripts match, beside gpucomm's own.
@@ -451,22 +451,66 @@ def _done(tensors: list[torch.Tensor]) -> dist.Work:
     return _create_work_from_future(_future(tensors))
 
 
+def _no_timeout_as_none(timeout: object) -> object:
+    """torch's ``Work.wait()`` passes ``timedelta(0)`` (its ``kNoTimeout``) for "no timeout"."""
+    if isinstance(timeout, datetime.timedelta) and timeout == datetime.timedelta(0):
+        return None
+    return timeout
+
+
 def _pending(works: Sequence[Work | None], tensors: list[torch.Tensor]) -> dist.Work:
-    """A torch Work that completes when every gpucomm Work has (gloo's thread, or stream order on
-    a GPU), without anyone waiting: DDP chains its bucket's next steps on its Future, so the
-    all-reduces run while the backward pass goes on."""
-    futures = [w.get_future() for w in works if w is not None]
-    if not futures:
-        return _done(tensors)
-    combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+    """The torch Work of gpucomm Works in flight (:class:`_PendingWork`), or of a collective
+    that already ran in full (sparse all_reduce)."""
+    works = [w for w in works if w is not None]
+    return _PendingWork(works, tensors) if works else _done(tensors)
 
-    def result(done: torch.futures.Future) -> list[torch.Tensor]:
-        values = done.value()  # raises the collective's error
-        for inner in values if len(futures) > 1 else ():
-            inner.value()
-        return tensors
 
-    return _create_work_from_future(combined.then(result))
+class _PendingWork(dist.Work):
+    """gpucomm Works in flight, as torch's Work.
+
+    ``wait()`` raises their error: a Work made by ``_create_work_from_future`` returns True from
+    ``wait()`` even when its Future holds an error (torch 2.13), and a timed-out collective would
+    pass for a finished one. ``get_future()`` completes when every Work has (gloo's thread, the
+    progress thread, or stream order on a GPU) without anyone waiting: DDP chains its bucket's
+    next steps on it, so the all-reduces run while the backward pass goes on.
+    """
+
+    def __init__(self, works: Sequence[Work], tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._tensors = tensors
+
+    def wait(self, timeout: object = None) -> bool:
+        timeout = _no_timeout_as_none(timeout)
+        for work in self._works:
+            work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return all(work.is_success() for work in self._works)
+
+    def exception(self) -> BaseException | None:
+        return next((work.exception() for work in self._works if work.exception() is not None), None)
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._tensors
+
+    def get_future(self) -> torch.futures.Future:
+        futures = [work.get_future() for work in self._works]
+        combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+        tensors, several = self._tensors, len(futures) > 1
+
+        def result(done: torch.futures.Future) -> list[torch.Tensor]:
+            values = done.value()  # raises the collective's error
+            for inner in values if several else ():
+                inner.value()
+            return tensors
+
+        return combined.then(result)
 
 
 # -- registration -----------------------------------------------------------------------------

@@ -54,3 +54,35 @@ def test_barrier_timeout_full_group(backend: str, transport: str | None) -> None
     message, late = run_ranks(_barrier_alone, 2, backend, transport, timeout=120)[0]
     assert re.search(TORCH_PATTERN, message), message
     assert late >= -DELTA_S, f"raised {-late:.2f} s before the group's timeout: {message}"
+
+
+def _all_reduce_alone(rank: int, world_size: int, async_op: bool) -> str | None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import gpucomm  # noqa: F401 - registers the gpucomm backend
+
+    dist.init_process_group("gpucomm")
+    group = dist.new_group(timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    seen = None
+    if rank == 0:
+        try:
+            work = dist.all_reduce(torch.ones(4), group=group, async_op=async_op)
+            if work is not None:
+                work.wait()
+            seen = "no error"
+        except Exception as err:  # noqa: BLE001 - which type is the next test's business
+            seen = type(err).__name__
+    else:
+        time.sleep(TIMEOUT_S + 3.0)
+    return seen
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_every_collective_of_the_backend_raises_its_timeout(async_op: bool) -> None:
+    """Not only barrier: a Work of the gpucomm backend raises from wait() when its collective
+    failed (a Work made by torch's _create_work_from_future returned True with the error in its
+    Future, torch 2.13)."""
+    assert run_ranks(_all_reduce_alone, 2, async_op, timeout=120)[0] == "CommTimeoutError"
