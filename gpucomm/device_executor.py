@@ -164,8 +164,11 @@ class DeviceExecutor:
         engine = self.engine
         table = self._upload(operand_rows(program, addrs), OPERAND_WORDS)
         # Every argument of the launch packed once: a repeated call passes none of its own.
-        launch = functools.partial(
-            self.kernels.run_program, form["instructions"], table, self.peers, self.state_addr, self.record.data_ptr(),
+        prepare = getattr(self.kernels, "prepare_program", None)  # Triton's checks and packs them once
+        if prepare is None:  # the CUDA C++ kernels check their arguments at each launch
+            prepare = functools.partial(functools.partial, self.kernels.run_program)
+        launch = prepare(
+            form["instructions"], table, self.peers, self.state_addr, self.record.data_ptr(),
             channels=form["channels"], all_channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
             half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
             dtype=program.dtype, op=int(program.op or 0), copy_bytes=program.copy_bytes(addrs), aligned=program.aligned(addrs),

@@ -9,7 +9,7 @@ set before triton is imported), which is how CI runs the GPU data path.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -117,7 +117,11 @@ class TritonKernels:
             elif now - start > _ROUND_S * 2:
                 self._spins = max(self._spins // 2, _MIN_SPINS)
 
-    def run_program(
+    def run_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> None:
+        """One launch of the program kernel (the arguments of :meth:`prepare_program`)."""
+        self.prepare_program(instructions, *args, **kwargs)()
+
+    def prepare_program(
         self,
         instructions: torch.Tensor,
         operands: torch.Tensor,
@@ -137,15 +141,15 @@ class TritonKernels:
         copy_bytes: int,
         aligned: bool,
         all_channels: int | None = None,
-    ) -> None:
-        """One launch of the program kernel (gpucomm.device_executor describes the arguments) over
-        ``channels`` blocks; ``all_channels`` (default ``channels``) is how many the flag layout
-        has, whose epochs the launch keeps in step."""
+    ) -> Callable[[], None]:
+        """The launch of the program kernel (gpucomm.device_executor describes the arguments) over
+        ``channels`` blocks, checked and packed once: calling the result launches it. ``all_channels``
+        (default ``channels``) is how many the flag layout has, whose epochs the launch keeps in step."""
         if instructions.device.type != self.device.type:  # the table's device, not a Region built to ask
             raise ValueError(f"run_program: instructions on {instructions.device}, expected {self.device} (this TritonKernels' device)")
         if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
             dtype = torch.int32
-        program_kernel.launch(
+        return program_kernel.prepare(
             instructions, operands, peers, state_addr, record_addr,
             channels=channels, rank=rank, world=world, fingerprint=fingerprint, half_bytes=half_bytes,
             granule=granule, timeout_ns=timeout_ns, dtype=reduce_kernel.TL_DTYPES[dtype], op=op,

@@ -33,6 +33,9 @@ int64 at ``record_addr``: [kind, epoch, instruction, peer mask, value seen, fing
 sets the poison word and ends the channel; every later launch sees the poison and does nothing.
 """
 
+import functools
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -45,6 +48,7 @@ from gpucomm.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS
 __all__ = [
     "program_kernel",
     "launch",
+    "prepare",
     "WORDS",
     "OPERAND_WORDS",
     "COPY",
@@ -368,7 +372,12 @@ def program_kernel(
 _COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
 
 
-def launch(
+def launch(prog: torch.Tensor, *args: object, **kwargs: object) -> None:
+    """Launch ``program_kernel`` (the arguments of :func:`prepare`)."""
+    prepare(prog, *args, **kwargs)()
+
+
+def prepare(
     prog: torch.Tensor,
     operands: torch.Tensor,
     peers: torch.Tensor,
@@ -389,10 +398,13 @@ def launch(
     aligned: bool,
     all_channels: int | None = None,
     num_warps: int = NUM_WARPS,
-) -> None:
-    """Launch ``program_kernel`` over ``channels`` programs (see the module docstring);
-    ``all_channels`` (default ``channels``) is the number of channels of the flag layout."""
-    program_kernel[(channels,)](
+) -> Callable[[], None]:
+    """``program_kernel`` over ``channels`` programs (see the module docstring), with every
+    argument packed once: calling the result launches it, building nothing (a repeated call of
+    the same program on the same buffers). ``all_channels`` (default ``channels``) is the number
+    of channels of the flag layout."""
+    return functools.partial(
+        program_kernel[(channels,)],
         prog, prog.numel() // WORDS, operands, peers, state_addr, record_addr, rank, world, fingerprint,
         half_bytes, granule, timeout_ns, channels if all_channels is None else all_channels,
         DTYPE=dtype, OP=op, COPY_ELEM=_COPY_ELEMS[copy_bytes], COPY_BYTES=copy_bytes, ELEM_BYTES=elem_bytes,
