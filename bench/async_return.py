@@ -17,10 +17,11 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
+
+from .ranks import spawn_ranks
 
 __all__ = ["main"]
 
@@ -56,7 +57,7 @@ def _rank(rank: int, world: int, port: int, numel: int, rounds: int, results: mu
                     times[k].append(v)
     path = gpucomm.get_default_communicator().paths()["cpu"]
     gpucomm.destroy_process_group()
-    results.put((rank, times, correct, path))
+    results.put((rank, (times, correct, path)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,18 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7, help="rounds, each timing both calls in alternating order")
     p.add_argument("--json", default=None, metavar="FILE", help="write settings and every round's times")
     args = p.parse_args(argv)
-    ctx = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = ctx.Queue()
     numel = max(1, args.size // 4)
-    procs = [ctx.Process(target=_rank, args=(r, args.nproc, port, numel, args.rounds, results)) for r in range(args.nproc)]
-    for proc in procs:
-        proc.start()
-    per_rank = {r: (times, ok, path) for r, times, ok, path in (results.get(timeout=3600) for _ in procs)}
-    for proc in procs:
-        proc.join()
+    per_rank = spawn_ranks(_rank, args.nproc, numel, args.rounds)
     keys = ("blocking", "async_return", "async_end")
     slowest = {k: [max(per_rank[r][0][k][i] for r in per_rank) for i in range(args.rounds)] for k in keys}
     med = {k: statistics.median(v) for k, v in slowest.items()}

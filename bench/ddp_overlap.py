@@ -33,10 +33,11 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
+
+from .ranks import spawn_ranks
 
 __all__ = ["main", "MODES"]
 
@@ -116,17 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
     p.add_argument("--json", default=None, metavar="FILE", help="write settings and every round's medians")
     args = p.parse_args(argv)
-    ctx = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_step_times, args=(r, args.nproc, port, args, results)) for r in range(args.nproc)]
-    for proc in procs:
-        proc.start()
-    per_rank = dict(results.get(timeout=3600) for _ in procs)
-    for proc in procs:
-        proc.join()
+    per_rank = spawn_ranks(_step_times, args.nproc, args)
     # A step ends when the slowest rank's does: the figure of a round is the largest rank median.
     rounds = {m: [max(per_rank[r][m][k] for r in per_rank) for k in range(args.rounds)] for m in MODES}
     threads = os.environ.get("OMP_NUM_THREADS", f"not set: torch's default, {os.cpu_count()} cores")

@@ -19,10 +19,11 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
+
+from .ranks import spawn_ranks
 
 __all__ = ["main"]
 
@@ -100,17 +101,7 @@ def _rank(rank: int, world: int, port: int, path: str, calls: int, results: mult
 
 def measure(path: str, calls: int) -> dict:
     """Rank 0's figures for ``path`` ("device" or "shm")."""
-    ctx = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, path, calls, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    per_rank = dict(results.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
+    per_rank = spawn_ranks(_rank, 2, path, calls, timeout=600)
     return per_rank[0]
 
 

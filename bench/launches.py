@@ -17,8 +17,9 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import sys
+
+from .ranks import spawn_ranks
 
 __all__ = ["main"]
 
@@ -84,17 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", default="auto", help="GPUCOMM_ALGO for the calls")
     parser.add_argument("--json", default=None, metavar="FILE", help="write rank 0's counts as JSON")
     args = parser.parse_args(argv)
-    ctx = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_count, args=(r, args.nproc, port, args.numel, args.algo, results)) for r in range(args.nproc)]
-    for p in procs:
-        p.start()
-    per_rank = dict(results.get(timeout=1200) for _ in procs)
-    for p in procs:
-        p.join()
+    per_rank = spawn_ranks(_count, args.nproc, args.numel, args.algo, timeout=1200)
     counts = per_rank[0]
     print(f"{'collective':<24} {'launches':>8} {'host reads':>10}   ({args.nproc} ranks, {args.numel} fp32, algo={args.algo})")
     for name, c in counts.items():
