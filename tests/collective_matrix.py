@@ -367,9 +367,7 @@ def roundings(label: str, world_size: int) -> int:
         return world_size  # P-1 partial sums, then the last step
     if label == "tree":
         return world_size.bit_length()  # one per level, and the root
-    if label == "hierarchical":
-        return 2  # after the node's reduce-scatter, after the inter-node stage
-    return 1
+    return 1  # one-shot, two-shot and hierarchical (16-bit floats staged in fp32) round once
 
 
 def workspace_rank(rank: int, world_size: int, seed: int, device: str, knobs: dict, plan: list[tuple]) -> dict[str, tuple[list[str], list[str], list[str]]]:
