@@ -1,11 +1,13 @@
 """What the flight record costs a call, measured in one process without a peer.
 
-A one-rank communicator on the shared-memory workspace with the torch kernels runs all_reduce
-of 2 fp32 (8 bytes) in rounds that alternate between the communicator's real flight log and a
-log whose hooks do nothing; each round times ``--calls`` calls by the thread's CPU time (other
-processes on the machine do not count) and wall clock. Also timed alone: the call-site lookup
-(a log whose ``entered`` only walks the frames to the caller's file:line, as the real one does
-first) inside the same call, and one ``entered`` + ``completed`` pair alone. Medians over rounds.
+A one-rank communicator on the shared-memory workspace with the torch kernels runs a repeated
+blocking all_reduce of 2 fp32 (8 bytes), the host's fast path, in rounds that alternate between
+three flight logs: the communicator's own with the C writer (``kernels/host/flight_record.c``),
+the same with the Python twin (:class:`gpucomm.flight.PyRecorder`, what a host without a C
+compiler gets), and a log whose hooks do nothing. Each round times ``--calls`` calls by the
+thread's CPU time (other processes on the machine do not count) and wall clock; also timed
+alone, one ``again`` + ``completed`` pair of each writer. Medians over rounds, and the median of
+the rounds' ratios to the silent log.
 
 The collective itself is cheaper here than across two ranks (no peer to wait for), so the share
 it reports is an upper bound of the share on ``gpucomm-bench all_reduce --nproc 2 -b 8 -e 8``.
@@ -23,39 +25,19 @@ import statistics
 import sys
 import time
 
-from gpucomm.flight import _UNSEEN
-
 __all__ = ["main"]
 
 
 class _Silent:
     """A flight log whose hooks do nothing: the baseline."""
 
-    def entered(self, seq: int, fn: str, tensor: object, fields: dict[str, object]) -> int:
+    def enter(self, seq: int, call: tuple) -> int:
         return 0
+
+    again = enter
 
     def completed(self, at: int) -> None:
         pass
-
-
-class _SiteOnly(_Silent):
-    """Only the call-site part of FlightLog.entered: the same walk and lookup, nothing written."""
-
-    def __init__(self, log) -> None:
-        self.log = log
-
-    def entered(self, seq: int, fn: str, tensor: object, fields: dict[str, object]) -> int:
-        log = self.log
-        frame = sys._getframe(3)
-        while frame is not None:
-            sites = log._sites.get(id(frame.f_code), _UNSEEN)
-            if sites is _UNSEEN:
-                sites = log._classify(frame.f_code)
-            if sites is not None:
-                break
-            frame = frame.f_back
-        sites.get(frame.f_lasti)
-        return 0
 
 
 def _timed(fn, calls: int) -> tuple[float, float]:
@@ -77,38 +59,45 @@ def main(argv: list[str] | None = None) -> int:
 
     import gpucomm
     from gpucomm.config import Config
+    from gpucomm.flight import RING, _RING_AT, FlightLog, PyRecorder, teach
 
     comm = gpucomm.Communicator(torch.distributed.HashStore(), 0, 1, config=Config.from_env(transport="shm", kernels="torch"))
-    record, silent = comm._flight, _Silent()
-    site_only = _SiteOnly(record)
+    native = comm._flight
+    if type(native.record.writer) is PyRecorder:
+        raise SystemExit("flight_cost: the C writer did not build here (see gpucomm.native); nothing to compare")
+    record = native.record
+    twin = PyRecorder(record._mine, _RING_AT, RING, lambda frame: teach(twin, record.intern, frame))
+    python = FlightLog(record, native.group)
+    python.enter, python.completed = twin.enter, twin.end
+    logs = {"C writer": native, "Python writer": python, "without": _Silent()}
     t = torch.ones(2)
-    fields = {"op": "SUM"}
+    call_fields = native.call("all_reduce", t, {"op": "SUM"})
 
     def call() -> None:
         comm.all_reduce(t)
 
-    def pair() -> None:
-        record.completed(record.entered(1, "all_reduce", t, fields))
-
     for _ in range(200):
         call()
-    samples: dict[str, list[tuple[float, float]]] = {"with record": [], "without": [], "call site only": [], "entered + completed": []}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*logs, "C pair", "Python pair"]}
     for _ in range(args.rounds):
-        for name, log in (("with record", record), ("without", silent), ("call site only", site_only)):
+        for name, log in logs.items():
             comm._flight = log
             samples[name].append(_timed(call, args.calls))
-        comm._flight = record
-        samples["entered + completed"].append(_timed(pair, args.calls))
+        for name, log in (("C pair", native), ("Python pair", python)):
+            samples[name].append(_timed(lambda log=log: log.completed(log.again(1, call_fields)), args.calls))
+    comm._flight = native
     comm.close()
 
     medians = {name: {"cpu_us": statistics.median(s[0] for s in runs), "wall_us": statistics.median(s[1] for s in runs)} for name, runs in samples.items()}
-    ratios = [w[0] / wo[0] for w, wo in zip(samples["with record"], samples["without"])]
-    site_ratios = [s[0] / wo[0] for s, wo in zip(samples["call site only"], samples["without"])]
-    result = {"medians": medians, "cpu_ratio_median": statistics.median(ratios), "site_cpu_ratio_median": statistics.median(site_ratios)}
+    ratios = {
+        name: statistics.median(w[0] / wo[0] for w, wo in zip(samples[name], samples["without"]))
+        for name in ("C writer", "Python writer")
+    }
+    result = {"medians": medians, "cpu_ratio_median": ratios}
     for name, m in medians.items():
         print(f"{name:22s} {m['cpu_us']:8.2f} us CPU  {m['wall_us']:8.2f} us wall")
-    print(f"with / without (CPU, median of rounds' ratios): {result['cpu_ratio_median']:.3f}")
-    print(f"call site only / without (CPU): {result['site_cpu_ratio_median']:.3f}")
+    for name, ratio in ratios.items():
+        print(f"{name} / without (CPU, median of rounds' ratios): {ratio:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": {**vars(args), "argv": sys.argv[1:]}, **result}, f, indent=1)

@@ -8,6 +8,11 @@ On the shared-memory path (the torch kernels) the collective runs for real: 8 by
 ranks, waits included. Each call is timed alone; the median and p90 in microseconds, and the
 Python function calls per call (``sys.setprofile``: every call event inside one collective).
 
+``--record-rounds N`` also times what the flight record (:mod:`gpucomm.flight`) costs on each
+path: N rounds of ``--calls`` calls alternating the communicator's own flight log and one whose
+hooks do nothing (both ranks swap together), the median call of each round, and the median over
+rounds of each pair's ratio.
+
 Example::
 
     python -m gpucomm._bench.host_time --calls 2000 --json host_time.json
@@ -50,7 +55,7 @@ def _python_calls(call) -> int:  # noqa: ANN001
     return count
 
 
-def _rank(rank: int, world: int, port: int, path: str, calls: int, results: multiprocessing.Queue) -> None:
+def _rank(rank: int, world: int, port: int, path: str, calls: int, record_rounds: int, results: multiprocessing.Queue) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -94,14 +99,49 @@ def _rank(rank: int, world: int, port: int, path: str, calls: int, results: mult
             InterpretedFunction.run(None)
             noop.append(clock() - start)
         out["recorder_us"] = statistics.median(noop) * 1e6
+    if record_rounds:
+        out["record"] = _record_cost(gpucomm.api._world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds)
     gpucomm.barrier()
     gpucomm.destroy_process_group()
     results.put((rank, out))
 
 
-def measure(path: str, calls: int) -> dict:
+class _Silent:
+    """A flight log whose hooks do nothing."""
+
+    def enter(self, seq: int, call: tuple) -> int:
+        return 0
+
+    def completed(self, at: int) -> None:
+        pass
+
+
+def _record_cost(comm, call, calls: int, rounds: int) -> dict:  # noqa: ANN001
+    """Median call with the real flight log and with a silent one, rounds alternating."""
+    real, silent = comm._flight, _Silent()
+    clock = time.perf_counter
+    medians: dict[str, list[float]] = {"with": [], "without": []}
+    for i in range(rounds):
+        for name in ("with", "without") if i % 2 == 0 else ("without", "with"):
+            comm._flight = real if name == "with" else silent
+            times = []
+            for _ in range(calls):
+                start = clock()
+                call()
+                times.append(clock() - start)
+            medians[name].append(statistics.median(times) * 1e6)
+    comm._flight = real
+    ratios = [w / wo for w, wo in zip(medians["with"], medians["without"])]
+    return {
+        "with_us": statistics.median(medians["with"]), "without_us": statistics.median(medians["without"]),
+        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "rounds_with_us": medians["with"], "rounds_without_us": medians["without"],
+    }
+
+
+def measure(path: str, calls: int, record_rounds: int = 0) -> dict:
     """Rank 0's figures for ``path`` ("device" or "shm")."""
-    per_rank = spawn_ranks(_rank, 2, path, calls, timeout=600)
+    per_rank = spawn_ranks(_rank, 2, path, calls, record_rounds, timeout=600)
     return per_rank[0]
 
 
@@ -109,13 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.host_time", description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per path (default: %(default)s)")
     parser.add_argument("--paths", nargs="+", default=["device", "shm"], choices=["device", "shm"], help="paths to time")
+    parser.add_argument("--record-rounds", type=int, default=0, help="rounds timing the flight record's cost (default: none)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
-    rows = [measure(path, args.calls) for path in args.paths]
+    rows = [measure(path, args.calls, args.record_rounds) for path in args.paths]
     print(f"{'path':<8} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
     for row in rows:
         extra = f"   recorder {row['recorder_us']:.2f} us, {row['launches_per_call']} launch per call" if "recorder_us" in row else ""
         print(f"{row['path']:<8} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}")
+    for row in rows:
+        if "record" in row:
+            r = row["record"]
+            print(f"{row['path']:<8} flight record: {r['with_us']:.2f} us with, {r['without_us']:.2f} us without; "
+                  f"ratio {r['ratio_median']:.3f} (rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": vars(args), "results": rows}, f, indent=1)

@@ -503,7 +503,7 @@ class Communicator:
             seen = self._repeat.find(tensor, op)
             if seen is not None and self._broken is None and not self._closed and self._progress.idle():
                 self._calls += 1
-                slot = self._flight.entered(self._calls, fn, tensor, seen.fields)
+                slot = self._flight.enter(self._calls, seen.flight)
                 try:
                     seen.launch()
                 except RuntimeError as err:

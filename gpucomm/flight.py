@@ -27,8 +27,12 @@ Ranks are ranks of the node: all ranks on one host (split by ``GPUCOMM_LOCAL_WOR
 where it pretends smaller nodes); where ranks span hosts each rank keeps a record of its own,
 and its peers are named by what the store tells (:mod:`gpucomm.liveness`).
 
-The caller's file:line is the first frame outside gpucomm and torch.distributed, found by
-walking ``sys._getframe`` with the verdict on each code object cached.
+The caller's file:line is the first frame outside gpucomm and torch.distributed. The writer
+(the slot writes, the clock, the walk up the frames) is C (``kernels/host/flight_record.c``,
+built by :mod:`gpucomm.native`), with :class:`PyRecorder`, its Python twin, where it cannot be
+built: the record is written on every call, and in Python it cost a seventh of an 8-byte
+all_reduce. The verdicts the walk needs (is a code object gpucomm's own, which interned call
+site is this instruction) are Python's; :class:`FlightLog` teaches them to the writer once each.
 """
 
 from __future__ import annotations
@@ -39,17 +43,19 @@ import struct
 import sys
 import time
 import types
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from gpucomm import native
 from gpucomm.transport import open_workspace
 
 if TYPE_CHECKING:
     from gpucomm.work import Work
 
-__all__ = ["FlightRecord", "FlightLog", "Call", "RankRecord"]
+__all__ = ["FlightRecord", "FlightLog", "Call", "RankRecord", "PyRecorder", "recorder"]
 
 MAGIC = 0x6770_6366_6C69_6768  # "gpcfligh"
 RING = 64  # calls kept per rank: enough to see a pattern, small enough to copy in a read
@@ -63,9 +69,6 @@ _RING_AT = 64
 _STRING_TABLE_AT = _RING_AT + RING * _SLOT.size
 SEGMENT_BYTES = _STRING_TABLE_AT + STRINGS * STRING_BYTES
 _ENDED_AT = 10 * 8  # byte offset of "ended at" in a slot
-_SLOT_BYTES = _SLOT.size
-_RING_MASK = RING - 1  # RING is a power of two
-_UNSEEN = object()
 
 # Frames in these directories are gpucomm's or torch.distributed's own, not the caller's.
 _INTERNAL_DIRS = (
@@ -132,6 +135,104 @@ class RankRecord:
         return True
 
 
+class PyRecorder:
+    """The Python twin of ``kernels/host/flight_record.c``'s ``Recorder``: the same methods, the
+    same bytes in the segment, for hosts where the C file cannot be built (or ``GPUCOMM_NATIVE=0``).
+
+    Args:
+        segment: the rank's own segment, writable.
+        ring_at: byte offset of the ring in it.
+        slots: slots in the ring, a power of two.
+        teacher: ``teacher(frame) -> site``, called where the walk meets a code object or an
+            instruction it was not taught; it walks on from ``frame`` and teaches what it finds.
+    """
+
+    def __init__(self, segment: memoryview, ring_at: int, slots: int, teacher: Callable[[types.FrameType], int]) -> None:
+        if slots <= 0 or slots & (slots - 1) or ring_at % 8:
+            raise ValueError(f"PyRecorder: slots must be a power of two and ring_at a multiple of 8, got {slots} and {ring_at}")
+        self._segment = segment
+        self._ring_at, self._mask = ring_at, slots - 1
+        self._teacher = teacher
+        self.entries = 0  # calls entered so far, by every communicator writing here
+        self.last = -1  # byte offset of the slot entered last
+        # Keyed by id(code), each code object kept alive so that its id is not reused.
+        self._codes: dict[int, tuple[types.CodeType, bool]] = {}
+        self._sites: dict[tuple[int, int], int] = {}
+
+    def enter(self, seq: int, call: tuple[int, int, int, int, int, int]) -> int:
+        """Write the slot of call number ``seq`` (``call``: collective, dtype, count, op, root,
+        group), entered now, with the call site of the first frame outside gpucomm above the
+        caller; its byte offset."""
+        if len(call) != 6:
+            raise TypeError(f"PyRecorder.enter: call must be (collective, dtype, count, op, root, group), got {call!r}")
+        frame = sys._getframe(1)
+        site = 0
+        while frame is not None:
+            known = self._codes.get(id(frame.f_code))
+            if known is not None and known[1]:
+                frame = frame.f_back
+                continue
+            site = -1 if known is None else self._sites.get((id(frame.f_code), frame.f_lasti), -1)
+            if site < 0:
+                site = self._teacher(frame)
+            break
+        entry = self.entries = self.entries + 1
+        at = self.last = self._ring_at + (entry & self._mask) * _SLOT.size
+        _SLOT.pack_into(self._segment, at, entry, seq, *call, site, time.monotonic_ns(), 0)
+        return at
+
+    def end(self, at: int) -> None:
+        _WORD.pack_into(self._segment, at + _ENDED_AT, time.monotonic_ns())
+
+    def fail(self, at: int) -> None:
+        _WORD.pack_into(self._segment, at + _ENDED_AT, -time.monotonic_ns())
+
+    def teach_code(self, code: types.CodeType, internal: bool) -> None:
+        self._codes.setdefault(id(code), (code, internal))
+
+    def teach_site(self, frame: types.FrameType, site: int) -> None:
+        self._sites.setdefault((id(frame.f_code), frame.f_lasti), site)
+
+    def close(self) -> None:
+        self._codes.clear()
+        self._sites.clear()
+
+
+def recorder(segment: memoryview, teacher: Callable[[types.FrameType], int], ring_at: int = _RING_AT, slots: int = RING, *, native_ok: bool = True) -> object:
+    """The writer of ``segment``'s ring: C's ``Recorder`` where it builds, else :class:`PyRecorder`."""
+    module = native.load("flight_record") if native_ok else None
+    if module is None:
+        return PyRecorder(segment, ring_at, slots, teacher)
+    return module.Recorder(segment, ring_at, slots, teacher)
+
+
+def teach(writer: object, intern: Callable[[str], int], frame: types.FrameType | None) -> int:
+    """The call site at or above ``frame``, ``file.py:line in function`` interned, found by
+    walking up to the first frame outside gpucomm and torch.distributed (0: none); ``writer`` is
+    taught each verdict on the way and the site, so that its own walk finds them next time."""
+    while frame is not None:
+        code = frame.f_code
+        internal = code.co_filename.startswith(_INTERNAL_DIRS)
+        writer.teach_code(code, internal)  # type: ignore[attr-defined]
+        if not internal:
+            site = intern(f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}")
+            writer.teach_site(frame, site)  # type: ignore[attr-defined]
+            return site
+        frame = frame.f_back
+    return 0
+
+
+def _teacher(record: weakref.ref[FlightRecord]) -> Callable[[types.FrameType], int]:
+    """The writer's teacher: :meth:`FlightRecord.teach`, through a weak reference (the record
+    holds the writer, which holds its teacher)."""
+
+    def teach(frame: types.FrameType) -> int:
+        alive = record()
+        return 0 if alive is None else alive.teach(frame)
+
+    return teach
+
+
 class FlightRecord:
     """The segments of one root communicator's node: this rank's to write, its peers' to read.
 
@@ -171,12 +272,17 @@ class FlightRecord:
         self._mine = memoryview(self.workspace.data(node.index(me)).bytes.numpy())
         self._views = {g: self.workspace.data(i).bytes for i, g in enumerate(node)}
         self._interned: dict[str, int] = {"": 0}
-        self.entries = 0  # calls entered so far, by every communicator writing here
-        self.mine = self._mine  # what FlightLog writes into
         _HEADER.pack_into(self._mine, 0, MAGIC, os.getpid(), 1, 0)
+        self.writer = recorder(self._mine, _teacher(weakref.ref(self)))  # writes the ring, for every FlightLog here
+
+    @property
+    def entries(self) -> int:
+        """Calls entered so far, by every communicator writing here."""
+        return self.writer.entries
 
     def close(self) -> None:
         """Unmap every segment. Idempotent."""
+        self.writer.close()
         self._mine.release()
         self._views = {}
         self.workspace.close()
@@ -197,10 +303,16 @@ class FlightRecord:
         self._interned[text] = ident
         return ident
 
+    def teach(self, frame: types.FrameType | None) -> int:
+        """The writer's teacher (:func:`teach`)."""
+        return teach(self.writer, self.intern, frame)
+
     def end(self, at: int, ok: bool = True) -> None:
         """Stamp the call at slot offset ``at`` as completed (or failed) now."""
-        now = time.monotonic_ns()
-        _WORD.pack_into(self._mine, at + _ENDED_AT, now if ok else -now)
+        if ok:
+            self.writer.end(at)
+        else:
+            self.writer.fail(at)
 
     def running(self, at: int) -> bool:
         """Whether the call at slot offset ``at`` has not ended yet."""
@@ -251,60 +363,41 @@ class FlightLog:
         self.record = record
         self.group = group
         self._group_id = record.intern(group)
-        self._mine = record.mine
-        # Keyed by id(code): a code object's own hash covers its bytecode and constants, and costs
-        # microseconds per call for a function the size of Communicator._run. _codes keeps each
-        # code object alive, so that its id cannot be reused by another.
-        # id(code) -> None for gpucomm's and torch.distributed's own code, else the call sites
-        # seen in it: instruction offset -> interned "file:line in function".
-        self._codes: list[types.CodeType] = []
-        self._sites: dict[int, dict[int, int] | None] = {}
+        # The writer's own methods, bound once: the host's fast path calls them directly.
+        self.enter = record.writer.enter
+        self.completed = record.writer.end
         # (collective, wire dtype, op, user dtype) -> _kind()
         self._kinds: dict[tuple[str, object, object, object], tuple[int, int, int, int, int]] = {}
-        self._last = -1  # slot offset of the last call entered
         # Asynchronous calls not complete when they returned: (slot, entry number, Work).
         self._pending: list[tuple[int, int, Work]] = []
 
     def entered(self, seq: int, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> int:
         """Record call ``seq`` of ``fn`` entered now; returns its slot for :meth:`completed`.
-        Its root is ``fields["root"]`` (a send's or receive's peer is not recorded).
+        Its root is ``fields["root"]`` (a send's or receive's peer is not recorded)."""
+        return self.again(seq, self.call(fn, tensor, fields))
 
-        The hot path (its cost is measured in docs/reliability.md): a walk up the frames with a
-        cached verdict per code object, starting above ``Communicator._run`` and the collective
-        method that called it; the call site looked up by instruction offset (a frame's line
-        number is computed from its line table on every access); one write of the slot.
-        """
-        frame = sys._getframe(3)
-        codes = self._sites
-        while frame is not None:
-            sites = codes.get(id(frame.f_code), _UNSEEN)
-            if sites is _UNSEEN:
-                sites = self._classify(frame.f_code)
-            if sites is not None:
-                break
-            frame = frame.f_back
-        site = 0 if frame is None else sites.get(frame.f_lasti)  # type: ignore[union-attr]
-        if site is None:
-            site = self._site(frame)  # type: ignore[arg-type]
+    def call(self, fn: str, tensor: torch.Tensor | None, fields: dict[str, object]) -> tuple[int, int, int, int, int, int]:
+        """What the record keeps of a call, for :meth:`again`: collective, dtype, count, op, root
+        and group, as the slot holds them (names interned, the count in the caller's dtype)."""
         dtype = None if tensor is None else tensor.dtype
         key = (fn, dtype, fields.get("op"), fields.get("user_dtype"))
         kind = self._kinds.get(key)
         if kind is None:
             kind = self._kinds[key] = self._kind(*key)
+        count = 0 if tensor is None else tensor.numel() * kind[3] // kind[4]
+        return kind[0], kind[1], count, kind[2], fields.get("root", -1), self._group_id  # type: ignore[return-value]
+
+    def again(self, seq: int, call: tuple[int, int, int, int, int, int]) -> int:
+        """Record call ``seq``, described by :meth:`call`, entered now; its slot for :meth:`completed`.
+
+        The writer walks up the frames to the caller's and writes the slot, in C where it builds
+        (the cost is measured in docs/reliability.md). The host's fast path calls the writer's
+        ``enter`` and ``end`` directly (:attr:`enter`, :attr:`completed`) and sweeps nothing:
+        asynchronous calls still pending are stamped by the next call that comes through here.
+        """
         if self._pending:
             self._sweep()
-        record = self.record
-        entry = record.entries = record.entries + 1
-        at = _RING_AT + (entry & _RING_MASK) * _SLOT_BYTES
-        _SLOT.pack_into(
-            self._mine, at, entry, seq, kind[0], kind[1], 0 if tensor is None else tensor.numel() * kind[3] // kind[4],
-            kind[2], fields.get("root", -1), self._group_id, site, time.monotonic_ns(), 0,  # type: ignore[operator]
-        )
-        self._last = at
-        return at
-
-    def completed(self, at: int) -> None:
-        _WORD.pack_into(self._mine, at + _ENDED_AT, time.monotonic_ns())
+        return self.enter(seq, call)
 
     def completes_with(self, at: int, work: Work) -> None:
         """An asynchronous call returned ``work``. The host paths have run it already (stamped
@@ -329,8 +422,9 @@ class FlightLog:
 
     def failed(self) -> None:
         """The last call entered ended in an error (called where the error is translated)."""
-        if self._last >= 0 and self.record.running(self._last):
-            self.record.end(self._last, ok=False)
+        last = self.record.writer.last
+        if last >= 0 and self.record.running(last):
+            self.record.end(last, ok=False)
 
     def _kind(self, fn: str, dtype: torch.dtype | None, op: object, user_dtype: object) -> tuple[int, int, int, int, int]:
         """Interned name, dtype and op of a call shape, and the wire and user element sizes."""
@@ -343,20 +437,6 @@ class FlightLog:
             if isinstance(user, torch.dtype):
                 user_size, dtype_name = user.itemsize, user_dtype
         return intern(fn), intern(dtype_name), intern("" if op is None else str(op)), wire_size, user_size
-
-    def _classify(self, code: types.CodeType) -> dict[int, int] | None:
-        """First sight of ``code``: None if it is gpucomm's or torch.distributed's own."""
-        self._codes.append(code)
-        sites = self._sites[id(code)] = None if code.co_filename.startswith(_INTERNAL_DIRS) else {}
-        return sites
-
-    def _site(self, frame: types.FrameType) -> int:
-        """Intern a call site seen for the first time: ``file.py:line in function``."""
-        code = frame.f_code
-        where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
-        site = self._sites[id(code)][frame.f_lasti] = self.record.intern(where)  # type: ignore[index]
-        return site
-
 
 def group_label(global_ranks: Sequence[int], root: bool, world_size: int) -> str:
     """How a communicator is named in a record: "world" for a root over ranks 0..n-1."""

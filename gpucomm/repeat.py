@@ -44,11 +44,12 @@ Launch = Callable[[], None]
 
 
 class Seen(NamedTuple):
-    """A call seen before: its launch, the device type it ran on, what the flight record keeps."""
+    """A call seen before: its launch, the device type it ran on, what the flight record keeps
+    of it (:meth:`gpucomm.flight.FlightLog.call`)."""
 
     launch: Launch
     device_type: str
-    fields: dict[str, object]
+    flight: tuple[int, int, int, int, int, int]
 
 
 class Repeats:
@@ -79,7 +80,8 @@ class Repeats:
         launch = engine.repeat_all_reduce(tensor, rop, algo)
         if len(self._launches) >= _KEPT:
             self._launches.clear()
-        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = Seen(launch, tensor.device.type, fields)
+        flight = comm._flight.call("all_reduce", tensor, fields)
+        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = Seen(launch, tensor.device.type, flight)
 
     def clear(self) -> None:
         self._launches.clear()
