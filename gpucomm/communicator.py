@@ -362,7 +362,10 @@ class Communicator:
         slot = self._flight.entered(self._calls, fn, tensor, fields)
         try:
             if algo is not None and engine.stream is not None:
-                work = self._on_stream(fn, engine, _Planned(engine, algo), serve, finish)
+                # A blocking call launches on the caller's current stream, an asynchronous one on
+                # the engine's (gpucomm.stream_order keeps them in call order).
+                on = self._on_stream if async_op else self._on_caller_stream
+                work = on(fn, engine, _Planned(engine, algo), serve, finish)
             else:
                 # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
                 # first exchange: gpucomm.gloo_checked); the host workspace runs in this thread (a
@@ -384,7 +387,7 @@ class Communicator:
         work.outputs = list(outputs)
         work.blocking = self.config.blocking_wait
         work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
-        on_stream = algo is not None and engine.stream is not None
+        on_stream = algo is not None and engine.stream is not None and async_op
         if (on_stream and not torch.cuda.is_current_stream_capturing()) or (async_op and (algo is None or queued)):
             # Works of one queue end in its order: a stream's, the progress thread's, a gloo group's.
             queue = engine if on_stream else self._progress if queued else self._fallback
@@ -409,6 +412,24 @@ class Communicator:
         work = Work([inner, StreamEnd(end, engine.stream, check, fn, self.rank)])
         work.side_stream = engine.side_stream
         return work
+
+    def _on_caller_stream(self, fn: str, engine: Engine, path: _Planned, serve: Callable[[object], Work], finish: Callable[[], None] | None) -> Work:
+        """Queue a blocking collective on the caller's current stream, after this communicator's
+        launches so far, and its write-back after it there; the host goes on at once.
+
+        No end event, no watchdog: a kernel's error record is raised by the communicator's next
+        call (every launch looks first), ``check()`` or a later Work's wait. With
+        GPUCOMM_BLOCKING_WAIT=1 an end event lets the host wait for the collective here."""
+        engine.on_caller_stream()
+        inner = serve(path)
+        if finish is not None:
+            finish()
+        if not self.config.blocking_wait or torch.cuda.is_current_stream_capturing():
+            return inner
+        stream = torch.cuda.current_stream(engine.device)
+        end = torch.cuda.Event()
+        end.record(stream)
+        return Work([inner, StreamEnd(end, stream, engine.executor.check, fn, self.rank)])
 
     def _check_capturable(self, fn: str, engine: Engine | None, algo: str | None) -> None:
         """A collective captured into a CUDA graph must run entirely on the device."""

@@ -113,17 +113,15 @@ class DeviceExecutor:
 
     def repeat(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
         """The launch of ``program`` on buffers at ``addrs`` (which has run), for the host's fast
-        path (:mod:`gpucomm.repeat`): what :meth:`run` does on a second call, looked up once.
-        Launches that run where they are called only (the interpreter's): a GPU's go through
-        the communicator's stream, which the fast path does not serve yet."""
+        path (:mod:`gpucomm.repeat`): what :meth:`run` does on a second call, looked up once."""
         form = program.cache.get("device")
         bound = None if form is None else form["bound"].get(addrs)
+        if self._on_gpu:
+            return self._repeat_on_caller_stream(program, addrs, bound)
+        run = self.run
         if bound is None:  # not bound (any more): run() binds it on the next call
-            run = self.run
             return lambda: run(program, addrs)
         launch, check = bound["launch"], self.check
-        if self._on_gpu:
-            raise UnsupportedError("DeviceExecutor.repeat: a GPU launch goes through the communicator's stream and its Works")
 
         def launch_here() -> None:
             check()
@@ -131,6 +129,28 @@ class DeviceExecutor:
             check()  # the launch has run: its errors are there now
 
         return launch_here
+
+    def _repeat_on_caller_stream(self, program: Program, addrs: tuple[int, ...], bound: dict | None) -> Callable[[], None]:
+        """A blocking call's launch on the caller's current stream, after the communicator's
+        launches so far (:mod:`gpucomm.stream_order`: a C call and a comparison when the stream is
+        the last one's). While a CUDA graph captures, the full path's steps: the program and its
+        tables marked captured, so that they stay as long as the graph. With another device
+        current than this one, :meth:`run` (it makes this one current for the launch)."""
+        to_caller, check, run = self.engine.order.to_caller, self.check, self.run
+        launch = None if bound is None else bound["launch"]
+        index, current_device = self.device.index, torch._C._cuda_getDevice
+
+        def launch_on_caller() -> None:
+            if not to_caller():
+                program.captured = True  # as Engine.program marks it in a capture
+                run(program, addrs)
+            elif launch is None or current_device() != index:
+                run(program, addrs)
+            else:
+                check()
+                launch()
+
+        return launch_on_caller
 
     # -- tables -------------------------------------------------------------------------------
     def _prepare(self, program: Program) -> dict:
@@ -187,8 +207,7 @@ class DeviceExecutor:
         table = torch.tensor(rows or [[0] * width], dtype=torch.int64).reshape(-1)
         if self.device.type != "cuda":
             return table
-        # From pinned memory without blocking: building a program never waits for the device.
-        return table.pin_memory().to(self.device, non_blocking=True)
+        return self.engine.upload(table)
 
     # -- errors -------------------------------------------------------------------------------
     def _error(self) -> GpucommError:

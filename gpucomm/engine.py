@@ -37,6 +37,7 @@ from gpucomm.ops.registry import get_kernels
 from gpucomm.capture import capturing
 from gpucomm.program import Builder, Program, overlaps
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
 from gpucomm.work import Work
 
@@ -136,11 +137,13 @@ class Engine:
             timeout=comm.timeout,
         )
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
-        # On a GPU the collectives of this communicator run on a stream of their own, in order,
-        # each after the caller's stream (as ProcessGroupNCCL's); Futures complete on a side
-        # stream that waits for one collective's end and nothing after it.
+        # On a GPU a blocking call launches on the caller's current stream; an asynchronous one
+        # on a stream of this communicator's own, after the caller's (as ProcessGroupNCCL's);
+        # ``order`` keeps the programs in call order across those streams. Futures complete on a
+        # side stream that waits for one collective's end and nothing after it.
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
         try:
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
@@ -178,13 +181,38 @@ class Engine:
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
-        """Run what is inside on this engine's stream, after the caller's current stream's work."""
+        """Run what is inside on this engine's stream, after the caller's current stream's work
+        and after this communicator's launches so far (:mod:`gpucomm.stream_order`)."""
         if self.stream is None:
             yield
             return
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.order.to_engine()
         with torch.cuda.stream(self.stream):
             yield
+
+    def on_caller_stream(self) -> None:
+        """Before launches on the caller's current stream: order it after this communicator's
+        launches so far (nothing while it captures a CUDA graph)."""
+        if self.order is not None:
+            self.order.to_caller()
+
+    def upload(self, table: torch.Tensor) -> torch.Tensor:
+        """``table`` (host memory) copied to this engine's device without waiting for the device.
+
+        On a GPU the copy is made on the engine's stream, after this communicator's launches so
+        far, and the caller's current stream then waits for it. A table is launched from several
+        streams over its life (blocking calls on the caller's, asynchronous ones on the engine's)
+        and freed when its program or binding is dropped; the caching allocator hands its memory
+        out again only to allocations on the stream it was allocated on, the engine's, and those
+        are gpucomm's own, each made after every launch so far: never while a kernel reads it.
+        """
+        if self.stream is None:
+            return table.to(self.device)
+        pinned = table.pin_memory()  # a copy from pinned memory does not block the host
+        with self.on_stream():
+            copy = pinned.to(self.device, non_blocking=True)
+        self.order.to_caller()
+        return copy
 
     def close(self) -> None:
         try:
@@ -366,7 +394,7 @@ class Engine:
         """The two programs of :mod:`gpucomm.algorithms.alltoall` and the host's look at the headers."""
         sizes = tuple(r.nbytes for r in ins + outs)
         regions = [*outs, *ins]
-        announce = lambda b: alltoall.announce(b, outs, ins, b.keep(alltoall.size_table(outs, ins, self.device)))  # noqa: E731
+        announce = lambda b: alltoall.announce(b, outs, ins, b.keep(self.upload(alltoall.size_table(outs, ins, torch.device("cpu")))))  # noqa: E731
         first = self.program(name, (*fields, "announce"), regions, announce, local=sizes)
         self.executor.run(first, tuple(r.addr for r in regions))
         P = self.world_size

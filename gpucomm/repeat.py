@@ -10,8 +10,12 @@ a tensor.
 
 Where the key is not enough, or something must be said or watched per call, the full path
 serves: asynchronous calls, staged dtypes (16-bit floats reduced in fp32 elsewhere, other dtypes
-as bytes), PREMUL_SUM, gloo, the hierarchical path, a CUDA stream (its events and Works),
-``GPUCOMM_DEBUG=INFO`` (a line per call) and CUDA graph capture.
+as bytes), PREMUL_SUM, gloo, the hierarchical path, the torch kernels on a GPU (they wait on the
+host), ``GPUCOMM_BLOCKING_WAIT=1`` on a GPU and ``GPUCOMM_DEBUG=INFO`` (a line per call).
+
+On a GPU the kept launch goes on the caller's current stream, after the communicator's launches
+so far (:mod:`gpucomm.stream_order`), as the full path's blocking call does; inside a CUDA graph
+capture it takes the full path's steps (:meth:`gpucomm.device_executor.DeviceExecutor.repeat`).
 
 Measured with ``python -m gpucomm._bench.host_time`` (docs/benchmarks.md, "Host time per call").
 """
@@ -72,7 +76,12 @@ class Repeats:
         if op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
             return
         engine = comm._engines.get(tensor.device.type)
-        if engine is None or engine.stream is not None:
+        if engine is None:
+            return
+        # On a GPU the kept launch goes on the caller's current stream in call order; the torch
+        # kernels wait on the host between launches, and GPUCOMM_BLOCKING_WAIT=1 waits for an end
+        # event: the full path serves those.
+        if engine.stream is not None and (engine.kernels.name == "torch" or comm.config.blocking_wait):
             return
         algo = engine.serves("all_reduce", tensor)
         if algo is None or algo == "hierarchical":
