@@ -400,8 +400,9 @@ class Communicator:
         return None
 
     def _on_stream(self, fn: str, engine: Engine, path: _Planned, serve: Callable[[object], Work], finish: Callable[[], None] | None) -> Work:
-        """Queue a collective on the engine's CUDA stream, after the caller's stream; its Work
-        ends with the event recorded after it (and after its write-back, when it has one)."""
+        """Queue a collective on the engine's CUDA stream, after the caller's stream and this
+        communicator's launches so far; its Work ends with the event recorded after it (and after
+        its write-back, when it has one)."""
         with engine.on_stream():
             inner = serve(path)
             if finish is not None:

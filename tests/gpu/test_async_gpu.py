@@ -1,8 +1,9 @@
 """Asynchronous collectives on a GPU, as NCCL users expect them: 2 ranks on the cuda_ipc
 workspace (they may share one GPU), the Triton and CUDA C++ program kernels.
 
-- Collectives issued from two streams, alternately, stay correct: every collective of a
-  communicator runs on its own stream, in the order of the calls, after the caller's stream.
+- Blocking collectives issued from two streams, alternately, stay correct: each launches on the
+  caller's stream after the communicator's previous one (gpucomm.stream_order), so they run in
+  the order of the calls.
 - A tensor dropped right after an asynchronous call is not handed out again before the
   collective has finished with it (a fresh allocation of the same size keeps its poison).
 - DDP on the gpucomm backend overlaps its bucket all-reduces with the backward pass: a rank's
