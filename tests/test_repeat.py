@@ -7,6 +7,8 @@ import pytest
 
 from spawn import run_ranks
 
+from gpucomm import native
+
 INTERPRET = {"TRITON_INTERPRET": "1"}
 # Python function calls (and C calls) of one repeated 8-byte all_reduce at 2 ranks, counted with
 # sys.setprofile by this test on the 2-core VM (2026-11-23): the device path with the kernel launch
@@ -15,6 +17,7 @@ INTERPRET = {"TRITON_INTERPRET": "1"}
 # and 26 with the flight record's C writer, 34 and 39 with its Python twin): more means work crept
 # back onto the hot path.
 CALLS_CEILING = {"device": 24, "shm": 29}
+TWIN_EXTRA_CALLS = 13  # where no C compiler is, the twin's frame walk and struct writes
 
 
 def _repeats(rank: int, world_size: int) -> list:
@@ -98,4 +101,5 @@ def _calls_per_repeat(rank: int, world_size: int, path: str) -> int:
 def test_python_calls_per_repeated_call_stay_under_the_ceiling(path):
     env = INTERPRET if path == "device" else None
     counts = run_ranks(_calls_per_repeat, 2, path, env=env)
-    assert counts[0] <= CALLS_CEILING[path], f"{counts[0]} Python calls per repeated all_reduce on the {path} path"
+    ceiling = CALLS_CEILING[path] + (TWIN_EXTRA_CALLS if native.load("flight_record") is None else 0)
+    assert counts[0] <= ceiling, f"{counts[0]} Python calls per repeated all_reduce on the {path} path"
