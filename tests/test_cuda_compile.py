@@ -73,25 +73,26 @@ def _split_ptx(ptx: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-def _split_sass(sass: str) -> dict[str, list[str]]:
-    """The instructions (text before ';', without address) of every kernel, by name."""
-    functions: dict[str, list[str]] = {}
-    current: list[str] = []
+def _split_sass(sass: str) -> dict[str, list[tuple[int, str]]]:
+    """The instructions (address, text before ';') of every kernel, by name."""
+    functions: dict[str, list[tuple[int, str]]] = {}
+    current: list[tuple[int, str]] = []
     for line in sass.splitlines():
         header = re.match(r"\s*Function\s*:\s*(\w+)", line)
         if header:
             current = functions.setdefault(header.group(1), [])
             continue
-        instruction = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+([^;]+?)\s*;", line)
+        instruction = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]+?)\s*;", line)
         if instruction:
-            current.append(instruction.group(1))
+            current.append((int(instruction.group(1), 16), instruction.group(2)))
     return functions
 
 
 class Compiled:
-    def __init__(self, ptx: dict[str, str], sass: dict[str, list[str]]) -> None:
+    def __init__(self, ptx: dict[str, str], sass: dict[str, list[tuple[int, str]]]) -> None:
         self.ptx = ptx
-        self.sass = sass
+        self.sass = {name: [ins for _, ins in lines] for name, lines in sass.items()}
+        self.sass_at = sass  # with each instruction's address, for branch targets
 
 
 @pytest.fixture(scope="module")
@@ -240,25 +241,45 @@ def test_bulk_paths_move_16_byte_vectors(compiled, arch: int) -> None:
         assert any(ins.startswith("STG.E.128") for ins in sass), name
 
 
-# Measured (nvcc 13.0): the float32 sum program kernel issues 5 LDG.E.128 in a row before its
-# first fold or store at sm_80 and sm_90 (ptxas starts folding the first sources while the last
-# are in flight); the kernel of 2026-11-22, which loaded a source, folded it, then loaded the next,
-# reaches 2 by this count.
-PROGRAM_LOADS_BEFORE_FOLDING = 5
+def _loop_bodies(sass: list[tuple[int, str]]) -> list[list[str]]:
+    """The instructions of every loop of a kernel's SASS, each without those of the loops nested
+    in it: what one iteration of that loop issues. A loop is a branch back to an address above."""
+    index = {address: i for i, (address, _) in enumerate(sass)}
+    spans = []
+    for i, (address, ins) in enumerate(sass):
+        target = re.search(r"\bBRA\s+0x([0-9a-f]+)", ins)
+        if target and int(target.group(1), 16) <= address and int(target.group(1), 16) in index:
+            spans.append((index[int(target.group(1), 16)], i))
+    bodies = []
+    for lo, hi in spans:
+        nested = [(a, b) for a, b in spans if lo <= a and b <= hi and (a, b) != (lo, hi)]
+        bodies.append([sass[i][1] for i in range(lo, hi + 1) if not any(a <= i <= b for a, b in nested)])
+    return bodies
+
+
+_VECTOR_LOAD = re.compile(r"(@!?P\d+\s+)?LDG\.E\.128\b")
+_LOCAL = re.compile(r"(@!?P\d+\s+)?(LDL|STL)\b")
+
+# Measured (nvcc 13.0, sm_80 and sm_90): the REDUCE body of every program kernel issues 16
+# LDG.E.128 per iteration (2 vectors of each of up to 8 sources, predicated on the count), with
+# no local-memory access in that loop; the kernel of 2026-11-23, one vector per source, issued 8.
+# The floor is that count.
+PROGRAM_REDUCE_LOADS_FLOOR = 16
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_program_reduce_loads_its_sources_before_folding(compiled, arch: int) -> None:
-    # A REDUCE of up to 8 sources loads one 16-byte vector of each before its fold.
-    sass = compiled["program.cu", arch].sass["gpucomm_program_sum_float32"]
-    best = run = 0
-    for ins in sass:
-        if re.match(r"(@!?P\d+\s+)?LDG\.E\.128", ins):
-            run += 1
-            best = max(best, run)
-        elif re.match(r"(@!?P\d+\s+)?(FADD|STG)\b", ins):
-            run = 0
-    assert best >= PROGRAM_LOADS_BEFORE_FOLDING, best
+def test_program_reduce_keeps_two_vectors_of_every_source_in_flight(compiled, arch: int) -> None:
+    # A REDUCE of up to 8 sources loads 2 16-byte vectors of each before it folds any; its loop
+    # is the one with the most vector loads. A spill inside it would put local-memory round trips
+    # between the loads and the folds.
+    for name in PROGRAM_KERNELS:
+        if name == program_kernel_name(None, ReduceOp.SUM):
+            continue
+        sass = compiled["program.cu", arch].sass_at[name]
+        body = max(_loop_bodies(sass), key=lambda lines: sum(bool(_VECTOR_LOAD.search(i)) for i in lines))
+        loads = sum(bool(_VECTOR_LOAD.search(ins)) for ins in body)
+        assert loads >= PROGRAM_REDUCE_LOADS_FLOOR, (name, loads)
+        assert not [ins for ins in body if _LOCAL.search(ins)], name
 
 
 def test_compile_options_pin_the_rounding() -> None:

@@ -229,6 +229,68 @@ struct SourceTable {
     __device__ __forceinline__ gc_u64 operator()(int j) const { return addrs[j]; }
 };
 
+// Sources a reduce loads before it folds; a reduce of more loads one after the other.
+constexpr int MAX_LOADED_SOURCES = 8;
+// 16-byte vectors a thread loads of every source in one step: 2 x 8 sources are 64 of the 128
+// registers a thread of a 512-thread block may have. More, or a loop per source count (1, 2, 4,
+// 8, as the Triton kernel has), made ptxas spill hundreds of bytes inside the loops (nvcc 13.0).
+constexpr int VECTORS_PER_SOURCE = 2;
+
+// The vector body of reduce_span: vectors [0, nvec) of 16 bytes, of k <= MAX_LOADED_SOURCES
+// sources. A step of a thread covers U vectors, stride apart, so that a warp's loads stay
+// contiguous: it issues the U loads of every source (U * k in flight), then folds each vector,
+// every element in source order exactly as one vector at a time would, and stores it.
+template <class D, class Op, class Sources>
+__device__ __forceinline__ void reduce_vectors(gc_u64 out, const Sources& src, int k, gc_u64 nvec, bool divides,
+                                               gc_i64 divisor, gc_u64 tid, gc_u64 stride) {
+    typedef typename D::S S;
+    typedef typename D::A A;
+    constexpr int V = 16 / sizeof(S);
+    constexpr int U = VECTORS_PER_SOURCE;
+    union Vec {
+        uint4 raw;
+        S e[V];
+    };
+    for (gc_u64 v0 = tid; v0 < nvec; v0 += U * stride) {
+        // Raw vectors: an array of unions would live in local memory.
+        uint4 in[MAX_LOADED_SOURCES][U];
+        // A source's address is asked for where it is used, not kept across the loop: 8 of them
+        // held in registers (16 more) made the program kernels spill.
+#pragma unroll
+        for (int j = 0; j < MAX_LOADED_SOURCES; ++j) {
+            if (j < k) {
+                const gc_u64 from = src(j);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + u * stride < nvec) in[j][u] = load_global<uint4>(from + (v0 + u * stride) * 16);
+                }
+            }
+        }
+        // Every source of a vector is read before it is stored: out may alias one.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (v0 + u * stride < nvec) {
+                Vec x;
+                A acc[V];
+                x.raw = in[0][u];
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc[e] = D::load(x.e[e]);
+#pragma unroll
+                for (int j = 1; j < MAX_LOADED_SOURCES; ++j) {
+                    if (j < k) {
+                        x.raw = in[j][u];
+#pragma unroll
+                        for (int e = 0; e < V; ++e) acc[e] = Op::apply(acc[e], D::load(x.e[e]));
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < V; ++e) x.e[e] = D::store(divides ? divide(acc[e], divisor) : acc[e]);
+                store_global<uint4>(out + (v0 + u * stride) * 16, x.raw);
+            }
+        }
+    }
+}
+
 // out[i] = op(...op(op(src(0)[i], src(1)[i]), src(2)[i])..., src(k-1)[i]) for i in [0, n), folded
 // in the accumulation type, divided once by `divisor` if `divides`, rounded once at the store.
 // Thread `tid` of `stride` cooperating threads takes every stride-th element (or vector). out may
@@ -236,8 +298,6 @@ struct SourceTable {
 //
 // When out and every source are 16-byte aligned, the body moves uint4 vectors and a scalar loop
 // takes the last n % V elements; otherwise everything goes through the scalar loop.
-constexpr int MAX_LOADED_SOURCES = 8;
-
 template <class D, class Op, class Sources>
 __device__ __forceinline__ void reduce_span(gc_u64 out, const Sources& src, int k, gc_u64 n, bool divides,
                                             gc_i64 divisor, gc_u64 tid, gc_u64 stride) {
@@ -254,36 +314,7 @@ __device__ __forceinline__ void reduce_span(gc_u64 out, const Sources& src, int 
     const gc_u64 nvec = (any_bits & 15) == 0 ? n / V : 0;
 
     if (k <= MAX_LOADED_SOURCES) {
-        // Up to 8 sources: every source's vector is loaded before the first fold, so a thread has
-        // k independent 16-byte loads in flight (one after the other, it had one). The addresses
-        // are resolved once. More than one vector per source per thread spilled registers with
-        // nvcc 13.0 at 512 threads (sm_90: 8-280 bytes of stack per program kernel); this, none.
-        gc_u64 from[MAX_LOADED_SOURCES];
-#pragma unroll
-        for (int j = 0; j < MAX_LOADED_SOURCES; ++j) from[j] = j < k ? src(j) : 0;
-        for (gc_u64 v = tid; v < nvec; v += stride) {
-            uint4 in[MAX_LOADED_SOURCES];  // raw vectors: an array of unions would live in local memory
-#pragma unroll
-            for (int j = 0; j < MAX_LOADED_SOURCES; ++j) {
-                if (j < k) in[j] = load_global<uint4>(from[j] + v * 16);
-            }
-            Vec x;
-            A acc[V];
-            x.raw = in[0];
-#pragma unroll
-            for (int e = 0; e < V; ++e) acc[e] = D::load(x.e[e]);
-#pragma unroll
-            for (int j = 1; j < MAX_LOADED_SOURCES; ++j) {
-                if (j < k) {
-                    x.raw = in[j];
-#pragma unroll
-                    for (int e = 0; e < V; ++e) acc[e] = Op::apply(acc[e], D::load(x.e[e]));
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < V; ++e) x.e[e] = D::store(divides ? divide(acc[e], divisor) : acc[e]);
-            store_global<uint4>(out + v * 16, x.raw);
-        }
+        reduce_vectors<D, Op>(out, src, k, nvec, divides, divisor, tid, stride);
     } else {
         // More sources (no algorithm below 9 ranks a node makes them): one after the other.
         for (gc_u64 v = tid; v < nvec; v += stride) {
