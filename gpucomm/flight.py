@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpucomm import native
+from gpucomm.liveness import alive
 from gpucomm.transport import open_workspace
 
 if TYPE_CHECKING:
@@ -126,13 +127,7 @@ class RankRecord:
     def alive(self) -> bool:
         if self.pid <= 0:  # a segment not written yet: no process to ask about
             return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return alive(self.pid)
 
 
 class PyRecorder:

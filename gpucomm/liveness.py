@@ -14,7 +14,7 @@ import socket
 
 import torch.distributed as dist
 
-__all__ = ["Liveness"]
+__all__ = ["Liveness", "alive"]
 
 # A surviving rank on another host reaches the same failure within gloo's timeout; this much
 # longer it is given to check in before it is named as missing.
@@ -29,12 +29,20 @@ class Liveness:
         self.world_size = world_size
         self.host = socket.gethostname()
         store.set(f"{self.prefix}proc/{rank}", f"{self.host} {os.getpid()}")
+        self._known: list[tuple[str, str]] | None = None
 
     def one_host(self) -> bool:
         """Whether every rank published this host's name (waits for all of them: collective)."""
-        keys = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
-        self.store.wait(keys)
-        return all(self.store.get(key).decode().partition(" ")[0] == self.host for key in keys)
+        return all(host == self.host for host, _ in self._procs())
+
+    def _procs(self) -> list[tuple[str, str]]:
+        """Every rank's (host, pid), read from the store once: after a failure the store may be
+        gone with rank 0, which serves it, while the pids still tell who died."""
+        if self._known is None:
+            keys = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
+            self.store.wait(keys)
+            self._known = [tuple(self.store.get(key).decode().partition(" ")[::2]) for key in keys]  # type: ignore[misc]
+        return self._known
 
     def culprits(self, seq: int, grace: float = GRACE_S) -> list[int]:
         """Ranks that are dead (same host) or did not check in for call ``seq`` within ``grace``."""
@@ -55,13 +63,25 @@ class Liveness:
             return [0] if self.rank != 0 else []
 
     def _is_dead(self, rank: int) -> bool:
-        host, _, pid = self.store.get(f"{self.prefix}proc/{rank}").decode().partition(" ")
+        host, pid = self._procs()[rank]
         if host != self.host or not pid.isdigit():
             return False
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
+        return not alive(int(pid))
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited. A killed process stays in the process
+    table as a zombie until its parent reaps it (a launcher may take a while), and signal 0 still
+    reaches it; /proc says it is dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc here: signal 0 is all there is
+    return state not in (b"Z", b"X")
