@@ -93,9 +93,10 @@ def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, resu
             model.zero_grad(set_to_none=True)
         return times
 
-    rounds: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = tuple(args.modes)
+    rounds: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):
-        for mode in MODES if r % 2 == 0 else tuple(reversed(MODES)):
+        for mode in modes if r % 2 == 0 else tuple(reversed(modes)):
             model = wrapped(mode)
             steps(model, mode)  # warm-up
             rounds[mode].append(statistics.median(steps(model, mode)))
@@ -115,16 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=8, help="layers of the MLP")
     p.add_argument("--batch", type=int, default=64, help="samples per rank and step")
     p.add_argument("--bucket-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to time (gloo is always one: the baseline)")
     p.add_argument("--json", default=None, metavar="FILE", help="write settings and every round's medians")
     args = p.parse_args(argv)
+    if "gloo" not in args.modes:
+        args.modes = ["gloo", *args.modes]
     per_rank = spawn_ranks(_step_times, args.nproc, args)
     # A step ends when the slowest rank's does: the figure of a round is the largest rank median.
-    rounds = {m: [max(per_rank[r][m][k] for r in per_rank) for k in range(args.rounds)] for m in MODES}
+    rounds = {m: [max(per_rank[r][m][k] for r in per_rank) for k in range(args.rounds)] for m in args.modes}
     threads = os.environ.get("OMP_NUM_THREADS", f"not set: torch's default, {os.cpu_count()} cores")
     print(f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
           f" buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; median [min-max] over {args.rounds} rounds, ms")
     base = statistics.median(rounds["gloo"])
-    for mode in MODES:
+    for mode in args.modes:
         values = rounds[mode]
         med = statistics.median(values)
         print(f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo")

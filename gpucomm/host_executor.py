@@ -158,7 +158,7 @@ class HostExecutor:
         peers = list(wait)
         if not self._host_flags:
             return lambda: self._device_sync(program, at_peers, mine, peers)
-        store, release = self._store, host_atomics.RELEASE
+        store = self._store
         signal_addrs = [f.addr for f in at_peers]
         wait_addrs = [f.addr for f in mine]
 
@@ -167,7 +167,7 @@ class HostExecutor:
             target = self._epoch << FP_BITS
             value = target | program.fingerprint
             for addr in signal_addrs:
-                store(addr, value, release)
+                store(addr, value)
             if wait_addrs:
                 self._check(program, peers, self._poll(wait_addrs, target, peers))
 
@@ -177,8 +177,8 @@ class HostExecutor:
     def _poll(self, addrs: list[int], target: int, peers: list[int]) -> list[int]:
         """Acquire-poll the flags at ``addrs`` until each is >= ``target``; the values seen.
         Raises :class:`CommTimeoutError` naming the peers still short at the deadline."""
-        load, acquire = self._load, host_atomics.ACQUIRE
-        seen = [load(addr, acquire) for addr in addrs]
+        load = self._load
+        seen = [load(addr) for addr in addrs]
         pending = [i for i, value in enumerate(seen) if value - target < 0]
         if not pending:
             return seen
@@ -195,7 +195,7 @@ class HostExecutor:
                 mail.progress()
             still = []
             for i in pending:
-                seen[i] = load(addrs[i], acquire)
+                seen[i] = load(addrs[i])
                 if seen[i] - target < 0:
                     still.append(i)
             if not still:
