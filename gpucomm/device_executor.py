@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -28,11 +28,9 @@ from gpucomm.channels import launch_channels
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.capture import capturing
 from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot, resolve
+from gpucomm.roles import FlagWords, NodeWorkspace
 
-if TYPE_CHECKING:
-    from gpucomm.engine import Engine
-
-__all__ = ["DeviceExecutor", "operand_rows"]
+__all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows"]
 
 _ALIGN = 16
 # SYNC names its peers in an int64 bit mask.
@@ -44,10 +42,21 @@ _BINDINGS = 8
 _NAMES_KEPT = 1024
 
 
+class DeviceEngine(NodeWorkspace, Protocol):
+    """What this executor reads of its engine (:class:`gpucomm.engine.Engine`): the node's
+    workspace, the words of its flag area and its channels."""
+
+    channels: int  # channels of the flag layout: the most a launch runs
+    channels_by_size: bool  # a launch's grid follows its program's size (else every channel)
+
+    @property
+    def flags(self) -> FlagWords: ...
+
+
 class DeviceExecutor:
     """Runs the programs of one engine with its program kernel; see the module docstring."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: DeviceEngine) -> None:
         self.engine = engine
         self.kernels = engine.kernels
         self.device = engine.device

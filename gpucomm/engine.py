@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,12 +36,10 @@ from gpucomm.ops.registry import get_kernels
 from gpucomm.capture import capturing
 from gpucomm.program import Builder, Program, overlaps
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.roles import Group
 from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
 from gpucomm.work import Work
-
-if TYPE_CHECKING:
-    from gpucomm.communicator import Communicator
 
 __all__ = ["Engine", "Topology", "FlagLayout"]
 
@@ -61,7 +58,7 @@ class Topology:
     of members: the workspace path then serves nothing.
     """
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, comm: Group) -> None:
         per_node = max(1, comm.local_world_size)
         by_node: dict[int, list[int]] = {}
         for member, global_rank in enumerate(comm.global_ranks):
@@ -97,7 +94,7 @@ class FlagLayout:
 class Engine:
     """The workspace path of one communicator (of its node's members when it spans nodes)."""
 
-    def __init__(self, comm: Communicator, transport: str, kernels: str, device: torch.device, topology: Topology) -> None:
+    def __init__(self, comm: Group, transport: str, kernels: str, device: torch.device, topology: Topology) -> None:
         self.topology = topology
         self.members = topology.nodes[topology.node]  # communicator rank of each local rank
         self.rank = topology.local
@@ -152,7 +149,7 @@ class Engine:
             raise
 
     @classmethod
-    def create(cls, comm: Communicator, transport: str, kernels: str) -> Engine | None:
+    def create(cls, comm: Group, transport: str, kernels: str) -> Engine | None:
         """The engine of ``transport`` ("shm" or "cuda_ipc") with ``kernels``, or None where no
         workspace layout serves this communicator (then gloo serves its tensors)."""
         device = torch.device("cpu") if transport == "shm" else comm.device

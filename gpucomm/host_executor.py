@@ -30,7 +30,7 @@ import collections
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -41,11 +41,9 @@ from gpucomm.ops.contract import Region
 from gpucomm.ops.reference import fold_into, needs_scratch
 from gpucomm.program import COPY, FP_BITS, REDUCE, Arg, Program, Ref, Slot, resolve
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
+from gpucomm.roles import FlagWords, NodeWorkspace
 
-if TYPE_CHECKING:
-    from gpucomm.engine import Engine
-
-__all__ = ["HostExecutor", "Backoff"]
+__all__ = ["HostExecutor", "HostEngine", "Backoff"]
 
 _FP_MASK = (1 << FP_BITS) - 1
 # Spinning (no pause between polls) lasts this long at most: a peer with a core of its own
@@ -88,10 +86,30 @@ class Backoff:
             os.sched_yield()
 
 
+class Mail(Protocol):
+    """The send/recv mailboxes (:class:`gpucomm.algorithms.p2p.Mailboxes`): a wait moves their
+    pieces while it polls, so that a rank blocked in a collective still feeds a peer's recv."""
+
+    def busy(self) -> bool: ...
+
+    def progress(self) -> bool: ...  # never blocks; True if a piece moved
+
+
+class HostEngine(NodeWorkspace, Protocol):
+    """What this executor reads of its engine (:class:`gpucomm.engine.Engine`): the node's
+    workspace, the words of its flag area and its mailboxes."""
+
+    @property
+    def flags(self) -> FlagWords: ...
+
+    @property
+    def mail(self) -> Mail: ...
+
+
 class HostExecutor:
     """Runs the programs of one engine with its (torch) kernels; see the module docstring."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: HostEngine) -> None:
         self.engine = engine
         self.kernels = engine.kernels
         self.workspace = engine.workspace

@@ -23,8 +23,8 @@ Measured with ``python -m gpucomm._bench.host_time`` (docs/benchmarks.md, "Host 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,10 +32,7 @@ import torch.distributed as dist
 from gpucomm import log
 from gpucomm.reduce_op import ReduceOp
 
-if TYPE_CHECKING:
-    from gpucomm.communicator import Communicator
-
-__all__ = ["Repeats", "Seen"]
+__all__ = ["Repeats", "Seen", "Repeatable", "Engines"]
 
 # Kept launches per communicator: a loop's buffers are a few; a caller passing fresh tensors
 # each step only refills the table (it is emptied when full, a dict of closures being cheap to
@@ -45,6 +42,25 @@ _KEPT = 64
 _KEYED_OPS = (ReduceOp, dist.ReduceOp.RedOpType)
 
 Launch = Callable[[], None]
+
+
+class Repeatable(Protocol):
+    """What :meth:`Repeats.learn` asks of a workspace engine (:class:`gpucomm.engine.Engine`)."""
+
+    @property
+    def stream(self) -> torch.cuda.Stream | None: ...
+
+    def serves(self, fn: str, tensor: torch.Tensor | None) -> str | None: ...
+
+    def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
+
+
+class Engines(Protocol):
+    """What :meth:`Repeats.learn` reads of a communicator
+    (:class:`gpucomm.communicator.Communicator`): its workspace engines, by device type."""
+
+    @property
+    def _engines(self) -> Mapping[str, Repeatable]: ...
 
 
 class Seen(NamedTuple):
@@ -71,7 +87,7 @@ class Repeats:
             return None
         return seen
 
-    def learn(self, comm: Communicator, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]) -> None:
+    def learn(self, comm: Engines, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]) -> None:
         """Keep the launch of a blocking all_reduce that just ran, where its key decides it."""
         if op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
             return

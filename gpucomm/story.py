@@ -14,13 +14,10 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from gpucomm import log
 from gpucomm.flight import Call, FlightLog, RankRecord
-
-if TYPE_CHECKING:
-    from gpucomm.communicator import Communicator
+from gpucomm.roles import Ranks
 
 __all__ = ["timeout_story", "mismatch_story", "NodeStatus", "RankStatus", "node_status", "StatusSignal"]
 
@@ -67,7 +64,7 @@ def _doing(record: RankRecord, now: int) -> str:
     return f"{state}{gone}; {_last(record, now)}"
 
 
-def timeout_story(flight: FlightLog, comm: Communicator, missing: Sequence[int]) -> str:
+def timeout_story(flight: FlightLog, comm: Ranks, missing: Sequence[int]) -> str:
     """For each missing rank (ranks of ``comm``): what it is doing, from its flight record where
     it is on this node; then what the waiting rank itself is in."""
     record, now = flight.record, time.monotonic_ns()
@@ -98,7 +95,7 @@ def _row(call: Call | None) -> list[str]:
     return [call.name, call.dtype or "-", str(call.count) if call.dtype else "-", call.op or "-", str(call.root) if call.root >= 0 else "-", call.site or "?"]
 
 
-def mismatch_story(flight: FlightLog, comm: Communicator, seq: int, peers: Sequence[int]) -> str:
+def mismatch_story(flight: FlightLog, comm: Ranks, seq: int, peers: Sequence[int]) -> str:
     """Both calls of a mismatch side by side: this rank's call ``seq`` and each peer's."""
     record = flight.record
     rows = [[f"rank {comm.rank}", *_row(_find(record.read(comm.global_ranks[comm.rank]), flight.group, seq))]]

@@ -29,7 +29,8 @@ depend on where it falls in the message.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -37,18 +38,29 @@ import torch.distributed as dist
 from gpucomm.algorithms import allgather, reducescatter, select
 from gpucomm.ops.contract import Region
 from gpucomm.ops.reference import fold_into
+from gpucomm.program import Builder
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
+from gpucomm.roles import Group
 
-if TYPE_CHECKING:
-    from gpucomm.communicator import Communicator
-    from gpucomm.engine import Engine, Topology
+__all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce"]
 
-__all__ = ["InterNode", "all_reduce"]
+
+class Placement(Protocol):
+    """Where this rank sits among the nodes (:class:`gpucomm.engine.Topology`)."""
+
+    node: int  # this rank's node
+    local: int  # this rank's index on its node
+
+    @property
+    def nodes(self) -> Sequence[Sequence[int]]:
+        """The communicator ranks on each node."""
+        ...
+
 
 class InterNode:
     """The torch.distributed group of the ranks that share this rank's local rank, one per node."""
 
-    def __init__(self, comm: Communicator, topology: Topology) -> None:
+    def __init__(self, comm: Group, topology: Placement) -> None:
         self.rank = topology.node
         self.size = len(topology.nodes)
         self.world_size = comm.world_size
@@ -97,7 +109,20 @@ class InterNode:
                 shutdown()
 
 
-def all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
+class NodeEngine(Protocol):
+    """What the hierarchical all_reduce drives (:class:`gpucomm.engine.Engine`): the node's
+    flat algorithms on its workspace, and the inter-node group."""
+
+    rank: int  # this rank's index on the node
+    world_size: int  # ranks on the node
+    transport: str
+    knob_algo: str  # GPUCOMM_ALGO, which the node's stages follow too
+    inter: InterNode | None  # None where the communicator spans one node
+
+    def run(self, name: str, fields: tuple, regions: Sequence[Region], build: Callable[[Builder], None]) -> None: ...
+
+
+def all_reduce(engine: NodeEngine, tensor: torch.Tensor, op: ReduceOp) -> None:
     if accumulation_dtype(tensor.dtype) != tensor.dtype:
         staged = engine.inter.staging(tensor)
         _all_reduce(engine, staged, op)
@@ -106,7 +131,7 @@ def all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
         _all_reduce(engine, tensor, op)
 
 
-def _all_reduce(engine: Engine, tensor: torch.Tensor, op: ReduceOp) -> None:
+def _all_reduce(engine: NodeEngine, tensor: torch.Tensor, op: ReduceOp) -> None:
     L, me = engine.world_size, engine.rank
     n, size = tensor.numel(), tensor.element_size()
     whole = Region.of(tensor)

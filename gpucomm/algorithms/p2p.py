@@ -31,18 +31,16 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from gpucomm.errors import CommMismatchError, CommTimeoutError, UnsupportedError
 from gpucomm.ops.contract import Region
+from gpucomm.roles import NodeWorkspace
 from gpucomm.work import Work
 
-if TYPE_CHECKING:
-    from gpucomm.engine import Engine
-
-__all__ = ["Mailboxes", "SLOTS"]
+__all__ = ["Mailboxes", "MailEngine", "SLOTS"]
 
 SLOTS = 2  # pieces in flight per ordered pair
 _HEADER_INTS = 4
@@ -102,10 +100,17 @@ class _Request:
         self.mail.block_until(lambda: self.item.done, self.peers, self.what)
 
 
+class MailEngine(NodeWorkspace, Protocol):
+    """What the mailboxes read of their engine (:class:`gpucomm.engine.Engine`): the node's
+    workspace and where each rank's send/recv area lies in it."""
+
+    def mailbox(self, peer: int, offset: int, nbytes: int) -> Region: ...
+
+
 class Mailboxes:
     """The send/recv state of one engine (ranks are the engine's local ranks)."""
 
-    def __init__(self, engine: Engine, ready_flags: int, done_flags: int) -> None:
+    def __init__(self, engine: MailEngine, ready_flags: int, done_flags: int) -> None:
         self.engine = engine
         self.ready_flags = ready_flags  # index of my first "data ready" flag: pieces each peer posted to me
         self.done_flags = done_flags  # index of my first "consumed" flag: pieces each peer took from me
