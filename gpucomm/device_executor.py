@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -42,6 +42,7 @@ _BINDINGS = 8
 _NAMES_KEPT = 1024
 
 
+@runtime_checkable
 class DeviceEngine(NodeWorkspace, Protocol):
     """What this executor reads of its engine (:class:`gpucomm.engine.Engine`): the node's
     workspace, the words of its flag area and its channels."""

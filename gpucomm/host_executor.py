@@ -30,7 +30,7 @@ import collections
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -86,6 +86,7 @@ class Backoff:
             os.sched_yield()
 
 
+@runtime_checkable
 class Mail(Protocol):
     """The send/recv mailboxes (:class:`gpucomm.algorithms.p2p.Mailboxes`): a wait moves their
     pieces while it polls, so that a rank blocked in a collective still feeds a peer's recv."""
@@ -95,6 +96,7 @@ class Mail(Protocol):
     def progress(self) -> bool: ...  # never blocks; True if a piece moved
 
 
+@runtime_checkable
 class HostEngine(NodeWorkspace, Protocol):
     """What this executor reads of its engine (:class:`gpucomm.engine.Engine`): the node's
     workspace, the words of its flag area and its mailboxes."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,7 @@ _KEYED_OPS = (ReduceOp, dist.ReduceOp.RedOpType)
 Launch = Callable[[], None]
 
 
+@runtime_checkable
 class Repeatable(Protocol):
     """What :meth:`Repeats.learn` asks of a workspace engine (:class:`gpucomm.engine.Engine`)."""
 
@@ -55,6 +56,7 @@ class Repeatable(Protocol):
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
 
 
+@runtime_checkable
 class Engines(Protocol):
     """What :meth:`Repeats.learn` reads of a communicator
     (:class:`gpucomm.communicator.Communicator`): its workspace engines, by device type."""

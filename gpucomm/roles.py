@@ -7,13 +7,14 @@ the engine reads its communicator's ranks and settings, the executors and the ma
 their engine's layout. They name a role instead of the class: the few attributes they read. The
 higher object fills the role by having them (structural typing, checked by a type checker where
 it passes itself down), so the lower module never names the class. The roles several modules
-share live here; a role only one module reads lives in that module.
+share live here; a role only one module reads lives in that module. Each is runtime-checkable,
+so that tests/test_roles.py can check that its filler has every attribute it names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ from gpucomm.transport.workspace import Workspace
 __all__ = ["Ranks", "Group", "FlagWords", "NodeWorkspace"]
 
 
+@runtime_checkable
 class Ranks(Protocol):
     """Who a communicator's members are (:class:`gpucomm.communicator.Communicator`)."""
 
@@ -37,6 +39,7 @@ class Ranks(Protocol):
         ...
 
 
+@runtime_checkable
 class Group(Ranks, Protocol):
     """A communicator as its workspace engine sees it: its members, how many share a node,
     where its keys live, its device and its knobs."""
@@ -49,6 +52,7 @@ class Group(Ranks, Protocol):
     config: Config
 
 
+@runtime_checkable
 class FlagWords(Protocol):
     """Indices of the int64 words in a rank's flag area (:class:`gpucomm.engine.FlagLayout`)."""
 
@@ -59,6 +63,7 @@ class FlagWords(Protocol):
     def epoch(self, channel: int) -> int: ...
 
 
+@runtime_checkable
 class NodeWorkspace(Protocol):
     """One node's workspace as a workspace engine lays it out (:class:`gpucomm.engine.Engine`),
     for what runs on it: the executors and the send/recv mailboxes."""

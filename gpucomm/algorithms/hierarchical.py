@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from gpucomm.roles import Group
 __all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce"]
 
 
+@runtime_checkable
 class Placement(Protocol):
     """Where this rank sits among the nodes (:class:`gpucomm.engine.Topology`)."""
 
@@ -109,6 +110,7 @@ class InterNode:
                 shutdown()
 
 
+@runtime_checkable
 class NodeEngine(Protocol):
     """What the hierarchical all_reduce drives (:class:`gpucomm.engine.Engine`): the node's
     flat algorithms on its workspace, and the inter-node group."""

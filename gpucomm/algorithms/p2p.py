@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -100,6 +100,7 @@ class _Request:
         self.mail.block_until(lambda: self.item.done, self.peers, self.what)
 
 
+@runtime_checkable
 class MailEngine(NodeWorkspace, Protocol):
     """What the mailboxes read of their engine (:class:`gpucomm.engine.Engine`): the node's
     workspace and where each rank's send/recv area lies in it."""
