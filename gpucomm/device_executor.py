@@ -29,6 +29,7 @@ from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, Un
 from gpucomm.capture import capturing
 from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
+from gpucomm.stream_order import StreamOrder
 
 __all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows"]
 
@@ -45,13 +46,19 @@ _NAMES_KEPT = 1024
 @runtime_checkable
 class DeviceEngine(NodeWorkspace, Protocol):
     """What this executor reads of its engine (:class:`gpucomm.engine.Engine`): the node's
-    workspace, the words of its flag area and its channels."""
+    workspace, the words of its flag area, its channels, the order of its launches on a GPU and
+    the copy of tables to its device."""
 
     channels: int  # channels of the flag layout: the most a launch runs
     channels_by_size: bool  # a launch's grid follows its program's size (else every channel)
 
     @property
     def flags(self) -> FlagWords: ...
+
+    @property
+    def order(self) -> StreamOrder | None: ...  # None off a GPU
+
+    def upload(self, table: torch.Tensor) -> torch.Tensor: ...  # host memory to the device, never waiting
 
 
 class DeviceExecutor:

@@ -30,9 +30,12 @@ import torch
 import torch.distributed as dist
 
 from gpucomm import log
+from gpucomm.config import Config
+from gpucomm.flight import FlightLog
+from gpucomm.ops.contract import Kernels
 from gpucomm.reduce_op import ReduceOp
 
-__all__ = ["Repeats", "Seen", "Repeatable", "Engines"]
+__all__ = ["Repeats", "Seen", "Repeatable", "Comm"]
 
 # Kept launches per communicator: a loop's buffers are a few; a caller passing fresh tensors
 # each step only refills the table (it is emptied when full, a dict of closures being cheap to
@@ -51,18 +54,28 @@ class Repeatable(Protocol):
     @property
     def stream(self) -> torch.cuda.Stream | None: ...
 
+    @property
+    def kernels(self) -> Kernels: ...
+
     def serves(self, fn: str, tensor: torch.Tensor | None) -> str | None: ...
 
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
 
 
 @runtime_checkable
-class Engines(Protocol):
+class Comm(Protocol):
     """What :meth:`Repeats.learn` reads of a communicator
-    (:class:`gpucomm.communicator.Communicator`): its workspace engines, by device type."""
+    (:class:`gpucomm.communicator.Communicator`): its workspace engines by device type, its
+    knobs and its flight log."""
 
     @property
     def _engines(self) -> Mapping[str, Repeatable]: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def _flight(self) -> FlightLog: ...
 
 
 class Seen(NamedTuple):
@@ -89,7 +102,7 @@ class Repeats:
             return None
         return seen
 
-    def learn(self, comm: Engines, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]) -> None:
+    def learn(self, comm: Comm, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]) -> None:
         """Keep the launch of a blocking all_reduce that just ran, where its key decides it."""
         if op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
             return
