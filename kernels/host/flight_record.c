@@ -18,6 +18,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+
+// On CPython 3.11 and 3.12 the walk reads the interpreter's own frames. The public API hands out
+// frame objects, and one is allocated for every frame on the way that has none yet, which is most
+// of them: a collective's frames are new on every call. That doubled the writer's cost. This file
+// is compiled by the interpreter that loads it, against its own headers, so the private layout it
+// reads is that interpreter's. Other versions take the public walk.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000 && !defined(GPUCOMM_PUBLIC_FRAMES)
+#define GPUCOMM_INTERNAL_FRAMES 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -87,10 +99,34 @@ static int64_t site_of(Recorder *self, PyObject *code, int lasti) {
     return -1;
 }
 
+#ifdef GPUCOMM_INTERNAL_FRAMES
+// walk()'s answer from the interpreter's frames, without a frame object; -2 where the tables do
+// not know a frame on the way (walk() then takes the public path, which asks the teacher).
+static int64_t walk_internal(Recorder *self) {
+    _PyInterpreterFrame *frame = PyThreadState_Get()->cframe->current_frame;
+    for (; frame != NULL; frame = frame->previous) {
+        if (_PyFrame_IsIncomplete(frame)) continue;  // being set up: not a caller yet
+#if PY_VERSION_HEX >= 0x030C0000
+        if (frame->owner == FRAME_OWNED_BY_CSTACK) continue;  // the C stack's shim frames
+#endif
+        int verdict = code_verdict(self, (PyObject *)frame->f_code);
+        if (verdict < 0) return -2;
+        if (verdict == 1) continue;
+        int64_t site = site_of(self, (PyObject *)frame->f_code, _PyInterpreterFrame_LASTI(frame) * (int)sizeof(_Py_CODEUNIT));
+        return site < 0 ? -2 : site;
+    }
+    return 0;
+}
+#endif
+
 // The interned call site of the first frame outside gpucomm above the Python function calling
 // us (0 when there is none: a call from gpucomm itself), asking the teacher where the tables do
 // not know; -1 with an exception set if the teacher failed.
 static int64_t walk(Recorder *self) {
+#ifdef GPUCOMM_INTERNAL_FRAMES
+    int64_t known = walk_internal(self);
+    if (known >= 0) return known;
+#endif
     PyFrameObject *frame = PyEval_GetFrame();  // borrowed
     if (frame == NULL) return 0;
     Py_INCREF(frame);
