@@ -340,3 +340,35 @@ def test_async_calls_on_shared_memory_raise_as_blocking_ones(case: str) -> None:
     results = run_ranks(_host_async_errors, 2, case, timeout=120)
     expected = "CommMismatchError" if case == "mismatch" else "CommTimeoutError"
     assert results[0] == f"{expected} then CommBrokenError", results
+
+
+def _send_beside_async_collectives(rank: int, world_size: int, rounds: int) -> list[str]:
+    """A large send/recv in flight (many mailbox pieces) while asynchronous all_reduces run on the
+    progress thread, whose waits move the mailboxes too, and the caller's wait() moves them."""
+    import torch
+
+    import gpucomm
+
+    # A small workspace: the mailboxes hold a few KiB, so the message moves in hundreds of pieces.
+    gpucomm.init_process_group(timeout=60, transport="shm", workspace_bytes=64 << 10)
+    wrong = []
+    for r in range(rounds):
+        message = torch.arange(1 << 18, dtype=torch.float32) * (r + 1)
+        received = torch.full_like(message, -1.0)
+        p2p = gpucomm.isend(message, 1) if rank == 0 else gpucomm.irecv(received, 0)
+        xs = [torch.full((4096,), float(rank + i)) for i in range(8)]
+        works = [gpucomm.all_reduce(x, async_op=True) for x in xs]
+        p2p.wait()
+        for work in works:
+            work.wait()
+        if rank == 1 and not torch.equal(received, message):
+            wrong.append(f"round {r}: message differs at {(received != message).nonzero()[:3].flatten().tolist()}")
+        for i, x in enumerate(xs):
+            if not torch.equal(x, torch.full((4096,), float(2 * i + 1))):
+                wrong.append(f"round {r}: all_reduce {i} wrong")
+    gpucomm.destroy_process_group()
+    return wrong
+
+
+def test_send_recv_beside_async_collectives_on_shared_memory() -> None:
+    assert run_ranks(_send_beside_async_collectives, 2, 5, timeout=240) == [[], []]

@@ -29,6 +29,7 @@ that moved, and raises :class:`CommTimeoutError` naming the peer(s) it waited fo
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -129,6 +130,11 @@ class Mailboxes:
         self.inbound: list[_Message | None] = [None] * P  # message being received from each peer
         self.recvs: list[_Recv] = []  # posted, not yet matched, in post order
         self.unexpected: list[_Message] = []  # arrived (maybe partly), not yet matched
+        # Two threads move pieces: the caller's (posting, and waiting on a send or receive) and the
+        # communicator's progress thread (its collectives' waits move them, so that a peer blocked
+        # in a send is not left waiting). One at a time: a piece taken twice or a slot posted twice
+        # corrupts the message (tests/test_async.py, send/recv beside asynchronous collectives).
+        self._lock = threading.RLock()
 
     # -- layout ---------------------------------------------------------------------------------
     def _header(self, owner: int, dst: int, slot: int) -> Region:
@@ -152,19 +158,21 @@ class Mailboxes:
     # -- posting --------------------------------------------------------------------------------
     def isend(self, region: Region, dst: int, tag: int) -> Work:
         item = _Send(region, tag)
-        self.queues[dst].append(item)
-        self.progress()
+        with self._lock:
+            self.queues[dst].append(item)
+            self.progress()
         return Work([_Request(self, item, [dst], "send")])
 
     def irecv(self, region: Region, src: int | None, tag: int) -> Work:
         item = _Recv(region, src, tag)
-        message = next((m for m in self.unexpected if _matches(item, m)), None)
-        if message is None:
-            self.recvs.append(item)
-        else:
-            self.unexpected.remove(message)
-            self._bind(message, item)
-        self.progress()
+        with self._lock:
+            message = next((m for m in self.unexpected if _matches(item, m)), None)
+            if message is None:
+                self.recvs.append(item)
+            else:
+                self.unexpected.remove(message)
+                self._bind(message, item)
+            self.progress()
         peers = [p for p in range(self.engine.world_size) if p != self.engine.rank] if src is None else [src]
         request = _Request(self, item, peers, "recv")
         work = Work([request], finish=lambda: setattr(work, "source", self.engine.members[item.source]))
@@ -178,6 +186,10 @@ class Mailboxes:
     def progress(self) -> bool:
         """Post what the slots allow and take what has arrived, without blocking; True if a
         piece moved."""
+        with self._lock:
+            return self._progress()
+
+    def _progress(self) -> bool:
         me = self.engine.rank
         moved = False
         if any(self.queues):
