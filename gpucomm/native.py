@@ -51,14 +51,15 @@ def cache_dir() -> pathlib.Path:
 
 
 @functools.cache
-def load(name: str) -> types.ModuleType | None:
+def load(name: str, defines: tuple[str, ...] = ()) -> types.ModuleType | None:
     """The extension module built from ``kernels/host/<name>.c`` (module ``gpucomm_<name>``), or
-    None where it cannot be built here or ``GPUCOMM_NATIVE=0``. Once per process."""
+    None where it cannot be built here or ``GPUCOMM_NATIVE=0``. Once per process and
+    ``defines`` (macros the file knows, for tests of its other branches)."""
     if os.environ.get("GPUCOMM_NATIVE", "1") == "0":
         return None
     source = _source_dir() / f"{name}.c"
     try:
-        library = _build(source)
+        library = _build(source, defines)
         spec = importlib.util.spec_from_file_location(f"gpucomm_{name}", library, loader=importlib.machinery.ExtensionFileLoader(f"gpucomm_{name}", str(library)))
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -68,7 +69,7 @@ def load(name: str) -> types.ModuleType | None:
         return None
 
 
-def _build(source: pathlib.Path) -> pathlib.Path:
+def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     """The compiled library of ``source``, from the cache or compiled now."""
     text = source.read_bytes()
     include = sysconfig.get_paths()["include"]
@@ -76,7 +77,7 @@ def _build(source: pathlib.Path) -> pathlib.Path:
     # The compiler Python was built with, where this host has it; else the host's own.
     configured = shlex.split(sysconfig.get_config_var("CC") or "")[:1]
     compiler = configured if configured and shutil.which(configured[0]) else ["cc"]
-    flags = ["-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}"]
+    flags = ["-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", *(f"-D{d}" for d in defines)]
     key = hashlib.sha256(text + "\0".join([*compiler, *flags, suffix]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}{suffix}"
     if target.exists():

@@ -50,14 +50,15 @@ def _writer(kind: str, segment: memoryview, strings: Strings) -> object:
     if kind == "python":
         holder.append(PyRecorder(segment, _RING_AT, RING, teacher))
     else:
-        module = native.load("flight_record")
+        # "c-public": the walk through frame objects, which CPython other than 3.11 and 3.12 takes
+        module = native.load("flight_record", ("GPUCOMM_PUBLIC_FRAMES",) if kind == "c-public" else ())
         if module is None:
             pytest.skip("no C compiler or Python headers here: the Python twin serves")
         holder.append(module.Recorder(segment, _RING_AT, RING, teacher))
     return holder[0]
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=["c", "c-public", "python"])
 def setup(request):
     buffer = mmap.mmap(-1, SEGMENT_BYTES)
     segment = memoryview(buffer)
