@@ -539,7 +539,7 @@ class Communicator:
         wire = st.wire[0]
         work = self._run(fn, wire, async_op, lambda p: p.all_reduce(wire, st.op), st.write_back, [tensor], op=name, **_sent_as(tensor, wire))
         if not async_op and wire is tensor and scale is None:
-            self._repeat.learn(self, tensor, op, rop, {"op": name})
+            self._repeat.learn(self._engines.get(tensor.device.type), self.config, self._flight, tensor, op, rop, {"op": name})
         return work
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:

@@ -23,7 +23,7 @@ Measured with ``python -m gpucomm._bench.host_time`` (docs/benchmarks.md, "Host 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -35,7 +35,7 @@ from gpucomm.flight import FlightLog
 from gpucomm.ops.contract import Kernels
 from gpucomm.reduce_op import ReduceOp
 
-__all__ = ["Repeats", "Seen", "Repeatable", "Comm"]
+__all__ = ["Repeats", "Seen", "Repeatable"]
 
 # Kept launches per communicator: a loop's buffers are a few; a caller passing fresh tensors
 # each step only refills the table (it is emptied when full, a dict of closures being cheap to
@@ -62,22 +62,6 @@ class Repeatable(Protocol):
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
 
 
-@runtime_checkable
-class Comm(Protocol):
-    """What :meth:`Repeats.learn` reads of a communicator
-    (:class:`gpucomm.communicator.Communicator`): its workspace engines by device type, its
-    knobs and its flight log."""
-
-    @property
-    def _engines(self) -> Mapping[str, Repeatable]: ...
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def _flight(self) -> FlightLog: ...
-
-
 class Seen(NamedTuple):
     """A call seen before: its launch, the device type it ran on, what the flight record keeps
     of it (:meth:`gpucomm.flight.FlightLog.call`)."""
@@ -102,17 +86,18 @@ class Repeats:
             return None
         return seen
 
-    def learn(self, comm: Comm, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]) -> None:
-        """Keep the launch of a blocking all_reduce that just ran, where its key decides it."""
-        if op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
-            return
-        engine = comm._engines.get(tensor.device.type)
-        if engine is None:
+    def learn(
+        self, engine: Repeatable | None, config: Config, flight: FlightLog, tensor: torch.Tensor, op: object, rop: ReduceOp, fields: dict[str, object]
+    ) -> None:
+        """Keep the launch of a blocking all_reduce that just ran, where its key decides it:
+        ``engine`` is the communicator's workspace engine for the tensor's device (None: gloo
+        serves it), ``config`` its knobs, ``flight`` its flight log."""
+        if engine is None or op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
             return
         # On a GPU the kept launch goes on the caller's current stream in call order; the torch
         # kernels wait on the host between launches, and GPUCOMM_BLOCKING_WAIT=1 waits for an end
         # event: the full path serves those.
-        if engine.stream is not None and (engine.kernels.name == "torch" or comm.config.blocking_wait):
+        if engine.stream is not None and (engine.kernels.name == "torch" or config.blocking_wait):
             return
         algo = engine.serves("all_reduce", tensor)
         if algo is None or algo == "hierarchical":
@@ -120,8 +105,8 @@ class Repeats:
         launch = engine.repeat_all_reduce(tensor, rop, algo)
         if len(self._launches) >= _KEPT:
             self._launches.clear()
-        flight = comm._flight.call("all_reduce", tensor, fields)
-        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = Seen(launch, tensor.device.type, flight)
+        call = flight.call("all_reduce", tensor, fields)
+        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = Seen(launch, tensor.device.type, call)
 
     def clear(self) -> None:
         self._launches.clear()

@@ -15,14 +15,14 @@ def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
     from gpucomm.algorithms import hierarchical, p2p
     from gpucomm.device_executor import DeviceEngine, DeviceExecutor
     from gpucomm.host_executor import HostEngine, HostExecutor, Mail
-    from gpucomm.repeat import Comm, Repeatable
+    from gpucomm.repeat import Repeatable
 
     gpucomm.init_process_group(transport="shm", kernels=kernels)
     comm = gpucomm.get_default_communicator()
     engine = comm._engines["cpu"]
     executor, role = (HostExecutor, HostEngine) if kernels == "torch" else (DeviceExecutor, DeviceEngine)
     fillers = [
-        (comm, roles.Ranks), (comm, roles.Group), (comm, Comm),
+        (comm, roles.Ranks), (comm, roles.Group),
         (engine, roles.NodeWorkspace), (engine, role), (engine, p2p.MailEngine), (engine, hierarchical.NodeEngine),
         (engine, Repeatable), (engine.flags, roles.FlagWords), (engine.mail, Mail), (engine.topology, hierarchical.Placement),
     ]  # fmt: skip
