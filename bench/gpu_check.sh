@@ -4,6 +4,7 @@
 #
 #   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
+#   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager and replayed from a CUDA graph
 #   bash bench/gpu_check.sh tests     # tests/gpu
 #   bash bench/gpu_check.sh cpu       # the CPU suite's fast files on this machine's torch and triton
 #
@@ -12,7 +13,7 @@
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|tests|cpu}
+part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|tests|cpu}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -81,6 +82,11 @@ bench4)
     done
     step nccl_np2 30 $bench all_reduce --nproc 2 -b 8 -e 8K -f 8 --backend nccl   # NCCL refuses two ranks on one GPU
     ;;
+latency)
+    for k in triton cuda; do
+        step "gpu_latency_$k" 240 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels "$k" --json "$work/gpu_latency_$k.json"
+    done
+    ;;
 tests)
     step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
     ;;
@@ -89,7 +95,7 @@ cpu)
         tests/test_kernels.py tests/test_cuda_compile.py tests/test_triton_aot.py tests/test_api_surface.py
     ;;
 *)
-    echo "unknown part: $part (bench2|bench4|tests|cpu)" >&2
+    echo "unknown part: $part (bench2|bench4|latency|tests|cpu)" >&2
     exit 2
     ;;
 esac

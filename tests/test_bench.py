@@ -353,3 +353,18 @@ def test_bind_core_needs_a_core_per_rank():
     proc = _bench([*GLOO_TINY[:4], str(nproc), *GLOO_TINY[5:], "--bind", "core"])
     assert proc.returncode == 2
     assert f"--bind core needs a core per rank: {nproc} ranks" in proc.stderr
+
+
+def test_gpu_latency_says_it_needs_cuda():
+    """The GPU latency benchmark (run by bench/gpu_check.sh on a lent GPU) parses its options and,
+    where torch sees no CUDA device, says so and exits 2 instead of failing inside the ranks."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: bench/gpu_check.sh runs the benchmark itself")
+    proc = subprocess.run([sys.executable, "-m", "gpucomm._bench.gpu_latency", "--bytes", "8", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs a CUDA device" in proc.stderr, proc.stderr
+    help_text = subprocess.run([sys.executable, "-m", "gpucomm._bench.gpu_latency", "--help"],
+                               capture_output=True, text=True, timeout=120).stdout
+    assert "--per-graph" in help_text and "eager" in help_text

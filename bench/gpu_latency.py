@@ -1,0 +1,148 @@
+"""Latency of a small all_reduce on CUDA tensors, eager and replayed from a CUDA graph.
+
+Every rank (a GPU each, or several on one GPU under MPS: ``torch.cuda.set_device(rank % count)``)
+repeats a blocking all_reduce of ``--bytes`` of fp32 on the workspace path (CUDA IPC, the
+``--kernels`` program kernel), in rounds that alternate two modes:
+
+- ``eager``: ``--iters`` calls back to back on the caller's current stream. Device time per call
+  is the burst between two CUDA events divided by the calls; host time per call is the wall time
+  the host takes to queue them (a blocking call on a GPU returns once its kernel is queued), and
+  a burst's end is synchronised before the next.
+- ``graph``: ``--per-graph`` calls captured once into a CUDA graph, replayed ``--replays`` times
+  between two events; time per call is that time divided by every captured call.
+
+The figure of a round is the slowest rank's; the result, the median over rounds with the spread.
+Every call's result is checked after the last round (integer-valued inputs, exact sums). The
+issue's goals at 8 bytes and 2 ranks on one GPU with MPS: eager at most 15 us, captured at most 8.
+
+Needs CUDA (and CuPy for the CUDA IPC workspace); ``bench/gpu_check.sh`` runs it on a lent GPU.
+
+Example::
+
+    python -m gpucomm._bench.gpu_latency --nproc 2 --bytes 8 --rounds 5 --json gpu_latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+from .ranks import spawn_ranks
+
+__all__ = ["main"]
+
+
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    import torch
+
+    import gpucomm
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpucomm.init_process_group(transport="cuda_ipc", kernels=args.kernels, timeout=300)
+    count = max(1, args.bytes // 4)
+    t = torch.full((count,), float(rank + 1), device=device)
+    stream = torch.cuda.current_stream(device)
+
+    def eager() -> tuple[float, float]:
+        gpucomm.barrier()
+        stream.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        wall = time.perf_counter()
+        for _ in range(args.iters):
+            gpucomm.all_reduce(t)
+        host = time.perf_counter() - wall
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / args.iters, host * 1e6 / args.iters
+
+    # Warm-up on a side stream, as torch.cuda.graph asks: the program is built and its kernel
+    # compiled before the capture.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            gpucomm.all_reduce(t)
+    stream.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(args.per_graph):
+            gpucomm.all_reduce(t)
+
+    def replayed() -> float:
+        gpucomm.barrier()
+        stream.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(args.replays):
+            graph.replay()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / (args.replays * args.per_graph)
+
+    eager()  # first burst: the eager path's bindings and the fast path's entry
+    rounds: dict[str, list[float]] = {"eager_device_us": [], "eager_host_us": [], "graph_us": []}
+    for r in range(args.rounds):
+        for mode in ("eager", "graph") if r % 2 == 0 else ("graph", "eager"):
+            if mode == "eager":
+                device_us, host_us = eager()
+                rounds["eager_device_us"].append(device_us)
+                rounds["eager_host_us"].append(host_us)
+            else:
+                rounds["graph_us"].append(replayed())
+    # Every call summed (P * (P + 1) / 2) into t over and over: check one more eager call exactly.
+    P = world
+    t.fill_(float(rank + 1))
+    gpucomm.all_reduce(t)
+    ok = bool(torch.equal(t, torch.full_like(t, P * (P + 1) / 2)))
+    del graph
+    gpucomm.destroy_process_group()
+    results.put((rank, {"rounds": rounds, "check": ok}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpucomm._bench.gpu_latency", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn")
+    p.add_argument("--bytes", type=int, default=8, help="bytes per rank (fp32)")
+    p.add_argument("--kernels", default="triton", choices=("triton", "cuda"), help="the program kernel")
+    p.add_argument("--iters", type=int, default=1000, help="eager calls per burst")
+    p.add_argument("--per-graph", type=int, default=100, help="calls captured into the graph")
+    p.add_argument("--replays", type=int, default=20, help="graph replays per round")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of each mode, alternating")
+    p.add_argument("--json", default=None, metavar="FILE", help="write settings and every round's figures")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_latency: needs a CUDA device; torch sees none here", file=sys.stderr)
+        return 2
+    per_rank = spawn_ranks(_rank, args.nproc, args, timeout=900)
+    figures = {
+        name: [max(per_rank[r]["rounds"][name][k] for r in per_rank) for k in range(args.rounds)]
+        for name in ("eager_device_us", "eager_host_us", "graph_us")
+    }
+    checks = all(per_rank[r]["check"] for r in per_rank)
+    print(f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, {torch.cuda.get_device_name()}; "
+          f"median [min-max] over {args.rounds} rounds, slowest rank, us per call")
+    for name, values in figures.items():
+        print(f"{name:>16}  {statistics.median(values):8.2f}  [{min(values):.2f}-{max(values):.2f}]")
+    print(f"# check: {'PASS' if checks else 'FAIL'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "device": torch.cuda.get_device_name(), "rounds_us": figures, "check": checks}, f, indent=1)
+    return 0 if checks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
