@@ -24,6 +24,7 @@ import pathlib
 import shlex
 import shutil
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import types
@@ -77,8 +78,11 @@ def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     # The compiler Python was built with, where this host has it; else the host's own.
     configured = shlex.split(sysconfig.get_config_var("CC") or "")[:1]
     compiler = configured if configured and shutil.which(configured[0]) else ["cc"]
-    flags = ["-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{include}", *(f"-D{d}" for d in defines)]
-    key = hashlib.sha256(text + "\0".join([*compiler, *flags, suffix]).encode()).hexdigest()[:16]
+    # No -Werror here: a compiler newer than this file's warnings would cost the user the C code
+    # for nothing. tests/test_native.py builds every file with -Wall -Werror.
+    flags = ["-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", *(f"-D{d}" for d in defines)]
+    # The interpreter's full version: the flight record's writer reads its private frame layout.
+    key = hashlib.sha256(text + "\0".join([*compiler, *flags, suffix, sys.version]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}{suffix}"
     if target.exists():
         return target
