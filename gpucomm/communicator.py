@@ -297,7 +297,7 @@ class Communicator:
             if isinstance(err, UnsupportedError):
                 return err  # raised before anything moved (a call that cannot be captured yet)
             if isinstance(err, GpucommError):
-                self._flight.failed()
+                self._flight.failed(seq)
                 self._tell(err, seq)
                 self._broken = err
                 return err
@@ -306,7 +306,7 @@ class Communicator:
                 return err
             missing = [peer] if peer is not None else self._liveness.culprits(seq)
             failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
-            self._flight.failed()
+            self._flight.failed(seq)
             self._tell(failure, seq)
             self._broken = failure
             return failure

@@ -149,7 +149,6 @@ class PyRecorder:
         self._ring_at, self._mask = ring_at, slots - 1
         self._teacher = teacher
         self.entries = 0  # calls entered so far, by every communicator writing here
-        self.last = -1  # byte offset of the slot entered last
         # Keyed by id(code), each code object kept alive so that its id is not reused.
         self._codes: dict[int, tuple[types.CodeType, bool]] = {}
         self._sites: dict[tuple[int, int], int] = {}
@@ -172,7 +171,7 @@ class PyRecorder:
                 site = self._teacher(frame)
             break
         entry = self.entries = self.entries + 1
-        at = self.last = self._ring_at + (entry & self._mask) * _SLOT.size
+        at = self._ring_at + (entry & self._mask) * _SLOT.size
         _SLOT.pack_into(self._segment, at, entry, seq, *call, site, time.monotonic_ns(), 0)
         return at
 
@@ -309,6 +308,17 @@ class FlightRecord:
         else:
             self.writer.fail(at)
 
+    def slot_of(self, seq: int, group: int) -> int | None:
+        """Byte offset of this rank's newest slot holding call ``seq`` of group id ``group``, or
+        None once the ring has moved past it."""
+        found, newest = None, 0
+        for k in range(RING):
+            at = _RING_AT + k * _SLOT.size
+            entry, slot_seq, *_, slot_group = _SLOT.unpack_from(self._mine, at)[:8]
+            if entry > newest and slot_seq == seq and slot_group == group:
+                found, newest = at, entry
+        return found
+
     def running(self, at: int) -> bool:
         """Whether the call at slot offset ``at`` has not ended yet."""
         return _WORD.unpack_from(self._mine, at + _ENDED_AT)[0] == 0
@@ -415,11 +425,12 @@ class FlightLog:
                 still.append((at, entry, work))
         self._pending = still
 
-    def failed(self) -> None:
-        """The last call entered ended in an error (called where the error is translated)."""
-        last = self.record.writer.last
-        if last >= 0 and self.record.running(last):
-            self.record.end(last, ok=False)
+    def failed(self, seq: int) -> None:
+        """Call ``seq`` of this communicator ended in an error (called where the error is
+        translated, which for an asynchronous call may be after later calls were entered)."""
+        at = self.record.slot_of(seq, self._group_id)
+        if at is not None and self.record.running(at):
+            self.record.end(at, ok=False)
 
     def _kind(self, fn: str, dtype: torch.dtype | None, op: object, user_dtype: object) -> tuple[int, int, int, int, int]:
         """Interned name, dtype and op of a call shape, and the wire and user element sizes."""

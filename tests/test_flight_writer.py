@@ -88,7 +88,7 @@ def test_slot_holds_the_call_and_the_first_outside_frame(setup):
     entry, seq, *rest, site, entered, ended = _SLOT.unpack_from(segment, at)
     assert (entry, seq, tuple(rest), ended) == (1, 7, CALL, 0)
     assert strings.text(site) == f"test_flight_writer.py:{line} in test_slot_holds_the_call_and_the_first_outside_frame"
-    assert entered > 0 and writer.entries == 1 and writer.last == at
+    assert entered > 0 and writer.entries == 1
     writer.end(at)
     assert _SLOT.unpack_from(segment, at)[10] >= entered
     writer.fail(at)
@@ -162,3 +162,25 @@ def test_recorder_picks_c_where_it_builds(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Recorder"
     assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
+
+
+def test_a_failure_marks_its_own_call_not_the_last_one_entered():
+    """An asynchronous call's failure is translated after later calls were entered: it marks the
+    slot of its own call number."""
+    import torch
+
+    from gpucomm.flight import FlightLog, FlightRecord
+
+    record = FlightRecord(torch.distributed.HashStore(), "t/", [0], 0, 1, True, 10.0)
+    try:
+        log = FlightLog(record, "world")
+        t = torch.ones(4)
+        first = log.entered(1, "all_reduce", t, {"op": "SUM"})
+        second = log.entered(2, "broadcast", t, {"root": 0})
+        log.failed(1)
+        ended = {seq: _SLOT.unpack_from(record._mine, at)[10] for seq, at in ((1, first), (2, second))}
+        assert ended[1] < 0 and ended[2] == 0, ended
+        log.failed(5)  # a call the ring no longer holds (or never did): nothing to mark
+        assert _SLOT.unpack_from(record._mine, second)[10] == 0
+    finally:
+        record.close()

@@ -58,7 +58,6 @@ typedef struct {
     int64_t *words;
     Py_ssize_t ring_word, ring_mask;  // the ring's first word; slots - 1 (slots: a power of two)
     int64_t entries;  // calls entered so far, by every communicator writing here
-    Py_ssize_t last;  // byte offset of the slot entered last; -1: none
     PyObject *teacher;  // teacher(frame) -> site, where the walk meets what it does not know
     CodeEntry codes[CODES];
     SiteEntry sites[SITES];
@@ -178,7 +177,6 @@ static int Recorder_init(Recorder *self, PyObject *args, PyObject *kwargs) {
     self->words = (int64_t *)self->segment.buf;
     self->ring_word = ring_at / 8;
     self->ring_mask = slots - 1;
-    self->last = -1;
     Py_INCREF(teacher);
     self->teacher = teacher;
     return 0;
@@ -226,7 +224,6 @@ static PyObject *write_slot(Recorder *self, int64_t seq, int64_t site, PyObject 
     memcpy(slot + 2, v, sizeof v);
     slot[8] = site;
     slot[9] = now_ns();
-    self->last = word * 8;
     return PyLong_FromSsize_t(word * 8);
 }
 
@@ -321,10 +318,6 @@ static PyObject *Recorder_get_entries(Recorder *self, void *unused) {
     return PyLong_FromLongLong(self->entries);
 }
 
-static PyObject *Recorder_get_last(Recorder *self, void *unused) {
-    return PyLong_FromSsize_t(self->last);
-}
-
 static PyMethodDef Recorder_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))Recorder_enter, METH_FASTCALL, "enter(seq, call) -> byte offset of the slot written"},
     {"end", (PyCFunction)Recorder_end, METH_O, "end(at): the call at slot offset `at` completed now"},
@@ -337,7 +330,6 @@ static PyMethodDef Recorder_methods[] = {
 
 static PyGetSetDef Recorder_getset[] = {
     {"entries", (getter)Recorder_get_entries, NULL, "calls entered so far", NULL},
-    {"last", (getter)Recorder_get_last, NULL, "byte offset of the slot entered last; -1: none", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
