@@ -282,6 +282,59 @@ def test_program_reduce_keeps_two_vectors_of_every_source_in_flight(compiled, ar
         assert not [ins for ins in body if _LOCAL.search(ins)], name
 
 
+_VECTOR_STORE = re.compile(r"(@!?P\d+\s+)?STG\.E\.128\b")
+
+
+def _loads_before_first_store(body: list[str]) -> int:
+    first_store = next((i for i, ins in enumerate(body) if _VECTOR_STORE.search(ins)), len(body))
+    return sum(bool(_VECTOR_LOAD.search(ins)) for ins in body[:first_store])
+
+
+# Measured (nvcc 13.0, sm_80 and sm_90): the 16-byte COPY loop of every program kernel and of
+# gpucomm_copy issues 4 LDG.E.128 before its first STG.E.128 (common.cuh's copy_span,
+# COPY_WORDS_IN_FLIGHT), with no local-memory access in that loop; the kernels of 2026-11-23
+# issued 1. The floor is that count.
+#
+# Spill stores/loads in bytes per kernel (ptxas -v), kernels of 2026-11-23 -> 4 vectors a COPY
+# step; program kernels by fold and dtype, gpucomm_program_copy as "copy":
+#   sm_80  0/0 -> 0/0    gpucomm_copy; max, min float64 int32; prod, sum bfloat16 float16 float32 int32
+#          0/0 -> 6/4    max, min bfloat16 float32; prod, sum float64
+#          0/0 -> 8/8    copy
+#          0/0 -> 14/16  max, min, prod, sum int64
+#          14/16 -> 22/28  max, min float16
+#   sm_90  0/0 -> 0/0    gpucomm_copy
+#          16/12 -> 4/4  copy
+#          18/20 -> 4/4  max, min float64
+#          0/0 -> 6/4    max, min, prod, sum int32
+#          0/0 -> 10/8   max, min bfloat16; max, min, prod, sum float32
+#          10/8 -> 10/8  prod, sum bfloat16 float16
+#          18/20 -> 10/8 prod, sum float64
+#          0/0 -> 18/20  max, min, prod int64
+#          18/20 -> 18/20  sum int64
+#          38/52 -> 30/44  max, min float16
+# None of these is in a COPY or REDUCE loop (this test and the one above check): the spilled
+# values are reloaded once per instruction or per granule.
+COPY_LOADS_FLOOR = 4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_copy_keeps_four_vectors_in_flight(compiled, arch: int) -> None:
+    # A COPY step of a thread loads 4 16-byte vectors before it stores any. The COPY loop is the
+    # one that stores every vector it loads (a REDUCE's stores fewer), with the
+    # most loads before its first store; the words past the last whole step go one at a time.
+    kernels = [("copy.cu", "gpucomm_copy")] + [("program.cu", name) for name in PROGRAM_KERNELS]
+    for file, name in kernels:
+        bodies = [
+            body
+            for body in _loop_bodies(compiled[file, arch].sass_at[name])
+            if sum(bool(_VECTOR_LOAD.search(i)) for i in body) == sum(bool(_VECTOR_STORE.search(i)) for i in body) > 0
+        ]
+        assert bodies, name
+        body = max(bodies, key=_loads_before_first_store)
+        assert _loads_before_first_store(body) >= COPY_LOADS_FLOOR, (name, body)
+        assert not [ins for ins in body if _LOCAL.search(ins)], name
+
+
 def test_compile_options_pin_the_rounding() -> None:
     options = compile_options("sm_90", {"B": 2, "A": 1})
     assert options[:6] == (

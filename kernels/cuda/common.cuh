@@ -222,6 +222,37 @@ struct OpAvg {
 template <class T> __device__ __forceinline__ T load_global(gc_u64 addr) { return __ldcg((const T*)addr); }
 template <class T> __device__ __forceinline__ void store_global(gc_u64 addr, T value) { __stcg((T*)addr, value); }
 
+// Words of a copy a thread loads before it stores any: 4 16-byte vectors are 16 of the 128
+// registers a thread of a 512-thread block may have.
+constexpr int COPY_WORDS_IN_FLIGHT = 4;
+
+// dst[i] = src[i] for the words i in [0, n) of type W, by thread `tid` of `stride` cooperating
+// threads, which takes every stride-th word, as a copy of one word at a time would. A step of a
+// thread covers U words, stride apart, so that a warp's loads stay contiguous: it issues the U
+// loads (U in flight), then the U stores. The words past the last whole step, fewer than U per
+// thread, go one at a time. Every word is read and written by the thread that owns it, so dst may
+// be src itself; no other overlap.
+//
+// The whole steps test nothing against n: a step that tested each word (one loop, as
+// reduce_vectors has) made program.cu's copy-only kernel take 113-115 registers and its other
+// kernels spill 142-202 bytes each (ptxas -v, nvcc 13.0, sm_80 and sm_90); this, 64 registers
+// and 0-30 bytes per kernel (tests/test_cuda_compile.py lists them), none in a COPY or REDUCE loop.
+template <class W>
+__device__ __forceinline__ void copy_span(gc_u64 dst, gc_u64 src, gc_u64 n, gc_u64 tid, gc_u64 stride) {
+    constexpr int U = COPY_WORDS_IN_FLIGHT;
+    gc_u64 i = tid;
+    for (; i + (U - 1) * stride < n; i += U * stride) {
+        W w[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) w[u] = load_global<W>(src + (i + u * stride) * sizeof(W));
+        // The loads come first in the source: the compiler may not move a load above a store to
+        // an address it cannot tell apart.
+#pragma unroll
+        for (int u = 0; u < U; ++u) store_global<W>(dst + (i + u * stride) * sizeof(W), w[u]);
+    }
+    for (; i < n; i += stride) store_global<W>(dst + i * sizeof(W), load_global<W>(src + i * sizeof(W)));
+}
+
 // The source addresses of a reduction read from a device table (reduce.cu). Other callers pass
 // any type with the same operator() (program.cu resolves them from its operand table).
 struct SourceTable {

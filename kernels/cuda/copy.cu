@@ -4,8 +4,9 @@
 // The widest word w (16, 8, 4, 2 or 1 bytes) that dst and src can both be aligned to at once is
 // the largest power of two dividing (dst - src). The bytes before dst's first w-aligned address
 // (the head) and after the last whole word (the tail) are copied one by one; the middle in
-// w-byte words, grid-stride. Loads are __ldcg: global space (the addresses arrive as integers,
-// so plain loads would be generic) and L2 only (data read once).
+// w-byte words, grid-stride, COPY_WORDS_IN_FLIGHT loads of a thread at a time (common.cuh's
+// copy_span, which program.cu's COPY runs too). Loads and stores are .cg: global space (the
+// addresses arrive as integers, so plain accesses would be generic) and L2 only (data moved once).
 
 #include "common.cuh"
 
@@ -21,9 +22,7 @@ __device__ __forceinline__ void copy_words(char* dst, const char* src, gc_u64 nb
     const gc_u64 tid = gpucomm::global_thread();
     const gc_u64 stride = gpucomm::grid_threads();
 
-    const W* s = (const W*)(src + head);
-    W* d = (W*)(dst + head);
-    for (gc_u64 i = tid; i < nwords; i += stride) d[i] = __ldcg(s + i);
+    gpucomm::copy_span<W>((gc_u64)(dst + head), (gc_u64)(src + head), nwords, tid, stride);
 
     // Head bytes are r in [0, head); tail bytes follow from tail_start.
     const gc_u64 loose = head + (nbytes - tail_start);

@@ -111,31 +111,25 @@ __device__ __forceinline__ void cache_operands(const Launch& L, gc_i64 first, in
     __syncthreads();
 }
 
-template <class W>
-__device__ __forceinline__ void copy_units(gc_u64 dst, gc_u64 src, gc_u64 nbytes) {
-    for (gc_u64 i = threadIdx.x; i < nbytes / sizeof(W); i += blockDim.x) {
-        gpucomm::store_global<W>(dst + i * sizeof(W), gpucomm::load_global<W>(src + i * sizeof(W)));
-    }
-}
-
 // dst = src over nbytes, by the threads of this block: 16-byte vectors while both addresses are
 // 16-byte aligned, the rest in the widest unit that divides both addresses and the size. The
-// units follow from the addresses themselves, so that no access can ever be misaligned.
+// units follow from the addresses themselves, so that no access can ever be misaligned. Each unit
+// goes through common.cuh's copy_span: COPY_WORDS_IN_FLIGHT loads of a thread before its stores.
 __device__ __forceinline__ void copy_range(gc_u64 dst, gc_u64 src, gc_u64 nbytes) {
     const gc_u64 body = ((dst | src) & 15) == 0 ? nbytes / 16 * 16 : 0;
-    copy_units<uint4>(dst, src, body);
+    gpucomm::copy_span<uint4>(dst, src, body / 16, threadIdx.x, blockDim.x);
     dst += body;
     src += body;
     nbytes -= body;
     const gc_u64 bits = dst | src | nbytes;
     if ((bits & 7) == 0) {
-        copy_units<gc_u64>(dst, src, nbytes);
+        gpucomm::copy_span<gc_u64>(dst, src, nbytes / sizeof(gc_u64), threadIdx.x, blockDim.x);
     } else if ((bits & 3) == 0) {
-        copy_units<unsigned int>(dst, src, nbytes);
+        gpucomm::copy_span<unsigned int>(dst, src, nbytes / sizeof(unsigned int), threadIdx.x, blockDim.x);
     } else if ((bits & 1) == 0) {
-        copy_units<unsigned short>(dst, src, nbytes);
+        gpucomm::copy_span<unsigned short>(dst, src, nbytes / sizeof(unsigned short), threadIdx.x, blockDim.x);
     } else {
-        copy_units<unsigned char>(dst, src, nbytes);
+        gpucomm::copy_span<unsigned char>(dst, src, nbytes / sizeof(unsigned char), threadIdx.x, blockDim.x);
     }
 }
 
