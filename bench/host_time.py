@@ -26,16 +26,12 @@ import multiprocessing
 import os
 import statistics
 import sys
-import time
 
+from .flight_cost import SilentFlightLog
 from .ranks import spawn_ranks
+from .samples import each_call, median_p90_us
 
 __all__ = ["main"]
-
-
-def _stats(times: list[float]) -> dict:
-    times = sorted(times)
-    return {"median_us": statistics.median(times) * 1e6, "p90_us": times[int(0.9 * (len(times) - 1))] * 1e6}
 
 
 def _python_calls(call) -> int:  # noqa: ANN001
@@ -82,23 +78,13 @@ def _rank(rank: int, world: int, port: int, path: str, calls: int, record_rounds
     for _ in range(50):
         gpucomm.all_reduce(t)
     gpucomm.barrier()
-    times = []
-    clock = time.perf_counter
-    for _ in range(calls):
-        start = clock()
-        gpucomm.all_reduce(t)
-        times.append(clock() - start)
-    out = {"path": path, **_stats(times), "python_calls": _python_calls(lambda: gpucomm.all_reduce(t))}
+    out = {"path": path, **median_p90_us(each_call(lambda: gpucomm.all_reduce(t), calls)),
+           "python_calls": _python_calls(lambda: gpucomm.all_reduce(t))}
     if path == "device":
         launches_before = recorded
         gpucomm.all_reduce(t)
         out["launches_per_call"] = recorded - launches_before
-        noop = []
-        for _ in range(calls):
-            start = clock()
-            InterpretedFunction.run(None)
-            noop.append(clock() - start)
-        out["recorder_us"] = statistics.median(noop) * 1e6
+        out["recorder_us"] = median_p90_us(each_call(lambda: InterpretedFunction.run(None), calls))["median_us"]
     if record_rounds:
         out["record"] = _record_cost(gpucomm.api._world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds)
     gpucomm.barrier()
@@ -106,30 +92,14 @@ def _rank(rank: int, world: int, port: int, path: str, calls: int, record_rounds
     results.put((rank, out))
 
 
-class _Silent:
-    """A flight log whose hooks do nothing."""
-
-    def enter(self, seq: int, call: tuple) -> int:
-        return 0
-
-    def completed(self, at: int) -> None:
-        pass
-
-
 def _record_cost(comm, call, calls: int, rounds: int) -> dict:  # noqa: ANN001
     """Median call with the real flight log and with a silent one, rounds alternating."""
-    real, silent = comm._flight, _Silent()
-    clock = time.perf_counter
+    real, silent = comm._flight, SilentFlightLog()
     medians: dict[str, list[float]] = {"with": [], "without": []}
     for i in range(rounds):
         for name in ("with", "without") if i % 2 == 0 else ("without", "with"):
             comm._flight = real if name == "with" else silent
-            times = []
-            for _ in range(calls):
-                start = clock()
-                call()
-                times.append(clock() - start)
-            medians[name].append(statistics.median(times) * 1e6)
+            medians[name].append(median_p90_us(each_call(call, calls))["median_us"])
     comm._flight = real
     ratios = [w / wo for w, wo in zip(medians["with"], medians["without"])]
     return {

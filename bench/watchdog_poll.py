@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 from gpucomm.watchdog import _Watchdog
 from gpucomm.work import Work
+
+from .samples import each_call, median_p90_us
 
 __all__ = ["main"]
 
@@ -39,13 +39,7 @@ def poll_us(works: int, queues: int, polls: int) -> dict:
     keys = [object() for _ in range(queues)]
     for i in range(works):
         dog.add(Work([_NotEnded()]), "all_reduce", 3600.0, lambda err: None, 0, keys[i % queues])
-    times = []
-    for _ in range(polls):
-        start = time.perf_counter()
-        dog.poll()
-        times.append((time.perf_counter() - start) * 1e6)
-    times.sort()
-    return {"works": works, "queues": queues, "median_us": statistics.median(times), "p90_us": times[int(0.9 * (len(times) - 1))]}
+    return {"works": works, "queues": queues, **median_p90_us(each_call(dog.poll, polls))}
 
 
 def main(argv: list[str] | None = None) -> int:

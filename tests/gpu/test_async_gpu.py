@@ -17,25 +17,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from cuda_group import NEEDS_CUDA_IPC, init_cuda_group
 from spawn import run_ranks
 
-from gpucomm.transport import cuda_ipc_available
-
-_OK, _WHY = cuda_ipc_available()
-pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
+pytestmark = NEEDS_CUDA_IPC
 
 KERNELS = ("triton", "cuda")
 WORLD = 2
-
-
-def _init(rank: int, kernels: str):
-    import torch
-
-    import gpucomm
-
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    gpucomm.init_process_group(transport="cuda_ipc", kernels=kernels, timeout=120)
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _two_streams(rank: int, world_size: int, kernels: str) -> list[str]:
@@ -43,7 +31,7 @@ def _two_streams(rank: int, world_size: int, kernels: str) -> list[str]:
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)]
     failures = []
     tensors = [torch.empty(4096, device=device) for _ in range(8)]
@@ -75,7 +63,7 @@ def _dropped_tensor(rank: int, world_size: int, kernels: str) -> list[str]:
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     n = 1 << 18
     warm = torch.ones(n, device=device)
     gpucomm.all_reduce(warm)  # builds the program of this size (the allocator hands the same block back)

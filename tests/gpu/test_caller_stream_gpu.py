@@ -15,12 +15,10 @@ Skipped without CUDA and CuPy.
 from __future__ import annotations
 
 import pytest
+from cuda_group import NEEDS_CUDA_IPC, init_cuda_group
 from spawn import run_ranks
 
-from gpucomm.transport import cuda_ipc_available
-
-_OK, _WHY = cuda_ipc_available()
-pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
+pytestmark = NEEDS_CUDA_IPC
 
 KERNELS = ("triton", "cuda")
 WORLD = 2
@@ -28,22 +26,12 @@ N = 4096
 SLEEP = 200_000_000  # cycles of torch.cuda._sleep: about 0.1 s on a 2 GHz GPU
 
 
-def _init(rank: int, kernels: str):
-    import torch
-
-    import gpucomm
-
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    gpucomm.init_process_group(transport="cuda_ipc", kernels=kernels, timeout=120)
-    return torch.device("cuda", torch.cuda.current_device())
-
-
 def _on_a_side_stream(rank: int, world_size: int, kernels: str) -> list[str]:
     import torch
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     engine = gpucomm.get_default_communicator()._engines["cuda"]
     t = torch.empty(N, device=device)
     t.fill_(1.0)
@@ -79,7 +67,7 @@ def _async_and_blocking_in_turn(rank: int, world_size: int, kernels: str, rounds
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     streams = [torch.cuda.current_stream(device), torch.cuda.Stream(device)]
     blocking = [torch.empty(N, device=device) for _ in range(rounds)]
     asynchronous = [torch.empty(N, device=device) for _ in range(rounds)]
@@ -132,7 +120,7 @@ def _fast_path(rank: int, world_size: int, kernels: str, calls: int) -> dict:
     import gpucomm
     from gpucomm.communicator import Communicator
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     full = []
     original = Communicator._run
 

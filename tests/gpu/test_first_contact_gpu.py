@@ -15,24 +15,12 @@ Skipped without CUDA and CuPy.
 from __future__ import annotations
 
 import pytest
+from cuda_group import NEEDS_CUDA_IPC, init_cuda_group
 from spawn import run_ranks
 
-from gpucomm.transport import cuda_ipc_available
-
-_OK, _WHY = cuda_ipc_available()
-pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
+pytestmark = NEEDS_CUDA_IPC
 
 KERNELS = ("triton", "cuda")
-
-
-def _init(rank: int, kernels: str, timeout: float = 120):
-    import torch
-
-    import gpucomm
-
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    gpucomm.init_process_group(transport="cuda_ipc", kernels=kernels, timeout=timeout)
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _peer_views_alias(rank: int, world_size: int) -> list[str]:
@@ -40,7 +28,7 @@ def _peer_views_alias(rank: int, world_size: int) -> list[str]:
 
     import gpucomm
 
-    _init(rank, "triton")
+    init_cuda_group(rank, "triton")
     engine = gpucomm.get_default_communicator()._engines["cuda"]
     ws = engine.workspace
     problems = []
@@ -71,7 +59,7 @@ def _graph_outlives_the_cache(rank: int, world_size: int, kernels: str) -> list[
     import gpucomm
     import gpucomm.engine as engine_module
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     t = torch.zeros(256, device=device)
     gpucomm.all_reduce(t)  # warm-up
     torch.cuda.synchronize()
@@ -105,7 +93,7 @@ def _timeout_in_a_replay(rank: int, world_size: int, kernels: str) -> list[str]:
     import gpucomm
     from gpucomm.errors import CommBrokenError, CommTimeoutError
 
-    device = _init(rank, kernels, timeout=30)  # the warm-up compiles the kernel within it
+    device = init_cuda_group(rank, kernels, timeout=30)  # the warm-up compiles the kernel within it
     t = torch.ones(256, device=device)
     gpucomm.all_reduce(t)
     torch.cuda.synchronize()

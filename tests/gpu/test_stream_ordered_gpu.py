@@ -17,28 +17,14 @@ Skipped without CUDA and CuPy.
 from __future__ import annotations
 
 import pytest
+from cuda_group import NEEDS_CUDA_IPC, init_cuda_group
 from spawn import run_ranks
 
-from gpucomm.transport import cuda_ipc_available
-
-_OK, _WHY = cuda_ipc_available()
-pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
+pytestmark = NEEDS_CUDA_IPC
 
 KERNELS = ("triton", "cuda")
 WORLD = 2
 N = 1000  # elements: 4 KB of fp32, a one-shot all_reduce in one piece
-
-
-def _init(rank: int, kernels: str):
-    """This rank's GPU (several ranks may share one) and the default group on it. The timeout is
-    long: a rank's first call compiles the program kernel, and its peers wait for it meanwhile."""
-    import torch
-
-    import gpucomm
-
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    gpucomm.init_process_group(transport="cuda_ipc", kernels=kernels, timeout=120)
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _data(seed: int, rank: int, count: int):
@@ -57,7 +43,7 @@ def _burst_without_host_sync(rank: int, world_size: int, kernels: str, rounds: i
     import gpucomm
     from gpucomm.communicator import Communicator
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     world = gpucomm.get_default_communicator()
     comms = {
         algo: Communicator(world.store, rank, world_size, prefix=f"{world.prefix}{algo}/", config=dataclasses.replace(world.config, algo=algo))
@@ -123,7 +109,7 @@ def _graph_replays(rank: int, world_size: int, kernels: str, replays: int) -> li
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     P = world_size
     t = torch.empty(N, device=device)
     mine, gathered = torch.empty(N, device=device), torch.empty(N * P, device=device)
@@ -184,7 +170,7 @@ def _kernels_of_one_all_reduce(rank: int, world_size: int, kernels: str) -> list
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     t = torch.ones(N, device=device)
     gpucomm.all_reduce(t)  # builds the program, compiles the kernel
     torch.cuda.synchronize(device)
@@ -214,7 +200,7 @@ def _killed_peer(rank: int, world_size: int, kernels: str, victim: int, timeout:
 
     import gpucomm
 
-    device = _init(rank, kernels)
+    device = init_cuda_group(rank, kernels)
     t = torch.zeros(1 << 16, device=device)
     # The first call compiles the kernel, which may take the ranks different times: under the
     # default group's long timeout. The group under test shares the compiled kernels.
