@@ -192,9 +192,9 @@ class PyRecorder:
         self._sites.clear()
 
 
-def recorder(segment: memoryview, teacher: Callable[[types.FrameType], int], ring_at: int = _RING_AT, slots: int = RING, *, native_ok: bool = True) -> object:
+def recorder(segment: memoryview, teacher: Callable[[types.FrameType], int], ring_at: int = _RING_AT, slots: int = RING) -> object:
     """The writer of ``segment``'s ring: C's ``Recorder`` where it builds, else :class:`PyRecorder`."""
-    module = native.load("flight_record") if native_ok else None
+    module = native.load("flight_record")
     if module is None:
         return PyRecorder(segment, ring_at, slots, teacher)
     return module.Recorder(segment, ring_at, slots, teacher)
