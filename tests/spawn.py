@@ -1,10 +1,18 @@
 """The one spawn harness: run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes.
 
-Every rank is a process of the ``spawn`` start method (no inherited CUDA or Triton state) with
-RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a free port) set,
-plus ``env``. Each rank sends back its return value or its traceback through its own pipe; the
-parent waits with a hard deadline, SIGKILLs whatever is still alive, and raises
-:class:`RanksFailed` naming every rank that failed or hung.
+Every rank is a fresh process (no inherited CUDA or Triton state, nothing of the test's own
+modules) with the parent's environment as it is at the call, RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a free port) set, plus ``env``. Each rank sends
+back its return value or its traceback through its own pipe; the parent waits with a hard
+deadline, SIGKILLs whatever is still alive, and raises :class:`RanksFailed` naming every rank that
+failed or hung.
+
+Ranks are forked from a ``forkserver`` that has imported torch and nothing else: a rank of the
+``spawn`` start method spends about 1.3 s of CPU importing torch on the 2-core CI machine, once
+per rank of every test (three test files that start 45 ranks between them took 73 s with spawned
+ranks and 50 s with forked ones, side by side). torch's import reads a few variables (OpenMP's thread count among
+them, :data:`_READ_BY_TORCH_IMPORT`); where the environment a rank is to have differs from the
+server's in any of those, that call's ranks are spawned instead.
 
 This module imports only the standard library: it is imported in every child before ``env`` is
 applied, and variables such as TRITON_INTERPRET must be set before triton is first imported.
@@ -37,6 +45,28 @@ __all__ = ["run_ranks", "free_port", "RanksFailed"]
 # this long to report their own error, then kill them instead of waiting for the full timeout.
 FAIL_GRACE_S = 5.0
 
+# Prefixes of the variables that torch's import (or a library it loads: libgomp reads
+# OMP_NUM_THREADS once, when it is loaded) reads; a forkserver's children keep what it read.
+_READ_BY_TORCH_IMPORT = ("OMP_", "GOMP_", "KMP_", "MKL_", "TORCH", "PYTORCH_", "CUDA_", "LD_", "PYTHON")
+_server_env: dict[str, str] | None = None  # those variables as the forkserver started with them
+
+
+def _read_by_torch_import(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_READ_BY_TORCH_IMPORT)}
+
+
+def _context(env: Mapping[str, str]) -> multiprocessing.context.BaseContext:
+    """The forkserver (started on first use, with torch imported) unless ``env`` differs from its
+    environment in a variable torch's import reads; then spawn."""
+    global _server_env
+    wanted = _read_by_torch_import(env)
+    if _server_env is None:
+        _server_env = _read_by_torch_import(os.environ)
+        multiprocessing.set_forkserver_preload(["torch"])
+    if wanted != _server_env:
+        return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("forkserver")
+
 
 class RanksFailed(RuntimeError):
     """Some ranks raised, died or hung; ``failures`` maps rank -> traceback or reason."""
@@ -63,7 +93,9 @@ def free_port() -> int:
 
 
 def _child(rank: int, env: dict[str, str], payload: bytes, conn: multiprocessing.connection.Connection) -> None:
-    # env first: unpickling fn imports its module (and torch, triton) only after this line.
+    # env first: unpickling fn imports its module (and triton) only after this line. The whole
+    # environment: a forkserver's child starts with the server's, not the caller's of now.
+    os.environ.clear()
     os.environ.update(env)
     try:
         fn, world_size, args = pickle.loads(payload)
@@ -103,17 +135,19 @@ def run_ranks(
         raise ValueError(f"run_ranks: allow_exit {sorted(allowed)} names ranks outside 0..{world_size - 1}")
     payload = pickle.dumps((fn, world_size, args))
     port = free_port()
-    ctx = multiprocessing.get_context("spawn")
+    base = {**os.environ, **(env or {})}
+    ctx = _context(base)
     procs, readers = [], []
     for rank in range(world_size):
         rank_env = {
+            **base,
             "RANK": str(rank),
             "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
-            **(env or {}),
+            **(env or {}),  # env may name the rank variables too
         }
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_child, args=(rank, rank_env, payload, writer), name=f"rank{rank}", daemon=True)

@@ -7,6 +7,11 @@ measured on the 2-core CI machine, 10 of 20 jobs on the gloo path and 1 of 20 on
 path, with the at-exit teardown switched off. Jobs alternate between the two paths and run one
 after the other: run five at a time, the same jobs aborted far less often (the teardown race
 needs the exiting rank to get a core at the wrong moment), and the test would hardly fail.
+
+20 jobs (35 s on that machine; 50 took 95 s): with the teardown gone, the 10 on the gloo path
+all exit cleanly with probability 2**-10, so the test misses that regression about once in a
+thousand runs. The default path's rarer abort (1 in 20) it catches only 4 times in 10; the gloo
+path is the detector.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import textwrap
 
 from spawn import free_port
 
-JOBS = 50
+JOBS = 20
 
 _RANK = textwrap.dedent(
     """
@@ -49,7 +54,7 @@ def _start_job(script: str, transport: str) -> list[subprocess.Popen]:
     return procs
 
 
-def test_fifty_jobs_without_destroy_exit_cleanly(tmp_path) -> None:
+def test_twenty_jobs_without_destroy_exit_cleanly(tmp_path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(_RANK)
     failures = []

@@ -114,3 +114,29 @@ def test_rejects_bad_arguments():
         run_ranks(_identity, 0)
     with pytest.raises(ValueError, match="allow_exit"):
         run_ranks(_identity, 2, allow_exit=(2,))
+
+
+def _environment(rank, world_size):
+    import sys
+
+    import torch
+
+    return os.environ.get("GPUCOMM_TEST_LATE"), torch.get_num_threads(), "gpucomm" in sys.modules
+
+
+def test_ranks_get_the_callers_environment_of_now(monkeypatch):
+    """Ranks forked from the torch-preloaded server see a variable the caller set after the server
+    started, and nothing of the caller's own imports."""
+    run_ranks(_environment, 1)  # the server is started by now
+    monkeypatch.setenv("GPUCOMM_TEST_LATE", "set after the server started")
+    late, _, imported = run_ranks(_environment, 1)[0]
+    assert late == "set after the server started"
+    assert not imported, "a rank inherited gpucomm from the server"
+
+
+def test_a_thread_count_other_than_the_servers_is_honoured():
+    """OpenMP reads OMP_NUM_THREADS once, when torch's import loads it: a rank asked for another
+    count than the server's cannot be forked from it and must still get that count."""
+    run_ranks(_environment, 1)  # the server is started by now
+    wanted = 2 if os.environ.get("OMP_NUM_THREADS") == "1" else 1  # torch takes no more than the cores
+    assert [threads for _, threads, _ in run_ranks(_environment, 2, env={"OMP_NUM_THREADS": str(wanted)})] == [wanted, wanted]
