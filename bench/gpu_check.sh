@@ -7,13 +7,15 @@
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager and replayed from a CUDA graph
 #   bash bench/gpu_check.sh tests     # tests/gpu
 #   bash bench/gpu_check.sh cpu       # the CPU suite's fast files on this machine's torch and triton
+#   bash bench/gpu_check.sh cpuhost-default  # the CPU path on this host's many cores (DDP overlap, all_reduce beside
+#   bash bench/gpu_check.sh cpuhost-1        # gloo), with torch's default threads and with one
 #
 # Every part installs gpucomm first (kernels/ and bench/ exist as gpucomm._kernels and
 # gpucomm._bench only after an install), starts MPS if it can and stops it on exit, runs each step
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|tests|cpu}
+part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|tests|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -94,8 +96,20 @@ cpu)
     step tests_cpu 540 python3 -m pytest -q -p no:cacheprovider tests/test_program.py tests/test_stream_ordered.py \
         tests/test_kernels.py tests/test_cuda_compile.py tests/test_triton_aot.py tests/test_api_surface.py
     ;;
+cpuhost-default|cpuhost-1)
+    # The 2-core CI machine has no core free beside a rank's backward pass, so whether the
+    # asynchronous DDP hook overlaps on the shared-memory path can only be seen on a host like this
+    # one. cpuhost-default: torch's default threads (what a newcomer gets; OMP_NUM_THREADS removed);
+    # cpuhost-1: one thread (torchrun's). Ranks unbound either way.
+    if [ "$part" = cpuhost-default ]; then run="env -u OMP_NUM_THREADS"; else run="env OMP_NUM_THREADS=1"; fi
+    step ddp_overlap 150 $run python3 -m gpucomm._bench.ddp_overlap --nproc 2 --rounds 5 --steps 8 --json "$work/ddp_overlap.json"
+    step async_return 60 $run python3 -m gpucomm._bench.async_return --nproc 2 --size 32M --rounds 5 --json "$work/async_return.json"
+    for np in 2 4; do
+        step "cpu_all_reduce_np$np" 150 $run $bench all_reduce --nproc $np -b 8 -e 64M -f 4 --compare gloo --rounds 3 -n 10 -w 3 --bind none --device cpu --json "$work/cpu_all_reduce_np$np.json"
+    done
+    ;;
 *)
-    echo "unknown part: $part (bench2|bench4|latency|tests|cpu)" >&2
+    echo "unknown part: $part (bench2|bench4|latency|tests|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac
