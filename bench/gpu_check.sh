@@ -6,16 +6,23 @@
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager and replayed from a CUDA graph
 #   bash bench/gpu_check.sh tests     # tests/gpu
+#   bash bench/gpu_check.sh sanitize-memcheck   # every collective at 2 ranks under compute-sanitizer,
+#   bash bench/gpu_check.sh sanitize-racecheck  # one-shot and two-shot all_reduce forced, Triton and
+#   bash bench/gpu_check.sh sanitize-synccheck  # CUDA C++ kernels: the tool's verdict per run
 #   bash bench/gpu_check.sh cpu       # the CPU suite's fast files on this machine's torch and triton
 #   bash bench/gpu_check.sh cpuhost-default  # the CPU path on this host's many cores (DDP overlap, all_reduce beside
 #   bash bench/gpu_check.sh cpuhost-1        # gloo), with torch's default threads and with one
+#
+# A session has about 30 minutes of device time, not enough for every part: run tests, latency
+# and bench2 first (does it work, and the two goals of the speed work), then sanitize-memcheck,
+# then the others as time allows.
 #
 # Every part installs gpucomm first (kernels/ and bench/ exist as gpucomm._kernels and
 # gpucomm._bench only after an install), starts MPS if it can and stops it on exit, runs each step
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|tests|cpu|cpuhost-default|cpuhost-1}
+part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -50,8 +57,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$work/install.lo
 # MPS lets the ranks' kernels run at the same time on the one GPU; without it they take turns.
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+# The sanitizer parts run without it: a verdict needs no concurrency, and whether the tool
+# works under MPS on these machines is not known (a failed run would cost a part).
 mps=off
-if nvidia-cuda-mps-control -d 2>>"$work/versions.txt"; then
+if [[ $part != sanitize-* ]] && nvidia-cuda-mps-control -d 2>>"$work/versions.txt"; then
     # The daemon can start and still refuse clients (in a container without its IPC namespace):
     # probe with one CUDA allocation in a fresh process, and fall back to no MPS if it fails.
     if timeout 60 python3 -c "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()" >>"$work/versions.txt" 2>&1; then
@@ -92,6 +101,18 @@ latency)
 tests)
     step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
     ;;
+sanitize-memcheck|sanitize-racecheck|sanitize-synccheck)
+    # `all` runs every collective (all_gather and broadcast among them) with checked results;
+    # --algo forces all_reduce's algorithm and leaves the others their own. Ranks are child
+    # processes: --target-processes all. A reported error exits 99, a hang ends at the timeout.
+    tool=${part#sanitize-}
+    for k in triton cuda; do
+        for a in oneshot twoshot; do
+            step "${tool}_${k}_${a}" 130 compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 99 \
+                --print-limit 20 $bench all --nproc 2 -b 4K -e 64K -f 16 -n 1 -w 1 --transport cuda_ipc --kernels "$k" --algo "$a" --timeout 60
+        done
+    done
+    ;;
 cpu)
     step tests_cpu 540 python3 -m pytest -q -p no:cacheprovider tests/test_program.py tests/test_stream_ordered.py \
         tests/test_kernels.py tests/test_cuda_compile.py tests/test_triton_aot.py tests/test_api_surface.py
@@ -109,7 +130,7 @@ cpuhost-default|cpuhost-1)
     done
     ;;
 *)
-    echo "unknown part: $part (bench2|bench4|latency|tests|cpu|cpuhost-default|cpuhost-1)" >&2
+    echo "unknown part: $part (bench2|bench4|latency|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac
