@@ -76,22 +76,26 @@ def test_forcing_a_contract_keeper_does_not_warn() -> None:
 
 
 def test_one_name_applies_where_it_serves() -> None:
-    assert select.choose("all_reduce", 1, 4, "shm", "ring") == "ring"
+    with pytest.warns(UserWarning, match="forces ring, which folds partial results in ring order"):
+        assert select.choose("all_reduce", 1, 4, "shm", "ring") == "ring"
     assert select.choose("all_gather", 1, 4, "shm", "ring") == "ring"
     assert select.choose("broadcast", 1, 4, "shm", "ring") == "direct"  # ring does not serve it
     assert select.choose("barrier", 0, 4, "shm", "tree") == "direct"
-    assert select.choose("reduce", 1, 4, "shm", "tree") == "tree"
+    with pytest.warns(UserWarning, match="forces tree, which folds partial results in tree order"):
+        assert select.choose("reduce", 1, 4, "shm", "tree") == "tree"
 
 
 def test_family_pairs() -> None:
     knob = "all_reduce=tree,all_gather=ring"
-    assert select.choose("all_reduce", 64 * MIB, 4, "shm", knob) == "tree"
+    with pytest.warns(UserWarning, match="forces tree"):
+        assert select.choose("all_reduce", 64 * MIB, 4, "shm", knob) == "tree"
     assert select.choose("all_gather_into_tensor", 1, 4, "shm", knob) == "ring"  # same family as all_gather
     assert select.choose("broadcast", 1, 4, "shm", knob) == "direct"  # not named: the table decides
     with pytest.raises(ValueError, match=r"GPUCOMM_ALGO=gather=ring names ring, which does not serve gather"):
         select.choose("gather", 1, 4, "shm", "gather=ring")
     mixed = "ring,reduce_scatter_tensor=direct"  # a bare name for the rest; a collective's name for its family
-    assert select.choose("all_reduce", 1, 4, "shm", mixed) == "ring"
+    with pytest.warns(UserWarning, match="forces ring"):
+        assert select.choose("all_reduce", 1, 4, "shm", mixed) == "ring"
     assert select.choose("reduce_scatter", 1, 4, "shm", mixed) == "direct"
     assert select.choose("broadcast", 1, 4, "shm", mixed) == "direct"
     with pytest.raises(ValueError, match=r"names 'allreduce', which is not a collective"):
