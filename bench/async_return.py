@@ -14,13 +14,13 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
 import sys
 import time
 
+from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 
 __all__ = ["main"]
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(v[1] for v in per_rank.values())
     print("future holds the reduced tensor: " + ("PASS" if ok else "FAIL"))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": {**vars(args), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "path": per_rank[0][2]},
-                       "rounds_s": slowest, "correct": ok}, f, indent=1)
+        write_json(args.json, run_settings(args, path=per_rank[0][2]), rounds_s=slowest, correct=ok)
     return 0 if ok else 1
 
 

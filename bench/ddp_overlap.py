@@ -30,13 +30,13 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
 import sys
 import time
 
+from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 
 __all__ = ["main", "MODES"]
@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(values)
         print(f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": {**vars(args), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}, "rounds_s": rounds}, f, indent=1)
+        write_json(args.json, run_settings(args), rounds_s=rounds)
     return 0
 
 

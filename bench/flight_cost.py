@@ -20,10 +20,11 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+
+from .hostinfo import run_settings, write_json
 
 __all__ = ["main", "SilentFlightLog"]
 
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, ratio in ratios.items():
         print(f"{name} / without (CPU, median of rounds' ratios): {ratio:.3f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": {**vars(args), "argv": sys.argv[1:]}, **result}, f, indent=1)
+        write_json(args.json, run_settings(args), **result)
     return 0
 
 

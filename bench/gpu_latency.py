@@ -25,13 +25,13 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
 import sys
 import time
 
+from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 
 __all__ = ["main"]
@@ -139,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>16}  {statistics.median(values):8.2f}  [{min(values):.2f}-{max(values):.2f}]")
     print(f"# check: {'PASS' if checks else 'FAIL'}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "device": torch.cuda.get_device_name(), "rounds_us": figures, "check": checks}, f, indent=1)
+        write_json(args.json, run_settings(args, device=torch.cuda.get_device_name()), rounds_us=figures, check=checks)
     return 0 if checks else 1
 
 

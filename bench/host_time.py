@@ -21,13 +21,13 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
 import sys
 
 from .flight_cost import SilentFlightLog
+from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 from .samples import each_call, median_p90_us
 
@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['path']:<8} flight record: {r['with_us']:.2f} us with, {r['without_us']:.2f} us without; "
                   f"ratio {r['ratio_median']:.3f} (rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "results": rows}, f, indent=1)
+        write_json(args.json, run_settings(args), results=rows)
     return 0
 
 

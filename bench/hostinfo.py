@@ -1,13 +1,25 @@
-"""What the JSON and the headers say about the machine: device name, core count, versions."""
+"""What the JSON and the headers say about the machine and the run: device name, core count,
+versions, and the settings every benchmark's JSON starts with.
+
+torch is imported where it is used, not here: a benchmark's ranks import their module before
+they set what must be set before torch or triton is imported.
+"""
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import os
 import platform
+import socket
+import sys
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["device_name", "versions"]
+__all__ = ["device_name", "versions", "run_settings", "write_json"]
 
 
 def _cpu_model() -> str:
@@ -24,11 +36,15 @@ def _cpu_model() -> str:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device)
     return f"{_cpu_model()}, {os.cpu_count()} cores"
 
 
 def versions() -> dict[str, str | None]:
+    import torch
+
     found: dict[str, str | None] = {"torch": torch.__version__, "python": platform.python_version()}
     try:
         import triton
@@ -38,3 +54,25 @@ def versions() -> dict[str, str | None]:
         found["triton"] = None
     found["cuda"] = torch.version.cuda
     return found
+
+
+def run_settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """A run's settings as its JSON keeps them: the options, the command line, the thread count
+    the ranks were started with (None: torch's default, one thread per core), the host, its
+    cores, the versions and the date; then ``extra``."""
+    return {
+        **vars(args),
+        "argv": sys.argv[1:],
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "host": socket.gethostname(),
+        "cpu": f"{_cpu_model()}, {os.cpu_count()} cores",
+        "versions": versions(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def write_json(path: str, settings: dict[str, Any], **results: Any) -> None:
+    """``{"settings": settings, **results}`` into ``path``."""
+    with open(path, "w") as f:
+        json.dump({"settings": settings, **results}, f, indent=1)

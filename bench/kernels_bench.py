@@ -12,7 +12,6 @@ import datetime
 import json
 import socket
 from functools import partial
-import sys
 
 import torch
 

@@ -14,11 +14,11 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import sys
 
+from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 
 __all__ = ["main"]
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, c in counts.items():
         print(f"{name:<24} {c['launches']:>8} {c['host_reads']:>10}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "counts": counts}, f, indent=1)
+        write_json(args.json, run_settings(args), counts=counts)
     return 0
 
 

@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -31,6 +30,8 @@ from gpucomm.channels import MAX_CHANNELS, launch_channels
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
 from gpucomm.program import COPY, REDUCE, SYNC, Builder, Slot
 from gpucomm.reduce_op import ReduceOp
+
+from .hostinfo import run_settings, write_json
 
 __all__ = ["main", "count", "predict"]
 
@@ -110,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = " ".join(f"{row[a]['device_us']:9.1f}" for a in ALGOS)
         print(f"{row['bytes']:>12} {cells}  {row['best']:8} {row['eager_us']:7.1f}  {row['busbw_gbs']:8.1f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"parameters": vars(args), "half_bytes": half, "rows": rows}, f, indent=1)
+        write_json(args.json, run_settings(args, half_bytes=half), rows=rows)
     return 0
 
 

@@ -13,11 +13,11 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 
 from gpucomm.watchdog import _Watchdog
 from gpucomm.work import Work
 
+from .hostinfo import run_settings, write_json
 from .samples import each_call, median_p90_us
 
 __all__ = ["main"]
@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['works']:>8} {row['queues']:>6} {row['median_us']:>10.1f} {row['p90_us']:>8.1f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "results": rows}, f, indent=1)
+        write_json(args.json, run_settings(args), results=rows)
     return 0
 
 
