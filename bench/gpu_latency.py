@@ -79,7 +79,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
         for _ in range(args.per_graph):
             gpucomm.all_reduce(t)
 
-    def replayed() -> float:
+    def replayed(graph: torch.cuda.CUDAGraph) -> float:
         gpucomm.barrier()
         stream.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -99,7 +99,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
                 rounds["eager_device_us"].append(device_us)
                 rounds["eager_host_us"].append(host_us)
             else:
-                rounds["graph_us"].append(replayed())
+                rounds["graph_us"].append(replayed(graph))
     # Every call summed (P * (P + 1) / 2) into t over and over: check one more eager call exactly.
     P = world
     t.fill_(float(rank + 1))

@@ -74,7 +74,7 @@ from gpucomm.objects import (
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.work import Work
 
-from gpucomm import backend as _backend  # noqa: E402  registers "gpucomm" with torch.distributed
+from gpucomm import backend as _backend  # noqa: E402, F401  registers "gpucomm" with torch.distributed
 
 # A gpucomm group is a Communicator: the name torch.distributed gives its groups' type.
 ProcessGroup = Communicator

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import os
 import warnings
 from collections.abc import Callable, Sequence
 

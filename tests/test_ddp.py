@@ -312,7 +312,7 @@ def test_backend_trains_like_gloo(runs) -> None:
 
 
 def test_backend_serves_ddp_setup_and_gradient_buckets(runs) -> None:
-    seed, results = runs.seed, runs.results
+    results = runs.results
     for rank, r in enumerate(results):
         log = r["backend_log"]
         nbytes = _bucket_bytes(results)

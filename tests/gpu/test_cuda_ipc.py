@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from rank_store import rank_store, store_barrier
 from spawn import run_ranks
 
