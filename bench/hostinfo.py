@@ -34,12 +34,16 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_name() -> str:
+    return f"{_cpu_model()}, {os.cpu_count()} cores"
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         import torch
 
         return torch.cuda.get_device_name(device)
-    return f"{_cpu_model()}, {os.cpu_count()} cores"
+    return _cpu_name()
 
 
 def versions() -> dict[str, str | None]:
@@ -65,7 +69,7 @@ def run_settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
         "argv": sys.argv[1:],
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "host": socket.gethostname(),
-        "cpu": f"{_cpu_model()}, {os.cpu_count()} cores",
+        "cpu": _cpu_name(),
         "versions": versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **extra,
