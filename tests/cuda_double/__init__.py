@@ -3,7 +3,8 @@
 Tests and benchmarks load it in place of the driver (``gpucomm.native``'s launcher takes its path;
 ``ctypes.CDLL(build())`` reaches its test-only entry points). It runs nothing on a device: it
 records what a caller hands the driver, one line per call, appended to the file named by
-``CUDA_DOUBLE_LOG`` when the library loads (:func:`records` reads it back). A launch's line says
+``DRIVER_DOUBLE_LOG`` when the library loads, or to the one :func:`log_to` names from then on
+(:func:`records` reads it back). A launch's line says
 the kernel's name, grid, block, shared memory, stream, whether a graph captured it, and its
 parameter bytes.
 
@@ -24,9 +25,9 @@ import pathlib
 import subprocess
 import tempfile
 
-__all__ = ["build", "records", "launches", "Record", "LOG_VARIABLE"]
+__all__ = ["build", "records", "launches", "log_to", "Record", "LOG_VARIABLE"]
 
-LOG_VARIABLE = "CUDA_DOUBLE_LOG"
+LOG_VARIABLE = "DRIVER_DOUBLE_LOG"
 _HERE = pathlib.Path(__file__).resolve().parent
 _COMPILE_TIMEOUT_S = 60.0
 
@@ -86,3 +87,11 @@ def launches(library: str) -> int:
     lib = ctypes.CDLL(library)
     lib.doubleLaunches.restype = ctypes.c_ulonglong
     return lib.doubleLaunches()
+
+
+def log_to(library: str, log: str | os.PathLike | None) -> None:
+    """Make the double loaded from ``library`` in this process record into ``log`` (None: nowhere)."""
+    lib = ctypes.CDLL(library)
+    lib.doubleLogTo.argtypes = [ctypes.c_char_p]
+    if lib.doubleLogTo(None if log is None else os.fsencode(log)) != 0:
+        raise OSError(f"cuda_double.log_to: cannot open {log}")

@@ -18,10 +18,20 @@ static int initialised;
 static void *self;  // this library, for cuGetProcAddress's lookups
 
 __attribute__((constructor)) static void double_load(void) {
-    const char *path = getenv("CUDA_DOUBLE_LOG");
+    const char *path = getenv("DRIVER_DOUBLE_LOG");
     if (path != NULL && path[0] != '\0') log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     Dl_info info;
     if (dladdr((void *)double_load, &info) && info.dli_fname != NULL) self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+}
+
+// Test-only: record from now on into the file at `path` (NULL: nowhere), for a process that loaded
+// the double before it knew where its records should go.
+DOUBLE_API int doubleLogTo(const char *path) {
+    int fd = path == NULL ? -1 : open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (path != NULL && fd < 0) return -1;
+    if (log_fd >= 0) close(log_fd);
+    log_fd = fd;
+    return 0;
 }
 
 void double_log(const char *entry, const char *format, ...) {

@@ -37,7 +37,8 @@ enum {
 };
 
 // What one call recorded: `entry key=value key=value ...`, one line, appended to the file named by
-// CUDA_DOUBLE_LOG (read once, when the library loads; unset: nothing is written). Lines are written
+// DRIVER_DOUBLE_LOG (read once, when the library loads; unset: nothing is written) or given to
+// doubleLogTo. Lines are written
 // with one write() on an O_APPEND descriptor, so processes sharing a log never interleave a line.
 void double_log(const char *entry, const char *format, ...) __attribute__((format(printf, 2, 3)));
 // The bytes as lowercase hex, into out (2 * n + 1 chars).
