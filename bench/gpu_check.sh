@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
-#   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager and replayed from a CUDA graph
+#   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
 #   bash bench/gpu_check.sh tests     # tests/gpu
 #   bash bench/gpu_check.sh sanitize-memcheck   # every collective at 2 ranks under compute-sanitizer,
 #   bash bench/gpu_check.sh sanitize-racecheck  # one-shot and two-shot all_reduce forced, Triton and
@@ -94,8 +94,12 @@ bench4)
     step nccl_np2 30 $bench all_reduce --nproc 2 -b 8 -e 8K -f 8 --backend nccl   # NCCL refuses two ranks on one GPU
     ;;
 latency)
+    # The eager latency through gpucomm's launcher (bound) and, beside it, through Triton's JIT
+    # dispatch or CuPy's Function (jit), side by side.
     for k in triton cuda; do
-        step "gpu_latency_$k" 240 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels "$k" --json "$work/gpu_latency_$k.json"
+        for launch in bound jit; do
+            step "gpu_latency_${k}_$launch" 180 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels "$k" --launch "$launch" --json "$work/gpu_latency_${k}_$launch.json"
+        done
     done
     ;;
 tests)

@@ -11,6 +11,11 @@ repeats a blocking all_reduce of ``--bytes`` of fp32 on the workspace path (CUDA
 - ``graph``: ``--per-graph`` calls captured once into a CUDA graph, replayed ``--replays`` times
   between two events; time per call is that time divided by every captured call.
 
+``--launch`` picks how the program kernel is launched: ``bound`` (gpucomm's launcher: one
+``cuLaunchKernel`` per call, :mod:`gpucomm.ops.launcher`) or ``jit`` (Triton's JIT dispatch for
+``--kernels triton``, CuPy's Function for ``--kernels cuda``: what served before the launcher, and
+what serves where it cannot be built). Each entry of the JSON says which.
+
 The figure of a round is the slowest rank's; the result, the median over rounds with the spread.
 Every call's result is checked after the last round (integer-valued inputs, exact sums). The
 issue's goals at 8 bytes and 2 ranks on one GPU with MPS: eager at most 15 us, captured at most 8.
@@ -20,6 +25,7 @@ Needs CUDA (and CuPy for the CUDA IPC workspace); ``bench/gpu_check.sh`` runs it
 Example::
 
     python -m gpucomm._bench.gpu_latency --nproc 2 --bytes 8 --rounds 5 --json gpu_latency.json
+    python -m gpucomm._bench.gpu_latency --launch jit --json gpu_latency_jit.json
 """
 
 from __future__ import annotations
@@ -48,6 +54,13 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.launch == "jit":
+        from gpucomm.ops import registry
+        from gpucomm.ops.cuda_ops import CudaKernels
+        from gpucomm.ops.triton_ops import JitDispatchTritonKernels
+
+        kernels = JitDispatchTritonKernels(device) if args.kernels == "triton" else CudaKernels(device, launcher=False)
+        registry.install(args.kernels, device, kernels)
     gpucomm.init_process_group(transport="cuda_ipc", kernels=args.kernels, timeout=300)
     count = max(1, args.bytes // 4)
     t = torch.full((count,), float(rank + 1), device=device)
@@ -116,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn")
     p.add_argument("--bytes", type=int, default=8, help="bytes per rank (fp32)")
     p.add_argument("--kernels", default="triton", choices=("triton", "cuda"), help="the program kernel")
+    p.add_argument("--launch", default="bound", choices=("bound", "jit"),
+                   help="the program kernel's launch: gpucomm's launcher, or Triton's JIT dispatch / CuPy's Function")
     p.add_argument("--iters", type=int, default=1000, help="eager calls per burst")
     p.add_argument("--per-graph", type=int, default=100, help="calls captured into the graph")
     p.add_argument("--replays", type=int, default=20, help="graph replays per round")
@@ -133,13 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("eager_device_us", "eager_host_us", "graph_us")
     }
     checks = all(per_rank[r]["check"] for r in per_rank)
-    print(f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, {torch.cuda.get_device_name()}; "
+    print(f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
           f"median [min-max] over {args.rounds} rounds, slowest rank, us per call")
     for name, values in figures.items():
         print(f"{name:>16}  {statistics.median(values):8.2f}  [{min(values):.2f}-{max(values):.2f}]")
     print(f"# check: {'PASS' if checks else 'FAIL'}")
     if args.json:
-        write_json(args.json, run_settings(args, device=torch.cuda.get_device_name()), rounds_us=figures, check=checks)
+        medians = {name: statistics.median(values) for name, values in figures.items()}
+        results = [{"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_host_us"], "what": "eager host time per call"},
+                   {"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_device_us"], "what": "eager device time per call"},
+                   {"launch": args.launch, "kernels": args.kernels, "median_us": medians["graph_us"], "what": "graph replay time per call"}]
+        write_json(args.json, run_settings(args, device=torch.cuda.get_device_name()), rounds_us=figures, check=checks, results=results)
     return 0 if checks else 1
 
 

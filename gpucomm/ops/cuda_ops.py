@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from gpucomm.errors import KernelCompileError, UnsupportedError
-from gpucomm.ops import launcher
+from gpucomm.ops import launcher as _launcher
 from gpucomm.ops.launcher import Param
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
@@ -165,6 +165,9 @@ class CudaKernels:
     Args:
         device: the CUDA device (``None``: torch's current one). Regions passed in must be
             addressable from it (local memory or peer memory mapped through CUDA IPC).
+        launcher: launch the program kernel and copies through gpucomm's launcher where it can be
+            built (default); False launches them with CuPy's Function, as where it cannot (for
+            benchmarks that compare the two).
 
     Raises:
         UnsupportedError: no CUDA, no CuPy, no NVRTC, or a GPU older than sm_70.
@@ -177,7 +180,7 @@ class CudaKernels:
 
     name = "cuda"
 
-    def __init__(self, device: torch.device | str | int | None = None) -> None:
+    def __init__(self, device: torch.device | str | int | None = None, *, launcher: bool = True) -> None:
         dev = torch.device("cuda") if device is None else torch.device(device)
         if dev.type != "cuda":
             raise _unsupported(f"got device {dev}, expected a cuda device")
@@ -211,7 +214,7 @@ class CudaKernels:
         self._streams: dict[int, Any] = {}
         self._images: dict[tuple[str, tuple[tuple[str, str], ...], str], bytes] = {}
         self._bound_functions: dict[tuple[str, str], int] = {}
-        self._driver = launcher.driver(None)  # None: CuPy's Function launches everything
+        self._driver = _launcher.driver(None) if launcher else None  # None: CuPy's Function launches everything
         self._raw_stream = functools.partial(torch._C._cuda_getCurrentRawStream, index)
         self._copy: Any = None  # gpucomm_copy's bound launch, made at the first copy
 
@@ -239,7 +242,7 @@ class CudaKernels:
         copy = self._copy
         if copy is None:
             function = self._bound_function("copy.cu", "gpucomm_copy")
-            copy = self._copy = launcher.bind(self._driver, function, copy_params(0, 0, 0), grid=(1, 1, 1), block=(THREADS, 1, 1))
+            copy = self._copy = _launcher.bind(self._driver, function, copy_params(0, 0, 0), grid=(1, 1, 1), block=(THREADS, 1, 1))
         # Only the words that change per copy are rewritten: its addresses, size and grid.
         copy.set(0, dst.addr)
         copy.set(1, src.addr)
@@ -339,7 +342,7 @@ class CudaKernels:
         if self._driver is None:
             return _CupyLaunch(self, "program.cu", kernel, channels, params)
         function = self._bound_function("program.cu", kernel)
-        return launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
+        return _launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
 
     # -- checks (shared ones in gpucomm.ops._validate, plus: the memory must be CUDA's) --------
 

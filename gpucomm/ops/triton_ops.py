@@ -24,7 +24,7 @@ from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_re
 from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
-__all__ = ["TritonKernels", "HostOnlyTritonKernels"]
+__all__ = ["TritonKernels", "HostOnlyTritonKernels", "JitDispatchTritonKernels"]
 
 # Address tables are tiny but cost a host-to-device copy; a workspace reuses the same few, so
 # they are kept (bounded: pieces of large tensors and user buffers bring new addresses).
@@ -229,3 +229,30 @@ class HostOnlyTritonKernels(TritonKernels):
 
     def wait(self, flags: Sequence[Region], epoch: int, deadline: float) -> list[int]:
         raise UnsupportedError("HostOnlyTritonKernels: only the program kernel is served (wait is not)")
+
+
+class JitDispatchTritonKernels(TritonKernels):
+    """Benchmarks only: the program kernel launched through Triton's JIT dispatch on every call (what
+    served before gpucomm's launcher), for bench/gpu_latency.py to measure beside the bound launch.
+    Never chosen by a kernels name; a benchmark installs it (:func:`gpucomm.ops.registry.install`)."""
+
+    def prepare_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> Any:
+        if self.device.type != "cuda":
+            raise UnsupportedError("JitDispatchTritonKernels: the JIT dispatch it measures runs on a CUDA device")
+        kwargs = dict(kwargs)
+        dtype = kwargs.pop("dtype") or torch.int32
+        dispatch = program_kernel.prepare(
+            instructions, *args, dtype=reduce_kernel.TL_DTYPES[dtype], elem_bytes=dtype.itemsize, **kwargs,
+        )
+        return _OnCurrentStream(dispatch)
+
+
+class _OnCurrentStream:
+    """``launch(stream)`` of a launch that goes on torch's current stream by itself (the JIT dispatch
+    asks torch for it): the caller's current stream is the one named."""
+
+    def __init__(self, launch: Any) -> None:
+        self._launch = launch
+
+    def launch(self, stream: int) -> None:
+        self._launch()

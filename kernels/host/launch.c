@@ -119,26 +119,29 @@ static void Driver_dealloc(Driver *self) {
 }
 
 // load(image: bytes, name: str, device: int) -> function handle. The module holding `name` loaded
-// into the current context (the device's primary context where none is current, as torch has it).
+// into the device's primary context (torch's context of that device), whatever context is current:
+// it is made current for the load, and the caller's is restored after.
 static PyObject *Driver_load(Driver *self, PyObject *args) {
     Py_buffer image;
     const char *name;
     int device;
     if (!PyArg_ParseTuple(args, "y*si", &image, &name, &device)) return NULL;
-    CUcontext context = NULL;
+    CUcontext previous = NULL, primary = NULL;
     CUmodule module = NULL;
     CUfunction function = NULL;
-    CUresult result = self->ctx_get_current(&context);
+    CUdevice dev;
     const char *call = "cuCtxGetCurrent";
-    if (result == CUDA_SUCCESS && context == NULL) {
-        CUdevice dev;
-        call = "cuDeviceGet";
-        result = self->device_get(&dev, device);
-        if (result == CUDA_SUCCESS) call = "cuDevicePrimaryCtxRetain", result = self->primary_ctx_retain(&context, dev);
-        if (result == CUDA_SUCCESS) call = "cuCtxSetCurrent", result = self->ctx_set_current(context);
-    }
+    CUresult result = self->ctx_get_current(&previous);
+    if (result == CUDA_SUCCESS) call = "cuDeviceGet", result = self->device_get(&dev, device);
+    if (result == CUDA_SUCCESS) call = "cuDevicePrimaryCtxRetain", result = self->primary_ctx_retain(&primary, dev);
+    if (result == CUDA_SUCCESS && primary != previous) call = "cuCtxSetCurrent", result = self->ctx_set_current(primary);
     if (result == CUDA_SUCCESS) call = "cuModuleLoadData", result = self->module_load_data(&module, image.buf);
     if (result == CUDA_SUCCESS) call = "cuModuleGetFunction", result = self->module_get_function(&function, module, name);
+    // The primary context stays retained: the module, and every launch of its functions, live in it.
+    if (primary != NULL && primary != previous && previous != NULL) {
+        CUresult restored = self->ctx_set_current(previous);
+        if (result == CUDA_SUCCESS) call = "cuCtxSetCurrent", result = restored;
+    }
     PyBuffer_Release(&image);
     if (result != CUDA_SUCCESS) return driver_error(self, call, result);
     return PyLong_FromVoidPtr(function);
