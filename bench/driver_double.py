@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import pathlib
 import sys
+import time
 
-__all__ = ["library", "launches", "install_host_only_kernels", "TARGET_ARCH"]
+__all__ = ["library", "launches", "install_host_only_kernels", "wait_for_peers", "TARGET_ARCH"]
 
 # What the kernels are compiled for: an H100's sm_90, as the lent GPUs are.
 TARGET_ARCH = 90
@@ -49,3 +51,15 @@ def launches(double: str) -> int:
     lib = ctypes.CDLL(double)
     lib.doubleLaunches.restype = ctypes.c_ulonglong
     return lib.doubleLaunches()
+
+
+def wait_for_peers(folder: str, step: str, rank: int, world: int, timeout: float = 300.0) -> None:
+    """Wait until every rank has reached ``step`` (a file per rank in ``folder``). On the double the
+    collectives wait for nobody (no kernel runs), so a rank that finished would otherwise tear its
+    workspace down while a peer still opens it."""
+    pathlib.Path(folder, f"{step}.{rank}").touch()
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(folder, f"{step}.{r}")) for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"wait_for_peers: not every rank of {world} reached {step} within {timeout} s")
+        time.sleep(0.01)

@@ -36,6 +36,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import tempfile
 
 from .flight_cost import SilentFlightLog
 from .hostinfo import run_settings, write_json
@@ -72,7 +73,7 @@ def _python_calls(call) -> int:  # noqa: ANN001
 
 
 def _rank(
-    rank: int, world: int, port: int, path: str, launch: str, double: str | None, calls: int, record_rounds: int,
+    rank: int, world: int, port: int, path: str, launch: str, double: str | None, sync: str, calls: int, record_rounds: int,
     results: multiprocessing.Queue,
 ) -> None:
     os.environ.update(
@@ -123,6 +124,10 @@ def _rank(
         out["recorder_us"] = median_p90_us(each_call(lambda: InterpretedFunction.run(None), calls))["median_us"]
     if record_rounds:
         out["record"] = _record_cost(gpucomm.api._world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds)
+    if double is not None:  # no kernel runs on the double: gpucomm.barrier() waits for nobody
+        from .driver_double import wait_for_peers
+
+        wait_for_peers(sync, "done", rank, world)
     gpucomm.barrier()
     gpucomm.destroy_process_group()
     results.put((rank, out))
@@ -155,7 +160,8 @@ def measure(path: str, calls: int, record_rounds: int = 0, launch: str = "bound"
         from .driver_double import library
 
         double = library()
-    per_rank = spawn_ranks(_rank, 2, path, launch, double, calls, record_rounds, timeout=600)
+    with tempfile.TemporaryDirectory(prefix="gpucomm-host-time-") as sync:
+        per_rank = spawn_ranks(_rank, 2, path, launch, double, sync, calls, record_rounds, timeout=600)
     return per_rank[0]
 
 

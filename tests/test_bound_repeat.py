@@ -9,6 +9,9 @@ interpreter tests check them); what is checked is what reaches the driver.
 
 from __future__ import annotations
 
+import pathlib
+import time
+
 import pytest
 
 import cuda_double
@@ -59,6 +62,12 @@ def _repeated(rank: int, world_size: int, double: str, log_dir: str) -> dict:
         gpucomm.all_reduce(t)
     launched = cuda_double.launches(double) - before
     cuda_double.log_to(double, None)
+    # No kernel runs on the double, so no collective waits for the peer: wait for it here before
+    # the workspace is torn down (it may still be opening it).
+    pathlib.Path(log_dir, f"done.{rank}").touch()
+    deadline = time.monotonic() + 120
+    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     gpucomm.destroy_process_group()
     return {"launched": launched, "records": cuda_double.records(log, "cuLaunchKernel")}
 

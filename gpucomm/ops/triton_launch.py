@@ -7,7 +7,9 @@ compiled kernel's launcher. A repeated collective needs none of that. Here:
 - :func:`compile_for` runs Triton's own binder on the arguments once (the same specialisation the
   JIT dispatch would make: integers equal to 1 become constants, 16-byte alignment is noted) and
   compiles for a target, the current GPU's or a named one (no GPU needed, as the tests and the
-  host-time benchmark use it); compiled kernels are kept per specialisation;
+  host-time benchmark use it); compiled kernels are kept per specialisation. The ranks of a node
+  compile one at a time (:func:`compile_lock`): the first compiles into Triton's cache, the others
+  then find it there instead of compiling the same kernel at once (cold start, docs/benchmarks.md);
 - :func:`parameters` reads the kernel's parameter list from the compiled kernel: the arguments its
   signature keeps (constexprs and arguments specialised into constants are not parameters), then
   the hidden scratch pointers recent Triton versions append (global, profile: one per
@@ -23,16 +25,28 @@ PDL launches, tensor descriptors. The program kernel needs none of them (checked
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import tempfile
+import time
+import types
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from gpucomm import native
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher
 from gpucomm.ops.launcher import Param
 
-__all__ = ["compile_for", "parameters", "bind", "bindable", "CompiledLaunch", "HIDDEN_POINTERS"]
+__all__ = ["compile_for", "compile_lock", "parameters", "bind", "bindable", "CompiledLaunch", "HIDDEN_POINTERS"]
 
 # The hidden parameters Triton appends after the signature's, in order, where the metadata has
 # their size field (Triton 3.9: both; the pointer is null where the size is 0).
@@ -40,13 +54,23 @@ HIDDEN_POINTERS = ("global_scratch", "profile_scratch")
 # Bytes of a parameter of each Triton signature type (pointers: '*' then the element type).
 _SIZES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
 
+# How long a rank waits for the node's compiling rank before it compiles by itself: a compile takes
+# 1.7 s here (the program kernel for sm_90, 2-core VM, alone), so 8 ranks queue for at most ~15 s;
+# a peer stuck that long (a hung ptxas) must not hang the others.
+COMPILE_WAIT_S = 120.0
+# Whether ranks take turns compiling (bench/cold_start.py times both ways).
+COMPILE_LOCK = True
+_LOCK_NAME = "gpucomm-compile.lock"
+_logger = logging.getLogger("gpucomm")
+
 _compiled: dict[tuple, Any] = {}
 _functions: dict[tuple, int] = {}
 
 
 def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mapping[str, object], options: Mapping[str, object]) -> Any:
     """``fn`` (a ``triton.jit`` function) compiled for ``target`` as its JIT dispatch would specialise
-    it on ``args`` and ``constexprs``, with compile ``options``; kept per specialisation."""
+    it on ``args`` and ``constexprs``, with compile ``options``: kept per specialisation in this
+    process and in gpucomm's kernel cache (:func:`kernel_cache`), compiled where neither has it."""
     import triton
     from triton import knobs
     from triton.compiler import ASTSource, make_backend
@@ -68,10 +92,110 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
     bound_args, specialization, bound_options = binder(*args, **kwargs)
     key = (*key_base, repr(specialization), repr(sorted(bound_options.items(), key=lambda kv: kv[0])))
     kernel = _compiled.get(key)
+    if kernel is not None:
+        return kernel
+    stored = kernel_cache() / _disk_key(fn, target, key)
+    kernel = CachedKernel.load(stored)
     if kernel is None:
-        parsed, signature, constants, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, bound_options)
-        kernel = _compiled[key] = triton.compile(ASTSource(fn, signature, constants, attrs), target=target, options=parsed.__dict__)
+        with compile_lock(str(stored.parent)):
+            kernel = CachedKernel.load(stored)  # a peer may have compiled it while this rank waited
+            if kernel is None:
+                parsed, signature, constants, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, bound_options)
+                compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=target, options=parsed.__dict__)
+                kernel = CachedKernel.store(stored, compiled)
+    _compiled[key] = kernel
     return kernel
+
+
+def kernel_cache() -> pathlib.Path:
+    """Where compiled kernels are kept across processes: beside gpucomm's built host code."""
+    return native.cache_dir().parent / "kernels"
+
+
+def _disk_key(fn: Any, target: Any, key: tuple) -> str:
+    """A compiled kernel's name in the cache: Triton's version, the kernel's source and what it
+    depends on (``fn.cache_key``, Triton's own hash of them), the target, the specialisation and
+    options, and the environment variables Triton says change a compile."""
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    text = "\0".join([triton.__version__, fn.cache_key, repr(target), *key[2:], repr(sorted(get_cache_invalidating_env_vars().items()))])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class CachedKernel:
+    """A compiled kernel as this module reads it (its cubin and PTX, metadata, signature and
+    constants), kept in gpucomm's kernel cache as one JSON file and the cubin beside it."""
+
+    def __init__(self, asm: dict[str, Any], metadata: dict[str, Any], signature: dict[str, str], constants: list[int], kernel_hash: str) -> None:
+        self.asm = asm
+        self.metadata = types.SimpleNamespace(**metadata)
+        self.src = types.SimpleNamespace(signature=signature, constants={(i,): None for i in constants})
+        self.hash = kernel_hash
+
+    @classmethod
+    def store(cls, path: pathlib.Path, compiled: Any) -> CachedKernel:
+        """``compiled`` (Triton's CompiledKernel) kept at ``path`` (written whole or not at all)."""
+        meta = {k: v for k, v in compiled.metadata._asdict().items() if isinstance(v, (int, str, bool, float)) or v is None}
+        kernel = cls(
+            {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"]}, meta, dict(compiled.src.signature),
+            sorted(path_[0] for path_ in compiled.src.constants), compiled.hash,
+        )
+        record = {"metadata": meta, "signature": kernel.src.signature, "constants": sorted(i for (i,) in kernel.src.constants),
+                  "hash": kernel.hash, "ptx": kernel.asm["ptx"]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for suffix, data in ((".cubin", kernel.asm["cubin"]), (".json", json.dumps(record).encode())):  # the JSON last: it marks the entry whole
+            fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(scratch, path.with_suffix(suffix))
+        return kernel
+
+    @classmethod
+    def load(cls, path: pathlib.Path) -> CachedKernel | None:
+        """The kernel kept at ``path``, or None."""
+        try:
+            record = json.loads(path.with_suffix(".json").read_bytes())
+            cubin = path.with_suffix(".cubin").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return cls({"cubin": cubin, "ptx": record["ptx"]}, record["metadata"], record["signature"], record["constants"], record["hash"])
+
+
+@contextlib.contextmanager
+def compile_lock(cache_dir: str) -> Iterator[None]:
+    """Held while this process compiles: the processes sharing Triton's cache folder (the ranks of a
+    node) compile one at a time, so that a kernel every rank needs is compiled once and the others
+    load it from the cache. Waits at most COMPILE_WAIT_S; where the folder cannot be locked (a file
+    system without locks), or the wait runs out, the rank compiles without it."""
+    if not COMPILE_LOCK:
+        yield
+        return
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        fd = os.open(os.path.join(cache_dir, _LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        _logger.debug("gpucomm: no compile lock in %s (%s); compiling without it", cache_dir, err)
+        yield
+        return
+    try:
+        deadline = time.monotonic() + COMPILE_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    _logger.warning("gpucomm: waited %.0f s for another rank's kernel compile; compiling here", COMPILE_WAIT_S)
+                    break
+                time.sleep(0.02)
+            except OSError as err:
+                if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                break  # this file system has no locks
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def bindable(kernel: Any) -> str | None:
@@ -124,8 +248,9 @@ def bind(kernel: Any, drv: Any, device: int, grid: tuple[int, ...], values: Mapp
 
 
 class CompiledLaunch:
-    """The launch of a compiled kernel through its own launcher (Triton's C launcher, which converts
-    the arguments on each call): where gpucomm's launcher cannot be built. Never the JIT dispatch."""
+    """The launch of Triton's compiled kernel (a ``CompiledKernel``, from the JIT's ``warmup``)
+    through its own launcher, which converts the arguments on each call: where gpucomm's launcher
+    cannot be built. Never the JIT dispatch."""
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], values: Sequence[object]) -> None:
         self._run = kernel.run  # loads the module on the current device

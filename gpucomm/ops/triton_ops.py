@@ -170,11 +170,12 @@ class TritonKernels:
         if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
             return program_kernel.prepare(*launch_args, **launch_kwargs)
         grid, values, constexprs, options = program_kernel.arguments(*launch_args, **launch_kwargs)
+        drv = self._driver()
+        if drv is None:  # gpucomm's launcher cannot be built (GPUCOMM_NATIVE=0): Triton's compiled kernel's
+            kernel = program_kernel.program_kernel.warmup(*values, grid=grid, **constexprs, **options)
+            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
         kernel = triton_launch.compile_for(program_kernel.program_kernel, self._target(), values, constexprs, options)
         named = dict(zip(program_kernel.program_kernel.arg_names, values))
-        drv = self._driver()
-        if drv is None:
-            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
         return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
 
     # -- where the program kernel is compiled for and launched through ----------------------------

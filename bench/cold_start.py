@@ -1,0 +1,127 @@
+"""Cold start: what a fresh machine pays before its first all_reduce returns, its kernels compiled
+for sm_90 on this host with an empty kernel cache.
+
+Two measurements:
+
+- ``compile``: seconds to compile, alone and from an empty cache, each program kernel
+  specialisation a DDP job hits in fp32 and bf16 (its gradient all_reduce: SUM, with AVG folding
+  as SUM; its broadcast of the parameters at construction: a copy-only program);
+- ``first_call``: seconds from ``init_process_group`` to the return of the first all_reduce (fp32,
+  8 bytes) at 2, 4 and 8 ranks of this host sharing one fresh Triton cache folder (as the ranks of
+  a node do), the slowest rank's, with the ranks compiling one at a time (``lock``: the first
+  compiles, the others find it in the cache, :func:`gpucomm.ops.triton_launch.compile_lock`) and
+  all at once (``no-lock``: each rank compiles the same kernel, as Triton's JIT dispatch did).
+
+The ranks run the device path on CPU tensors with the program kernel compiled for sm_90 and bound
+on the tests' CUDA driver double (bench/driver_double.py): the compile is the real one, the
+launch reaches the double and stops there.
+
+Example::
+
+    python -m gpucomm._bench.cold_start --nproc 2 4 8 --json cold_start.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import tempfile
+import time
+
+from .hostinfo import run_settings, write_json
+from .ranks import spawn_ranks
+
+__all__ = ["main"]
+
+# (name, dtype, copy_bytes): what a DDP job's collectives compile (AVG is SUM's kernel).
+DDP_SPECIALISATIONS = (("fp32 all_reduce", "float32", 8), ("bf16 all_reduce", "bfloat16", 8), ("broadcast (copy only)", None, 8))
+
+
+def _first_call(rank: int, world: int, port: int, double: str, cache: str, lock: bool, results: multiprocessing.Queue) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+        GPUCOMM_CACHE_DIR=cache, TRITON_DEFAULT_FP_FUSION="1",
+    )
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
+    import gpucomm
+    from gpucomm.ops import triton_launch
+
+    from .driver_double import install_host_only_kernels, wait_for_peers
+
+    triton_launch.COMPILE_LOCK = lock
+    install_host_only_kernels(double)
+    t = torch.ones(2)
+    start = time.perf_counter()
+    gpucomm.init_process_group(transport="shm", kernels="triton", timeout=600)
+    gpucomm.all_reduce(t)
+    seconds = time.perf_counter() - start
+    wait_for_peers(cache, "first_call", rank, world)
+    gpucomm.destroy_process_group()
+    results.put((rank, seconds))
+
+
+def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
+    """Each DDP specialisation compiled from an empty cache, one after the other (one process)."""
+    cache = tempfile.mkdtemp(prefix="gpucomm-cold-")
+    os.environ.update(TRITON_CACHE_DIR=os.path.join(cache, "triton"), GPUCOMM_CACHE_DIR=cache, TRITON_DEFAULT_FP_FUSION="1")
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    from gpucomm.ops.triton_ops import HostOnlyTritonKernels
+
+    from .driver_double import TARGET_ARCH
+
+    kernels = HostOnlyTritonKernels(GPUTarget("cuda", TARGET_ARCH, 32), double)
+    prog, operands, peers = torch.zeros(3 * 8, dtype=torch.int64), torch.zeros(12, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    state, record = torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    seconds = {}
+    for name, dtype, copy_bytes in DDP_SPECIALISATIONS:
+        start = time.perf_counter()
+        kernels.prepare_program(
+            prog, operands, peers, state.data_ptr(), record.data_ptr(), channels=1, rank=0, world=2, fingerprint=7,
+            half_bytes=1 << 24, granule=4096, timeout_ns=300 * 10**9, dtype=getattr(torch, dtype) if dtype else None,
+            op=0, copy_bytes=copy_bytes, aligned=True, all_channels=8,
+        )
+        seconds[name] = time.perf_counter() - start
+    results.put((0, seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.cold_start", description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4, 8], help="rank counts (default: %(default)s)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    args = parser.parse_args(argv)
+    from .driver_double import library
+
+    double = library()
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_compile_alone, args=(double, queue))
+    proc.start()
+    compiles = queue.get(timeout=900)[1]
+    proc.join()
+    print("compile for sm_90 from an empty cache, one process, seconds:")
+    for name, seconds in compiles.items():
+        print(f"  {name:<24} {seconds:6.2f}")
+    rows = []
+    print(f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   (init_process_group to the first all_reduce's return, slowest rank; empty Triton cache)")
+    for nproc in args.nproc:
+        row = {"nproc": nproc}
+        for lock in (False, True):
+            with tempfile.TemporaryDirectory(prefix="gpucomm-cold-") as cache:
+                per_rank = spawn_ranks(_first_call, nproc, double, cache, lock, timeout=900)
+            row["lock" if lock else "no_lock"] = {"max_s": max(per_rank.values()), "per_rank_s": [per_rank[r] for r in sorted(per_rank)]}
+        rows.append(row)
+        print(f"{nproc:>5} {row['no_lock']['max_s']:>10.2f} {row['lock']['max_s']:>8.2f}")
+    if args.json:
+        write_json(args.json, run_settings(args), compile_s=compiles, first_call=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
