@@ -261,3 +261,82 @@ def test_entry_params_reads_ptx_parameter_lists() -> None:
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     print(json.dumps(_worker(sys.argv[2], sys.argv[3], sys.argv[4] == "--broken")))
+
+
+# -- CudaKernels' own launches, CuPy out of reach ---------------------------------------------------
+class _NoCupy:
+    """In place of the cupy module: any use of it (a Function call converting its arguments, a
+    stream, a device) fails the test."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"CudaKernels used CuPy ({name}) on a bound launch")
+
+
+class _OnTheGpu:
+    """What a Region's byte view says of its memory: on the GPU (these addresses are made up)."""
+
+    device = None  # set below, once torch is imported
+
+
+def _cuda_kernels_on_the_double(nvcc_fatbins, double: str, arch: int):  # noqa: ANN202
+    """A CudaKernels as its __init__ leaves it on an sm_<arch> GPU, built by hand on a host without
+    one: NVRTC's images are nvcc's cubins, the driver is the double, the stream a made-up handle."""
+    import torch
+
+    from gpucomm.ops import launcher
+    from gpucomm.ops.cuda_ops import CudaKernels, THREADS
+
+    kernels = CudaKernels.__new__(CudaKernels)
+    kernels._device, kernels._index = torch.device("cpu"), 0  # the tables live in host memory here
+    kernels._arch, kernels._binary_kind, kernels._sm_count = f"sm_{arch}", "cubin", 132
+    kernels._modules, kernels._functions, kernels._tables, kernels._streams, kernels._bound_functions = {}, {}, {}, {}, {}
+    defines = (("GPUCOMM_THREADS", str(THREADS)),)
+    kernels._images = {(file, defines, f"sm_{arch}"): nvcc_fatbins.cubin(file, arch) for file in ("program.cu", "copy.cu")}
+    kernels._driver = launcher.driver(double)
+    kernels._raw_stream = lambda: 0xCAFE
+    kernels._copy = None
+    kernels._cupy = _NoCupy()
+    return kernels
+
+
+def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatbins, tmp_path) -> None:
+    import torch
+
+    from gpucomm.ops.contract import Region
+    from gpucomm.ops.cuda_ops import THREADS
+
+    _OnTheGpu.device = torch.device("cuda", 0)
+    double = cuda_double.build()
+    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    prog, operands, peers = torch.zeros(16, dtype=torch.int64), torch.zeros(6, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    bound = kernels.prepare_program(
+        prog, operands, peers, 0x7F00_0000_1000, 0x7F00_0000_2000, channels=3, rank=1, world=2, fingerprint=77,
+        half_bytes=1 << 20, granule=4096, timeout_ns=10**9, dtype=torch.bfloat16, op=0, copy_bytes=8, aligned=True,
+        all_channels=4,
+    )
+    cuda_double.log_to(double, tmp_path / "calls.log")
+    try:
+        for _ in range(3):
+            bound.launch(kernels._raw_stream())
+        copies = [(0x7F00_0001_0000, 0x7F00_0002_0000, 64), (0x7F00_0001_0008, 0x7F00_0002_0010, 1 << 22)]
+        for dst, src, nbytes in copies:
+            kernels.copy(Region(dst, nbytes, _OnTheGpu()), Region(src, nbytes, _OnTheGpu()))
+    finally:
+        cuda_double.log_to(double, None)
+    launches = cuda_double.records(tmp_path / "calls.log", "cuLaunchKernel")
+    programs, copied = launches[:3], launches[3:]
+    assert {r["name"] for r in programs} == {"gpucomm_program_sum_bfloat16"} and len({r["params"] for r in programs}) == 1
+    meant = [prog.data_ptr(), 2, operands.data_ptr(), peers.data_ptr(), 0x7F00_0000_1000, 0x7F00_0000_2000, 1, 2, 77, 1 << 20, 4096, 10**9, 4]
+    declared = entry_params(run_ptx(nvcc_fatbins, "program.cu", 90), "gpucomm_program_sum_bfloat16")
+    assert mismatches(declared, [list(p) for p in bound.layout], bytes.fromhex(programs[0]["params"]), meant) == []
+    assert {(r["grid"], r["block"], r["stream"]) for r in programs} == {("3,1,1", f"{THREADS},1,1", "0xcafe")}
+    for record, (dst, src, nbytes) in zip(copied, copies):
+        assert record["name"] == "gpucomm_copy" and record["stream"] == "0xcafe"
+        assert bytes.fromhex(record["params"]) == b"".join(v.to_bytes(8, "little") for v in (dst, src, nbytes))
+        assert record["grid"] == f"{kernels._blocks(-(-nbytes // 16))},1,1"
+
+
+def run_ptx(nvcc_fatbins, file: str, arch: int) -> str:  # noqa: ANN001
+    from cuda_tools import run, tool
+
+    return run([tool("cuobjdump"), "-ptx", str(nvcc_fatbins.fatbin(file, arch))])

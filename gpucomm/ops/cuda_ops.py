@@ -206,6 +206,7 @@ class CudaKernels:
             raise _unsupported(f"NVRTC could not be loaded: {exc}") from exc
 
         self._device = torch.device("cuda", index)
+        self._index = index
         self._arch, self._binary_kind = _target(capability, supported)
         self._sm_count = torch.cuda.get_device_properties(index).multi_processor_count
         self._modules: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
@@ -401,7 +402,7 @@ class CudaKernels:
         key = (file, kernel)
         function = self._bound_functions.get(key)
         if function is None:
-            function = self._driver.load(self._image(file, _DEFINES), kernel, self._device.index)
+            function = self._driver.load(self._image(file, _DEFINES), kernel, self._index)
             self._bound_functions[key] = function
         return function
 

@@ -3,7 +3,8 @@ and CUDA C++ program kernels.
 
 - Repeated blocking all_reduces, and copies, go through gpucomm's launcher only: Triton's JIT
   dispatch, a compiled kernel's own launcher and CuPy's Function (its argument conversion) are
-  patched to raise after the warm-up, and every result is right.
+  patched to raise after the warm-up, and every result is right. With GPUCOMM_NATIVE=0 (no
+  launcher), Triton's compiled kernel's own launcher serves, never the JIT dispatch.
 - A repeated call captured into a CUDA graph is the same bound launch on the capturing stream:
   replays give the right sums.
 - The Triton kernel compiled by ``triton_launch.compile_for`` is the one Triton's JIT would
@@ -33,7 +34,7 @@ def _refuse(what: str):  # noqa: ANN202
     return refused
 
 
-def _repeated(rank: int, world_size: int, kernels: str) -> list[str]:
+def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str]:
     import cupy
     import torch
     import triton.compiler.compiler as compiler
@@ -54,8 +55,9 @@ def _repeated(rank: int, world_size: int, kernels: str) -> list[str]:
         ops.copy(Region.of(dst), Region.of(src))  # binds gpucomm_copy
     torch.cuda.synchronize(device)
     JITFunction.run = _refuse("JITFunction.run")
-    compiler.CompiledKernel.run = property(_refuse("CompiledKernel.run"))
-    cupy.cuda.function.Function.__call__ = _refuse("CuPy's Function.__call__")
+    if bound:  # without the launcher these are what serve
+        compiler.CompiledKernel.run = property(_refuse("CompiledKernel.run"))
+        cupy.cuda.function.Function.__call__ = _refuse("CuPy's Function.__call__")
     failures = []
     for k in range(REPEATS):
         t.fill_(float(rank + k))
@@ -85,8 +87,9 @@ def _repeated(rank: int, world_size: int, kernels: str) -> list[str]:
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_repeated_and_captured_calls_launch_through_the_launcher_only(kernels: str) -> None:
-    for failures in run_ranks(_repeated, WORLD, kernels, timeout=600):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["launcher", "no-launcher"])
+def test_repeated_and_captured_calls_launch_through_the_launcher_only(kernels: str, native: str) -> None:
+    for failures in run_ranks(_repeated, WORLD, kernels, native == "1", env={"GPUCOMM_NATIVE": native}, timeout=600):
         assert not failures, failures
 
 
