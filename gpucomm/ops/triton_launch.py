@@ -137,6 +137,7 @@ class CachedKernel:
     def store(cls, path: pathlib.Path, compiled: Any) -> CachedKernel:
         """``compiled`` (Triton's CompiledKernel) kept at ``path`` (written whole or not at all)."""
         meta = {k: v for k, v in compiled.metadata._asdict().items() if isinstance(v, (int, str, bool, float)) or v is None}
+        meta["tensordesc_meta"] = bool(getattr(compiled.metadata, "tensordesc_meta", None))  # what bindable asks of it
         kernel = cls(
             {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"]}, meta, dict(compiled.src.signature),
             sorted(path_[0] for path_ in compiled.src.constants), compiled.hash,
