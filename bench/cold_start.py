@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import statistics
 import tempfile
 import time
 
@@ -94,6 +95,7 @@ def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.cold_start", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4, 8], help="rank counts (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each mode per rank count, alternating (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
     from .driver_double import library
@@ -109,15 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in compiles.items():
         print(f"  {name:<24} {seconds:6.2f}")
     rows = []
-    print(f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   (init_process_group to the first all_reduce's return, slowest rank; empty Triton cache)")
+    print(f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   (init_process_group to the first all_reduce's return, slowest rank, "
+          f"median of {args.rounds} rounds alternating; empty caches)")
     for nproc in args.nproc:
-        row = {"nproc": nproc}
-        for lock in (False, True):
-            with tempfile.TemporaryDirectory(prefix="gpucomm-cold-") as cache:
-                per_rank = spawn_ranks(_first_call, nproc, double, cache, lock, timeout=900)
-            row["lock" if lock else "no_lock"] = {"max_s": max(per_rank.values()), "per_rank_s": [per_rank[r] for r in sorted(per_rank)]}
+        row: dict = {"nproc": nproc, "no_lock": {"rounds_max_s": []}, "lock": {"rounds_max_s": []}}
+        for r in range(args.rounds):
+            for lock in (False, True) if r % 2 == 0 else (True, False):
+                with tempfile.TemporaryDirectory(prefix="gpucomm-cold-") as cache:
+                    per_rank = spawn_ranks(_first_call, nproc, double, cache, lock, timeout=900)
+                row["lock" if lock else "no_lock"]["rounds_max_s"].append(max(per_rank.values()))
+        for mode in ("no_lock", "lock"):
+            row[mode]["median_s"] = statistics.median(row[mode]["rounds_max_s"])
         rows.append(row)
-        print(f"{nproc:>5} {row['no_lock']['max_s']:>10.2f} {row['lock']['max_s']:>8.2f}")
+        print(f"{nproc:>5} {row['no_lock']['median_s']:>10.2f} {row['lock']['median_s']:>8.2f}   "
+              f"rounds: {[round(x, 1) for x in row['no_lock']['rounds_max_s']]} / {[round(x, 1) for x in row['lock']['rounds_max_s']]}")
     if args.json:
         write_json(args.json, run_settings(args), compile_s=compiles, first_call=rows)
     return 0

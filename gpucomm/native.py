@@ -8,12 +8,17 @@ file, Python version and source, cached under ``$GPUCOMM_CACHE_DIR`` (default
 or Python's headers gets None, and the caller keeps its Python twin; ``GPUCOMM_NATIVE=0`` asks
 for the twin everywhere.
 
-Ranks that start together may compile the same file at once: each writes its own temporary file
-and renames it into place, so a reader never sees half a library.
+Ranks that start together take turns (:func:`build_lock`, a file lock in the cache folder): the
+first compiles, the others wait and load what it built instead of compiling the same file at once
+on the same cores. Each build writes its own temporary file and renames it into place, so a reader
+never sees half a library (and a rank that stopped waiting cannot spoil one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -27,15 +32,22 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import types
+from collections.abc import Iterator
 
-__all__ = ["load", "cache_dir"]
+__all__ = ["load", "cache_dir", "build_lock"]
 
 _SOURCES = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "host"
 _logger = logging.getLogger("gpucomm")
 # One compile of a 300-line file takes about 0.4 s on the 2-core CI VM; a minute means a
 # compiler that hangs.
 _COMPILE_TIMEOUT_S = 60.0
+# How long a process waits for another's build (build_lock) before it builds by itself: the
+# longest build of a node's first calls is the program kernel for sm_90, 1.2 s alone on the 2-core
+# VM (4.6 s with the machine loaded), so 8 ranks queue for well under this; a peer stuck that long
+# (a hung compiler) must not hang the others.
+BUILD_WAIT_S = 120.0
 
 
 def _source_dir() -> pathlib.Path:
@@ -87,6 +99,13 @@ def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(str(target.parent)):
+        if not target.exists():  # a peer may have built it while this process waited
+            _compile(compiler, flags, source, target, suffix)
+    return target
+
+
+def _compile(compiler: list[str], flags: list[str], source: pathlib.Path, target: pathlib.Path, suffix: str) -> None:
     fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{source.stem}-", suffix=suffix)
     os.close(fd)
     try:
@@ -96,4 +115,38 @@ def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     finally:
         if os.path.exists(scratch):
             os.unlink(scratch)
-    return target
+
+
+@contextlib.contextmanager
+def build_lock(folder: str) -> Iterator[None]:
+    """Held while this process builds into ``folder`` (host code here, program kernels in
+    gpucomm.ops.triton_launch): the processes sharing the folder (the ranks of a node) build one at
+    a time, so what each needs is built once and the others load it. Waits at most BUILD_WAIT_S;
+    where the folder cannot be locked (a file system without locks), or the wait runs out, the
+    process builds without it. The lock is the file ``<folder>.lock`` beside the folder, which
+    holds only what was built."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.normpath(folder) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        _logger.debug("gpucomm: no build lock in %s (%s); building without it", folder, err)
+        yield
+        return
+    try:
+        deadline = time.monotonic() + BUILD_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    _logger.warning("gpucomm: waited %.0f s for another process's build in %s; building here", BUILD_WAIT_S, folder)
+                    break
+                time.sleep(0.02)
+            except OSError as err:
+                if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                break  # this file system has no locks
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -26,17 +26,13 @@ PDL launches, tensor descriptors. The program kernel needs none of them (checked
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
-import logging
 import os
 import pathlib
 import tempfile
-import time
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,14 +50,8 @@ HIDDEN_POINTERS = ("global_scratch", "profile_scratch")
 # Bytes of a parameter of each Triton signature type (pointers: '*' then the element type).
 _SIZES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
 
-# How long a rank waits for the node's compiling rank before it compiles by itself: a compile takes
-# 1.7 s here (the program kernel for sm_90, 2-core VM, alone), so 8 ranks queue for at most ~15 s;
-# a peer stuck that long (a hung ptxas) must not hang the others.
-COMPILE_WAIT_S = 120.0
 # Whether ranks take turns compiling (bench/cold_start.py times both ways).
 COMPILE_LOCK = True
-_LOCK_NAME = "gpucomm-compile.lock"
-_logger = logging.getLogger("gpucomm")
 
 _compiled: dict[tuple, Any] = {}
 _functions: dict[tuple, int] = {}
@@ -163,40 +153,11 @@ class CachedKernel:
         return cls({"cubin": cubin, "ptx": record["ptx"]}, record["metadata"], record["signature"], record["constants"], record["hash"])
 
 
-@contextlib.contextmanager
-def compile_lock(cache_dir: str) -> Iterator[None]:
-    """Held while this process compiles: the processes sharing Triton's cache folder (the ranks of a
+def compile_lock(cache_dir: str) -> contextlib.AbstractContextManager[None]:
+    """Held while this process compiles: the processes sharing the cache folder (the ranks of a
     node) compile one at a time, so that a kernel every rank needs is compiled once and the others
-    load it from the cache. Waits at most COMPILE_WAIT_S; where the folder cannot be locked (a file
-    system without locks), or the wait runs out, the rank compiles without it."""
-    if not COMPILE_LOCK:
-        yield
-        return
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        fd = os.open(os.path.join(cache_dir, _LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except OSError as err:
-        _logger.debug("gpucomm: no compile lock in %s (%s); compiling without it", cache_dir, err)
-        yield
-        return
-    try:
-        deadline = time.monotonic() + COMPILE_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    _logger.warning("gpucomm: waited %.0f s for another rank's kernel compile; compiling here", COMPILE_WAIT_S)
-                    break
-                time.sleep(0.02)
-            except OSError as err:
-                if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                break  # this file system has no locks
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    load it (:func:`gpucomm.native.build_lock`; off where COMPILE_LOCK is False)."""
+    return native.build_lock(cache_dir) if COMPILE_LOCK else contextlib.nullcontext()
 
 
 def bindable(kernel: Any) -> str | None:
