@@ -51,3 +51,46 @@ def test_a_source_that_does_not_compile_leaves_the_twin(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCOMM_CACHE_DIR", str(tmp_path / "cache"))
     assert native.load.__wrapped__("broken") is None
     assert not [p for p in (tmp_path / "cache" / "native").iterdir()]  # no half-written library left
+
+
+def test_the_build_lock_lets_one_process_build_at_a_time(tmp_path):
+    """Ranks of a node building the same thing take turns (their builds never overlap)."""
+    import threading
+    import time
+
+    spans = []
+
+    def build():
+        with native.build_lock(str(tmp_path / "cache")):
+            start = time.monotonic()
+            time.sleep(0.2)
+            spans.append((start, time.monotonic()))
+
+    threads = [threading.Thread(target=build) for _ in range(3)]  # each opens the lock file itself
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans.sort()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+    assert not list((tmp_path / "cache").iterdir())  # the lock lives beside the folder, not in it
+
+
+def test_a_peer_stuck_in_its_build_only_delays_the_others(tmp_path, monkeypatch, caplog):
+    import fcntl
+    import time
+
+    folder = str(tmp_path / "cache")
+    with native.build_lock(folder):
+        pass  # creates the lock file
+    held = os.open(folder + ".lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a peer that never finishes
+    monkeypatch.setattr(native, "BUILD_WAIT_S", 0.3)
+    try:
+        start = time.monotonic()
+        with caplog.at_level("WARNING", logger="gpucomm"), native.build_lock(folder):
+            waited = time.monotonic() - start
+    finally:
+        os.close(held)
+    assert 0.3 <= waited < 5, waited
+    assert "building here" in caplog.text
