@@ -8,8 +8,10 @@ compiled kernel's launcher. A repeated collective needs none of that. Here:
   JIT dispatch would make: integers equal to 1 become constants, 16-byte alignment is noted) and
   compiles for a target, the current GPU's or a named one (no GPU needed, as the tests and the
   host-time benchmark use it); compiled kernels are kept per specialisation. The ranks of a node
-  compile one at a time (:func:`compile_lock`): the first compiles into Triton's cache, the others
-  then find it there instead of compiling the same kernel at once (cold start, docs/benchmarks.md);
+  compile one at a time (:func:`compile_lock`): the first compiles into gpucomm's kernel cache
+  (:func:`kernel_cache`), the others then load it there instead of compiling the same kernel at
+  once, and skip Triton's own cache key, which hashes Triton's libraries (cold start,
+  docs/benchmarks.md);
 - :func:`parameters` reads the kernel's parameter list from the compiled kernel: the arguments its
   signature keeps (constexprs and arguments specialised into constants are not parameters), then
   the hidden scratch pointers recent Triton versions append (global, profile: one per
