@@ -20,9 +20,9 @@ compiled kernel's launcher. A repeated collective needs none of that. Here:
   the parameters once: a launch is then one ``cuLaunchKernel``. Where the launcher cannot be built,
   :class:`CompiledLaunch` calls the compiled kernel's own launcher (still never the JIT dispatch).
 
-What this cannot bind (it then raises :class:`UnsupportedError`, and the caller keeps the
-compiled kernel's launcher): kernels needing scratch memory per launch, clusters, cooperative or
-PDL launches, tensor descriptors. The program kernel needs none of them (checked by the tests).
+What this cannot bind (:func:`bind` raises :class:`UnsupportedError`): kernels needing scratch
+memory per launch, clusters, cooperative or PDL launches, tensor descriptors. The program kernel
+needs none of them (tests/test_bound_launch.py binds every kind of its specialisations).
 """
 
 from __future__ import annotations
