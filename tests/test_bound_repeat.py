@@ -1,5 +1,8 @@
 """A repeated all_reduce on the device path launches its bound kernel with one call into the driver:
-never Triton's JIT dispatch, never a compiled kernel's own launcher, never a new binding.
+never Triton's JIT dispatch, never a compiled kernel's own launcher, never a new binding. Captured
+into a CUDA graph, a call is the same bound launch on the capturing stream (the executor's GPU
+branch driven on the CPU device: the caller's stream handle and whether it captures are given to
+it as torch would on a GPU), and the graph replays it.
 
 Two ranks on CPU tensors with the host-only Triton kernels (the program kernel compiled for sm_90
 and bound through gpucomm's launcher on the driver double, as bench/host_time.py times it): the
@@ -81,3 +84,72 @@ def test_a_repeated_call_is_one_bound_launch_and_enters_no_dispatch(tmp_path) ->
         # One binding, launched as it was packed, on the caller's stream (the null stream on CPU).
         assert len({r["params"] for r in records}) == 1
         assert {(r["grid"], r["block"], r["stream"], r["form"]) for r in records} == {("1,1,1", "256,1,1", "0", "buffer")}
+
+
+class _CallerStream:
+    """The caller's stream order as the executor sees it on a GPU (gpucomm.stream_order): nothing
+    to wait for, except that it returns False while the caller's stream captures a graph."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+
+    def to_caller(self) -> bool:
+        return not self.capturing
+
+
+def _captured(rank: int, world_size: int, double: str, log_dir: str) -> dict:
+    import contextlib
+    import ctypes
+
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    import gpucomm
+    import gpucomm.device_executor as device_executor
+    from gpucomm.ops import registry
+    from gpucomm.ops.triton_ops import HostOnlyTritonKernels
+
+    eager_stream, capture_stream, replay_stream = 0xE1, 0xC0, 0xF2
+    registry.install("triton", "cpu", HostOnlyTritonKernels(GPUTarget("cuda", 90, 32), double))
+    gpucomm.init_process_group(transport="shm", kernels="triton", timeout=60)
+    # The executor's GPU branch on the CPU device: launches name the caller's current stream, the
+    # stream order says whether it captures, and the device guard has nothing to switch.
+    order = _CallerStream()
+    stream = [eager_stream]
+    engine = gpucomm.get_default_communicator()._engines["cpu"]
+    executor = engine.executor
+    executor._on_gpu, executor._stream, engine.order = True, lambda: stream[0], order
+    device_executor.capturing = lambda device: order.capturing
+    torch.cuda.device = lambda device: contextlib.nullcontext()
+    torch._C._cuda_getDevice = lambda: executor.device.index  # the executor's device is current
+    t = torch.ones(2)
+    log = f"{log_dir}/rank{rank}.log"
+    cuda_double.log_to(double, log)
+    for _ in range(3):  # bound, then learned by the fast path
+        gpucomm.all_reduce(t)
+    lib = ctypes.CDLL(double)
+    graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cuStreamBeginCapture_v2(ctypes.c_void_p(capture_stream), 0) == 0
+    order.capturing, stream[0] = True, capture_stream
+    for _ in range(2):
+        gpucomm.all_reduce(t)
+    order.capturing, stream[0] = False, eager_stream
+    assert lib.cuStreamEndCapture(ctypes.c_void_p(capture_stream), ctypes.byref(graph)) == 0
+    assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0) == 0
+    assert lib.cuGraphLaunch(exec_, ctypes.c_void_p(replay_stream)) == 0
+    cuda_double.log_to(double, None)
+    pathlib.Path(log_dir, f"done.{rank}").touch()  # no kernel runs: wait for the peer before tearing down
+    deadline = time.monotonic() + 120
+    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gpucomm.destroy_process_group()
+    return {"launches": cuda_double.records(log, "cuLaunchKernel"), "replays": cuda_double.records(log, "cuGraphLaunch")}
+
+
+def test_a_captured_call_records_the_same_bound_launch_on_the_capturing_stream(tmp_path) -> None:
+    double = cuda_double.build()
+    for result in run_ranks(_captured, 2, double, str(tmp_path), env=ENV, timeout=300):
+        launches, replays = result["launches"], result["replays"]
+        assert [(r["stream"], r["captured"]) for r in launches] == [("0xe1", "0")] * 3 + [("0xc0", "1")] * 2
+        assert len({r["params"] for r in launches}) == 1  # the same bound launch, eager and captured
+        assert [(r["graph_stream"], r["stream"], r["params"]) for r in replays] == [("0xf2", "0xc0", launches[0]["params"])] * 2

@@ -83,6 +83,7 @@ def test_a_graph_replays_the_launches_its_capture_recorded(tmp_path) -> None:
     captured, = cuda_double.records(log, "cuLaunchKernel")
     replayed, = cuda_double.records(log, "cuGraphLaunch")
     assert captured["captured"] == "1" and captured["stream"] == "0x77"
+    assert replayed["graph_stream"] == "0x88" and replayed["stream"] == "0x77"
     assert replayed["params"] == captured["params"] == (5).to_bytes(8, "little").hex()
 
 

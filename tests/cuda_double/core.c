@@ -256,11 +256,12 @@ DOUBLE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph
     return CUDA_SUCCESS;
 }
 
-// Replaying a graph logs each captured launch again, as it was captured, with the stream replayed on.
+// Replaying a graph logs each captured launch again, as it was captured (its `stream` the one it was
+// captured on), with the stream replayed on as `graph_stream`.
 DOUBLE_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
     for (int i = 0; i < exec->launches; i++)
-        double_log("cuGraphLaunch", "stream=%#llx %s", (unsigned long long)(uintptr_t)stream, exec->lines[i]);
+        double_log("cuGraphLaunch", "graph_stream=%#llx %s", (unsigned long long)(uintptr_t)stream, exec->lines[i]);
     return CUDA_SUCCESS;
 }
 
