@@ -10,7 +10,11 @@ Layout of one rank's workspace::
     flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state]
            sync flag c * P + p is channel c's flag written by rank p; state is
            [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner
-    data:  [p2p mailboxes (a quarter) | half 0 | half 1]
+    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | symmetric heap]
+
+The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
+``gpucomm.empty``: a collective on one of them reads the peers' copies where they are, with no
+copy into the halves (``allreduce.twoshot_symmetric``).
 
 Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
 epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
@@ -30,6 +34,7 @@ import torch
 
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
 from gpucomm.channels import layout_channels
+from gpucomm.config import DEFAULT_HEAP_BYTES
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
@@ -39,6 +44,7 @@ from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import Group
 from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
+from gpucomm.transport.heap import SymmetricHeap, StoreAgreement
 from gpucomm.work import Work
 
 __all__ = ["Engine", "Topology", "FlagLayout"]
@@ -107,6 +113,8 @@ class Engine:
         self.device = device
         self.kernels = get_kernels(kernels, device)
         data_bytes = comm.config.workspace_bytes
+        heap_bytes = comm.config.heap_bytes if comm.config.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device.type]
+        heap_bytes = heap_bytes // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
@@ -128,7 +136,7 @@ class Engine:
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes,
+            data_bytes=self.p2p_bytes + 2 * self.half_bytes + heap_bytes,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
@@ -142,6 +150,7 @@ class Engine:
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
         try:
+            self.heap = self._open_heap(comm, heap_bytes, node_tag)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
@@ -166,6 +175,17 @@ class Engine:
                 )
             return None
         return cls(comm, transport, kernels, device, topology)
+
+    def _open_heap(self, comm: Group, nbytes: int, node_tag: str) -> SymmetricHeap | None:
+        """The symmetric heap at the end of every rank's data area (None without one)."""
+        if nbytes == 0:
+            return None
+        start = self.p2p_bytes + 2 * self.half_bytes
+        regions = [self.workspace.data(p, start, nbytes) for p in range(self.world_size)]
+        agree = StoreAgreement(comm.store, comm.prefix + "ws/" + node_tag, self.rank, self.world_size, comm.timeout)
+        # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
+        keep = [r.bytes for r in regions]
+        return SymmetricHeap(self.rank, self.world_size, self.device, [r.addr for r in regions], nbytes, agree, keep=keep)
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":
@@ -217,6 +237,8 @@ class Engine:
                 self.inter.close()
         finally:
             self._programs.clear()
+            if self.heap is not None:
+                self.heap.close()
             self.workspace.close()
 
     # -- planning -----------------------------------------------------------------------------
@@ -250,7 +272,8 @@ class Engine:
         key = (name, fields, root, local, tuple(r.nbytes for r in regions), overlaps(regions))
         program = self._programs.get(key)
         if program is None:
-            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root, args=regions)
+            heap = None if self.heap is None else self.heap.base_addrs
+            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root, args=regions, heap=heap)
             build(builder)
             program = builder.finish()
             self._programs[key] = program
@@ -300,16 +323,32 @@ class Engine:
         if algo == "hierarchical":
             hierarchical.all_reduce(self, tensor, op)
         else:
-            fields = (tensor.dtype, tensor.numel(), op.name, algo)
-            self.run("all_reduce", fields, [Region.of(tensor)], lambda b: allreduce.run(algo, b, tensor, op))
+            fields, build = self._all_reduce_plan(tensor, op, algo)
+            self.run("all_reduce", fields, [Region.of(tensor)], build)
         return self.completed()
+
+    def symmetric_offset(self, tensor: torch.Tensor) -> int | None:
+        """The heap offset of ``tensor`` if it lies in the symmetric heap, else None."""
+        heap = self.heap
+        return heap.offset(tensor) if heap is not None and heap.contains(tensor) else None
+
+    def _all_reduce_plan(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> tuple[tuple, Callable[[Builder], None]]:
+        """The fields and the build of an all_reduce: in place on a symmetric tensor where the
+        algorithm has a form that reads the peers' copies (two-shot), else through the halves.
+        The heap offset is part of the fields, so that ranks that pass tensors at different
+        offsets (or a symmetric tensor against an ordinary one) raise CommMismatchError."""
+        offset = self.symmetric_offset(tensor) if algo == "twoshot" else None
+        if offset is None:
+            return (tensor.dtype, tensor.numel(), op.name, algo), lambda b: allreduce.run(algo, b, tensor, op)
+        fields = (tensor.dtype, tensor.numel(), op.name, algo, "symmetric", offset)
+        return fields, lambda b: allreduce.twoshot_symmetric(b, tensor, op)
 
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
-        fields = (tensor.dtype, tensor.numel(), op.name, algo)
+        fields, build = self._all_reduce_plan(tensor, op, algo)
         region = Region.of(tensor)
-        program = self.program("all_reduce", fields, [region], lambda b: allreduce.run(algo, b, tensor, op))
+        program = self.program("all_reduce", fields, [region], build)
         addrs = (region.addr,)
         repeat = getattr(self.executor, "repeat", None)  # the device executor's launch, looked up once
         if repeat is not None:
