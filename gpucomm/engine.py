@@ -34,7 +34,7 @@ import torch
 
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
 from gpucomm.channels import layout_channels
-from gpucomm.config import DEFAULT_HEAP_BYTES
+from gpucomm.config import DEFAULT_HEAP_BYTES, DEFAULT_WORKSPACE_BYTES
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
@@ -44,6 +44,7 @@ from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import Group
 from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
+from gpucomm.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce, exact_in_any_order
 from gpucomm.transport.heap import SymmetricHeap, StoreAgreement
 from gpucomm.work import Work
 
@@ -112,7 +113,7 @@ class Engine:
         self.transport = transport
         self.device = device
         self.kernels = get_kernels(kernels, device)
-        data_bytes = comm.config.workspace_bytes
+        data_bytes = comm.config.workspace_bytes if comm.config.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device.type]
         heap_bytes = comm.config.heap_bytes if comm.config.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device.type]
         heap_bytes = heap_bytes // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
@@ -151,6 +152,7 @@ class Engine:
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
         try:
             self.heap = self._open_heap(comm, heap_bytes, node_tag)
+            self.multimem = self._open_multimem()
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
@@ -185,7 +187,24 @@ class Engine:
         agree = StoreAgreement(comm.store, comm.prefix + "ws/" + node_tag, self.rank, self.world_size, comm.timeout)
         # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
         keep = [r.bytes for r in regions]
-        return SymmetricHeap(self.rank, self.world_size, self.device, [r.addr for r in regions], nbytes, agree, keep=keep)
+        return SymmetricHeap(
+            self.rank, self.world_size, self.device, [r.addr for r in regions], nbytes, agree, keep=keep, reserve=SIGNAL_PAD_BYTES
+        )
+
+    def _open_multimem(self) -> MultimemAllReduce:
+        """The multimem path (gpucomm.multimem), or its one-line reason for being unavailable."""
+        if self.heap is None:
+            reason = "no symmetric heap (GPUCOMM_HEAP_BYTES=0)"
+        elif self.kernels.name != "triton":
+            reason = f"the multimem kernel is Triton's, and this engine runs kernels={self.kernels.name}"
+        elif self.device.type == "cpu":
+            from gpucomm._kernels.triton.clock import INTERPRETED
+
+            reason = "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
+        else:
+            # The heap of a GPU comes from the CUDA IPC workspace here: no multicast object.
+            reason = "the heap is not bound to a multicast object (needs the driver's virtual-memory heap and NVSwitch multicast)"
+        return MultimemAllReduce(self.heap, 0, reason, self.channels, self.timeout)
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":
@@ -322,10 +341,24 @@ class Engine:
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
         if algo == "hierarchical":
             hierarchical.all_reduce(self, tensor, op)
+        elif algo == "multimem" or self._multimem_by_default(tensor, op, algo):
+            self.multimem.run(tensor, op)
         else:
             fields, build = self._all_reduce_plan(tensor, op, algo)
             self.run("all_reduce", fields, [Region.of(tensor)], build)
         return self.completed()
+
+    def _multimem_by_default(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> bool:
+        """``auto`` takes the multimem path on a GPU for a symmetric tensor whose fold is exact
+        in any order (integer SUM, MIN, MAX), above one-shot's sizes (the model's crossover:
+        docs/performance.md), where the switch is there."""
+        return (
+            self.device.type == "cuda"
+            and algo == "twoshot"
+            and select.forced_algo("all_reduce", self.knob_algo) == "auto"
+            and exact_in_any_order(tensor.dtype, op)
+            and not self.multimem.unsupported(tensor, op)
+        )
 
     def symmetric_offset(self, tensor: torch.Tensor) -> int | None:
         """The heap offset of ``tensor`` if it lies in the symmetric heap, else None."""
@@ -338,6 +371,13 @@ class Engine:
         The heap offset is part of the fields, so that ranks that pass tensors at different
         offsets (or a symmetric tensor against an ordinary one) raise CommMismatchError."""
         offset = self.symmetric_offset(tensor) if algo == "twoshot" else None
+        # In place only where it saves SYNCs: a tensor that fits one half moves in one piece
+        # with two SYNCs through the halves, against three in place (docs/performance.md:
+        # 8 x H100, 64 MiB workspace, in place ahead from 32 MiB, behind at 8 MiB); forced
+        # two-shot (GPUCOMM_ALGO) runs in place at any size.
+        nbytes = tensor.numel() * tensor.element_size()
+        if offset is not None and nbytes <= self.half_bytes and select.forced_algo("all_reduce", self.knob_algo) != "twoshot":
+            offset = None
         if offset is None:
             return (tensor.dtype, tensor.numel(), op.name, algo), lambda b: allreduce.run(algo, b, tensor, op)
         fields = (tensor.dtype, tensor.numel(), op.name, algo, "symmetric", offset)
@@ -346,6 +386,17 @@ class Engine:
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
+        if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
+            launch = self.multimem.bind(tensor, op)
+            if self.stream is None:
+                return launch
+            on_caller = self.on_caller_stream
+
+            def launch_on_caller() -> None:
+                on_caller()
+                launch()
+
+            return launch_on_caller
         fields, build = self._all_reduce_plan(tensor, op, algo)
         region = Region.of(tensor)
         program = self.program("all_reduce", fields, [region], build)
