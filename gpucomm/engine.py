@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 
+from gpucomm import log
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
 from gpucomm.channels import layout_channels
 from gpucomm.config import DEFAULT_HEAP_BYTES, DEFAULT_WORKSPACE_BYTES
@@ -46,6 +47,7 @@ from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
 from gpucomm.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce, exact_in_any_order
 from gpucomm.transport.heap import SymmetricHeap, StoreAgreement
+from gpucomm.transport.heap_open import agree, heap_in_workspace, heap_kind, vmm_heap
 from gpucomm.work import Work
 
 __all__ = ["Engine", "Topology", "FlagLayout"]
@@ -131,13 +133,21 @@ class Engine:
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
         node_tag = f"n{topology.node}/" if topology.hierarchical else ""
+        heap_prefix = comm.prefix + "heap/" + node_tag
+        # The heap of a GPU comes from the driver's virtual-memory API where every local rank
+        # has it; otherwise (and on the CPU) from the end of the workspace's data area.
+        agreed = lambda mine: agree(comm.store, heap_prefix + "kind/", self.rank, self.world_size, comm.timeout, mine)  # noqa: E731
+        self.heap_kind, why = heap_kind(device, agreed) if heap_bytes else ("none", "")
+        if why:
+            log.logger.warning(f"gpucomm[rank {comm.rank}]: the symmetric heap is a region of the CUDA IPC workspace (cudaIpcGetMemHandle), not virtual-memory mapped: {why}")
+        in_workspace = heap_bytes if self.heap_kind == "workspace" else 0
         self.workspace = open_workspace(
             transport,
             store=comm.store,
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes + heap_bytes,
+            data_bytes=self.p2p_bytes + 2 * self.half_bytes + in_workspace,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
@@ -151,8 +161,8 @@ class Engine:
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
         try:
-            self.heap = self._open_heap(comm, heap_bytes, node_tag)
-            self.multimem = self._open_multimem()
+            self.heap, mc_base, mc_reason = self._open_heap(comm, heap_bytes, heap_prefix)
+            self.multimem = self._open_multimem(mc_base, mc_reason)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
@@ -178,33 +188,33 @@ class Engine:
             return None
         return cls(comm, transport, kernels, device, topology)
 
-    def _open_heap(self, comm: Group, nbytes: int, node_tag: str) -> SymmetricHeap | None:
-        """The symmetric heap at the end of every rank's data area (None without one)."""
-        if nbytes == 0:
-            return None
+    def _open_heap(self, comm: Group, nbytes: int, prefix: str) -> tuple[SymmetricHeap | None, int, str]:
+        """The symmetric heap (None without one), its multicast address (0 without one) and why
+        there is none (gpucomm.transport.heap_open)."""
+        if self.heap_kind == "none":
+            return None, 0, "no symmetric heap (GPUCOMM_HEAP_BYTES=0)"
+        agree_alloc = StoreAgreement(comm.store, prefix, self.rank, self.world_size, comm.timeout)
+        if self.heap_kind == "vmm":
+            return vmm_heap(comm.store, prefix, self.rank, self.world_size, self.device, nbytes, agree_alloc, SIGNAL_PAD_BYTES, comm.timeout)
         start = self.p2p_bytes + 2 * self.half_bytes
-        regions = [self.workspace.data(p, start, nbytes) for p in range(self.world_size)]
-        agree = StoreAgreement(comm.store, comm.prefix + "ws/" + node_tag, self.rank, self.world_size, comm.timeout)
-        # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
-        keep = [r.bytes for r in regions]
-        return SymmetricHeap(
-            self.rank, self.world_size, self.device, [r.addr for r in regions], nbytes, agree, keep=keep, reserve=SIGNAL_PAD_BYTES
-        )
+        heap = heap_in_workspace(self.workspace, start, nbytes, agree_alloc, SIGNAL_PAD_BYTES)
+        if self.device.type == "cuda":
+            return heap, 0, "the heap is a region of the CUDA IPC workspace, which no multicast object can bind"
+        return heap, 0, ""
 
-    def _open_multimem(self) -> MultimemAllReduce:
-        """The multimem path (gpucomm.multimem), or its one-line reason for being unavailable."""
-        if self.heap is None:
-            reason = "no symmetric heap (GPUCOMM_HEAP_BYTES=0)"
-        elif self.kernels.name != "triton":
+    def _open_multimem(self, mc_base: int, mc_reason: str) -> MultimemAllReduce:
+        """The multimem path (gpucomm.multimem), or its one-line reason for being unavailable
+        (logged at init on a GPU)."""
+        reason = mc_reason
+        if not reason and self.kernels.name != "triton":
             reason = f"the multimem kernel is Triton's, and this engine runs kernels={self.kernels.name}"
-        elif self.device.type == "cpu":
+        if not reason and self.device.type == "cpu":
             from gpucomm._kernels.triton.clock import INTERPRETED
 
             reason = "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
-        else:
-            # The heap of a GPU comes from the CUDA IPC workspace here: no multicast object.
-            reason = "the heap is not bound to a multicast object (needs the driver's virtual-memory heap and NVSwitch multicast)"
-        return MultimemAllReduce(self.heap, 0, reason, self.channels, self.timeout)
+        if reason and self.device.type == "cuda":
+            log.logger.info(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce: {reason}")
+        return MultimemAllReduce(self.heap, mc_base, reason, self.channels, self.timeout)
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":
