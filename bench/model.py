@@ -35,7 +35,7 @@ from gpucomm.reduce_op import ReduceOp
 
 from .hostinfo import run_settings, write_json
 
-__all__ = ["main", "count", "count_multimem", "predict", "table", "sync_share", "busbw"]
+__all__ = ["main", "count", "count_multimem", "predict", "serial_us", "table", "sync_share", "busbw"]
 
 ALGOS = ("oneshot", "twoshot", "ring", "tree")
 # 8 B to 8 GiB, a factor of 4 apart (plus 512 B, SGLang's published point, 1 GiB and 4 MiB, the
@@ -87,11 +87,15 @@ def count(algo: str, nbytes: int, world: int, half_bytes: int, symmetric: bool =
         allreduce.run(algo, b, tensor, ReduceOp.SUM)
     program = b.finish()
     link, local = _classify(program, heap, tensor.numel() * 4)
+    # Copies from the caller's tensor into this rank's own slot: each is a dependency of the SYNC
+    # after it, which the formula lets overlap with the links (what serial_us does not).
+    copy_in = sum(i[1] for i in program.instructions if i[0] == COPY and isinstance(i[3], Slot) and not isinstance(i[4], Slot))
     extent = program.extent or max((i[1] for i in program.instructions if i[0] != SYNC), default=0)
     return {
         "syncs": program.syncs,
         "link_bytes": link,
         "local_bytes": local,
+        "copy_in_bytes": copy_in,
         "grid": launch_channels(max(extent, program.grid_bytes), MAX_CHANNELS),
     }
 
@@ -107,6 +111,8 @@ def count_multimem(nbytes: int, world: int, symmetric: bool) -> dict:
         "syncs": 2,
         "link_bytes": nbytes + nbytes // world,
         "local_bytes": 0 if symmetric else 4 * nbytes,
+        "copy_in_bytes": 0 if symmetric else nbytes,
+        "copy_out_bytes": 0 if symmetric else nbytes,
         "grid": launch_channels(max(1, nbytes // world), MAX_CHANNELS),
         "multimem": True,
     }
@@ -126,6 +132,13 @@ def predict(counts: dict, p: argparse.Namespace) -> float:
     return p.launch_us + counts["syncs"] * p.sync_us + max(link_us, hbm_us)
 
 
+def serial_us(counts: dict, p: argparse.Namespace) -> float:
+    """:func:`predict` with the copies into the workspace (and, for multimem, back out) not
+    overlapped with anything: each read and written once through HBM before its SYNC."""
+    copies = counts.get("copy_in_bytes", 0) + counts.get("copy_out_bytes", 0)
+    return predict(counts, p) + 2 * copies / (p.hbm_gbs * 1e3)
+
+
 def busbw(nbytes: int, us: float, world: int) -> float:
     """NCCL's bus bandwidth of an all_reduce, GB/s: bytes / time * 2 (P - 1) / P."""
     return nbytes / (us * 1e3) * 2 * (world - 1) / world
@@ -141,13 +154,15 @@ def table(args: argparse.Namespace) -> list[dict]:
         for algo in ALGOS:
             c = count(algo, nbytes, args.world, half)
             c["device_us"] = round(predict(c, args), 2)
+            c["serial_us"] = round(serial_us(c, args), 2)
             row[algo] = c
         c = count("twoshot", nbytes, args.world, half, symmetric=True)
-        c["device_us"] = round(predict(c, args), 2)
+        c["device_us"] = c["serial_us"] = round(predict(c, args), 2)
         row["twoshot_symmetric"] = c
         for mode in ("ordinary", "symmetric"):
             c = count_multimem(nbytes, args.world, symmetric=mode == "symmetric")
             c["device_us"] = round(predict(c, args), 2)
+            c["serial_us"] = round(serial_us(c, args), 2)
             row[f"multimem_{mode}"] = c
         # What a call gets in each mode: the contract-keeping algorithms (one-shot, two-shot; on
         # a symmetric tensor two-shot runs in place), then the same with multimem allowed.
@@ -160,8 +175,11 @@ def table(args: argparse.Namespace) -> list[dict]:
         for mode, candidates in modes.items():
             best = min(candidates, key=lambda a: row[a]["device_us"])
             us = row[best]["device_us"]
+            slow = min(candidates, key=lambda a: row[a]["serial_us"])
             row[mode] = {"algo": best, "device_us": us, "eager_us": round(us + args.host_us, 2),
-                         "busbw_gbs": round(busbw(nbytes, us, args.world), 1)}
+                         "busbw_gbs": round(busbw(nbytes, us, args.world), 1),
+                         "serial_algo": slow, "serial_us": row[slow]["serial_us"],
+                         "serial_busbw_gbs": round(busbw(nbytes, row[slow]["serial_us"], args.world), 1)}
         rows.append(row)
     return rows
 

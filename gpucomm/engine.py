@@ -133,7 +133,7 @@ class Engine:
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
         node_tag = f"n{topology.node}/" if topology.hierarchical else ""
-        heap_prefix = comm.prefix + "heap/" + node_tag
+        heap_prefix = self.heap_prefix = comm.prefix + "heap/" + node_tag
         # The heap of a GPU comes from the driver's virtual-memory API where every local rank
         # has it; otherwise (and on the CPU) from the end of the workspace's data area.
         agreed = lambda mine: agree(comm.store, heap_prefix + "kind/", self.rank, self.world_size, comm.timeout, mine)  # noqa: E731

@@ -229,3 +229,107 @@ def test_free_list_is_first_fit_and_merges() -> None:
     blocks.release(HEAP_ALIGN)
     blocks.release(c)
     assert blocks.largest_free() == 8 * HEAP_ALIGN  # every neighbour merged back
+
+
+def test_pool_allocator_is_deterministic_first_fit() -> None:
+    """kernels/host/heap_pool.c, as torch's CUDAPluggableAllocator calls it: the same calls give
+    the same offsets and the same hash; another sequence another hash; a full region gives NULL."""
+    import ctypes
+
+    from gpucomm import native
+
+    lib = native.load("heap_pool")
+    assert lib is not None
+    c = ctypes.CDLL(lib.__file__)
+    c.gpucomm_heap_malloc.restype = ctypes.c_void_p
+    c.gpucomm_heap_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    c.gpucomm_heap_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    base = 1 << 40  # never touched: the allocator only does arithmetic on it
+
+    def run(sizes_then_frees: list) -> tuple:
+        lib.configure(base, 8 << 10)
+        got = []
+        for step in sizes_then_frees:
+            if step > 0:
+                p = c.gpucomm_heap_malloc(step, 0, None)
+                got.append(None if p is None else p - base)
+            else:
+                c.gpucomm_heap_free(base + got[-step - 1], 0, 0, None)
+        state = lib.state()
+        lib.configure(0, 0)
+        return got, state
+
+    got, state = run([100, 600, 512, -2, 100, -1, -4, 1000])
+    assert got == [0, 512, 1536, 512, 0]  # 600 takes 1024; its hole, then the merged hole at 0
+    assert state[1:3] == (2, 512 + 1024)  # the 512 at 1536 and the 1024 at 0
+    again, same = run([100, 600, 512, -2, 100, -1, -4, 1000])
+    assert (again, same) == (got, state)
+    _, other = run([100, 600, 512, -2, 100, -1, -4, 1100])
+    assert other[3] != state[3]  # another size: another hash
+    full, _ = run([8 << 10, 1])
+    assert full == [0, None]
+
+
+def _pool(rank: int, world_size: int) -> list[str]:
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(transport="shm", kernels="torch", heap_bytes="1M", timeout=20)
+    comm = gpucomm.get_default_communicator()
+    seen = []
+    pool = comm.mem_pool(64 << 10, device="cpu")
+    seen.append(f"block at {comm.heap('cpu').offset(pool.block)}")
+    pool.check()
+    try:
+        pool.mem_pool()
+    except gpucomm.UnsupportedError as err:
+        seen.append(f"no MemPool: {err}")
+    try:
+        comm.mem_pool(1024, device="cpu")
+    except gpucomm.UnsupportedError as err:
+        seen.append(f"second: {err}")
+    import ctypes
+
+    c = ctypes.CDLL(pool.lib.__file__)
+    c.gpucomm_heap_malloc.restype = ctypes.c_void_p
+    c.gpucomm_heap_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    c.gpucomm_heap_malloc(1000 if rank == 0 else 2000, 0, None)  # the ranks' sequences differ
+    try:
+        pool.check()
+    except gpucomm.CommMismatchError as err:
+        seen.append(f"differ: {err}")
+    pool.close()
+    gpucomm.destroy_process_group()
+    return seen
+
+
+def test_pool_block_is_symmetric_and_check_finds_differences() -> None:
+    results = run_ranks(_pool, 2, timeout=120)
+    for seen in results:
+        text = "\n".join(seen)
+        assert "block at 512" in text, text  # the first block after the multimem signal pad
+        assert "no MemPool: gpucomm.mem_pool: torch.cuda.MemPool needs CUDA" in text, text
+        assert "second: gpucomm.mem_pool: this process has a symmetric pool already" in text, text
+        assert "differ: gpucomm.mem_pool: the ranks' pools differ" in text, text
+
+
+def test_symmetric_benchmark_runs_and_checks_its_results(tmp_path) -> None:
+    """bench/symmetric.py end to end at 2 ranks on small sizes: every series, checked, in JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "symmetric.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucomm._bench.symmetric", "--nproc", "2", "--max-bytes", "2048", "--rounds", "1", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "results: all correct" in done.stdout
+    data = json.loads(out.read_text())
+    assert [r["bytes"] for r in data["rows"]] == [8, 32, 128, 512, 2048]
+    assert all(r[s] > 0 for r in data["rows"] for s in ("ordinary", "symmetric", "ordinary_2shot", "symmetric_2shot"))
+    assert data["wrong"] == []
