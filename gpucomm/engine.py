@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 import torch
 
 from gpucomm import log
-from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
+from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select, symmetric
 from gpucomm.channels import layout_channels
 from gpucomm.config import DEFAULT_HEAP_BYTES, DEFAULT_WORKSPACE_BYTES
 from gpucomm.errors import UnsupportedError
@@ -417,16 +417,34 @@ class Engine:
         run = self.executor.run
         return lambda: run(program, addrs)
 
+    def _in_place(self, algo: str, nbytes: int, *tensors: torch.Tensor) -> tuple[int, ...] | None:
+        """The heap offsets of ``tensors`` (the ones the peers read) where a direct collective
+        moving ``nbytes`` runs in place (gpucomm.algorithms.symmetric): all of them symmetric,
+        and more bytes than one half (below, one piece through the halves takes one sync, the
+        in-place program two)."""
+        if algo != "direct" or nbytes <= self.half_bytes:
+            return None
+        offsets = tuple(self.symmetric_offset(t) for t in tensors)
+        return None if None in offsets else offsets
+
     def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp, *, algo: str) -> Work:
         root = self.local_of(dst)
         fields = (tensor.dtype, tensor.numel(), op.name, algo)
-        self.run("reduce", fields, [Region.of(tensor)], lambda b: rooted.reduce(algo, b, tensor, root, op), root)
+        build = lambda b: rooted.reduce(algo, b, tensor, root, op)  # noqa: E731
+        offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.reduce(b, tensor, root, op)  # noqa: E731
+        self.run("reduce", fields, [Region.of(tensor)], build, root)
         return self.completed()
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, algo: str) -> Work:
         root = self.local_of(src)
         fields = (tensor.dtype, tensor.numel(), algo)
-        self.run("broadcast", fields, [Region.of(tensor)], lambda b: rooted.broadcast(algo, b, tensor, root), root)
+        build = lambda b: rooted.broadcast(algo, b, tensor, root)  # noqa: E731
+        offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.broadcast(b, tensor, root)  # noqa: E731
+        self.run("broadcast", fields, [Region.of(tensor)], build, root)
         return self.completed()
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, algo: str) -> Work:
@@ -438,7 +456,12 @@ class Engine:
         mine, whole, size = Region.of(tensor), Region.of(output), tensor.numel() * tensor.element_size()
         outs = [whole.sub(p * size, size) for p in range(self.world_size)]
         fields = (tensor.dtype, tensor.numel(), algo)
-        self.run("all_gather_into_tensor", fields, [mine, whole], lambda b: allgather.run(algo, b, mine, outs))
+        build = lambda b: allgather.run(algo, b, mine, outs)  # noqa: E731
+        # In place where the input is symmetric (the peers read it); the output may be any tensor.
+        offsets = self._in_place(algo, whole.nbytes, tensor)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.all_gather_into_tensor(b, whole, tensor)  # noqa: E731
+        self.run("all_gather_into_tensor", fields, [mine, whole], build)
         return self.completed()
 
     def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int, *, algo: str) -> Work:
@@ -466,6 +489,10 @@ class Engine:
         chunks = [whole.sub(p * size, size) for p in range(self.world_size)]
         fields = (output.dtype, output.numel(), op.name, algo)
         build = lambda b: reducescatter.run(algo, b, chunks, out, output.dtype, op, source=whole)  # noqa: E731
+        # In place where the input is symmetric (the peers read it); the output may be any tensor.
+        offsets = self._in_place(algo, whole.nbytes, input)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.reduce_scatter_tensor(b, out, whole, output.dtype, op)  # noqa: E731
         self.run("reduce_scatter_tensor", fields, [whole, out], build)
         return self.completed()
 

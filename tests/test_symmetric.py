@@ -3,8 +3,9 @@
 Every collective on symmetric tensors must give bitwise the bytes it gives on ordinary tensors
 with the same values (the in-place two-shot all_reduce included: same fold, same order), on
 every rank, with the torch kernels at 2 and 4 ranks and with the real Triton program kernel
-under the interpreter at 2 ranks. The in-place program must really be in place: no workspace
-slot among its operands. Ranks that disagree (different allocations, a symmetric tensor
+under the interpreter at 2 ranks. The in-place programs must really be in place: the two-shot
+all_reduce's has no workspace slot among its operands and three syncs, and broadcast, reduce,
+all_gather_into_tensor and reduce_scatter_tensor run theirs above one half. Ranks that disagree (different allocations, a symmetric tensor
 against an ordinary one) raise CommMismatchError; blocks are reused once their tensors are
 gone; a symmetric tensor stays readable after its group is destroyed.
 """
@@ -46,7 +47,7 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
     from gpucomm.program import Slot, _operands
     from gpucomm.reduce_op import ReduceOp
 
-    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes="48K", heap_bytes="4M", timeout=60)
+    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes="48K", heap_bytes="8M", timeout=60)
     comm = gpucomm.get_default_communicator()
     forced = {algo: comm.new_subgroup(list(range(world_size)), algo=algo) for algo in ALL_REDUCE_ALGOS}
     P = world_size
@@ -119,6 +120,12 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
                     comm.recv(plain, 0)
                     comm.recv(sym, 0)
                 same(f"send/recv {tag}", sym, plain)
+    if max(sizes) * 2 > 18 << 10:  # a size above one half of the 48K workspace: in place under auto
+        engine = comm._engines["cpu"]
+        in_place = {key[0] for key in engine._programs if "symmetric" in key[1]}
+        expected = {"broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"}
+        if not expected <= in_place:
+            bad.append(f"rank {rank}: no in-place program for {sorted(expected - in_place)}")
     for sub in forced.values():
         sub.close()
     gpucomm.destroy_process_group()
@@ -130,7 +137,9 @@ def test_every_collective_on_symmetric_tensors_torch_kernels(world_size: int) ->
     import torch
 
     seed = random.randrange(1 << 30)
-    sizes = (0, 1, 7, 4099)
+    # 10000 elements: more than one 18 KiB half of the 48K workspace in every dtype here, so the
+    # direct collectives run in place too.
+    sizes = (0, 1, 7, 4099, 10000)
     dtypes = (torch.float32, torch.bfloat16, torch.int64)
     results = run_ranks(_every_collective, world_size, seed, "torch", sizes, dtypes, timeout=600)
     failures = [f for per_rank in results for f in per_rank]
@@ -138,12 +147,13 @@ def test_every_collective_on_symmetric_tensors_torch_kernels(world_size: int) ->
 
 
 def test_symmetric_all_reduce_triton_kernels() -> None:
-    """The real program kernel under the interpreter: the in-place two-shot at odd sizes."""
+    """The real program kernel under the interpreter: every collective on symmetric tensors, the
+    in-place two-shot (forced) at 7 elements, every in-place program at 10000."""
     import torch
 
     seed = random.randrange(1 << 30)
     results = run_ranks(
-        _every_collective, 2, seed, "triton", (7, 1031), (torch.float32, torch.bfloat16),
+        _every_collective, 2, seed, "triton", (7, 10000), (torch.float32, torch.bfloat16),
         env={"TRITON_INTERPRET": "1"}, timeout=600,
     )
     failures = [f for per_rank in results for f in per_rank]
