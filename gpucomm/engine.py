@@ -14,7 +14,9 @@ Layout of one rank's workspace::
 
 The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
 ``gpucomm.empty``: a collective on one of them reads the peers' copies where they are, with no
-copy into the halves (``allreduce.twoshot_symmetric``).
+copy into the halves (``allreduce.twoshot_symmetric``, :mod:`gpucomm.algorithms.symmetric`,
+:mod:`gpucomm.multimem`). It ends the data area on the CPU, and on a GPU without the driver's
+virtual-memory API; otherwise it is an allocation of its own (gpucomm.transport.heap_open).
 
 Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
 epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
@@ -138,7 +140,7 @@ class Engine:
         # has it; otherwise (and on the CPU) from the end of the workspace's data area.
         agreed = lambda mine: agree(comm.store, heap_prefix + "kind/", self.rank, self.world_size, comm.timeout, mine)  # noqa: E731
         self.heap_kind, why = heap_kind(device, agreed) if heap_bytes else ("none", "")
-        if why:
+        if why and self.rank == 0:  # one line per node, at init
             log.logger.warning(f"gpucomm[rank {comm.rank}]: the symmetric heap is a region of the CUDA IPC workspace (cudaIpcGetMemHandle), not virtual-memory mapped: {why}")
         in_workspace = heap_bytes if self.heap_kind == "workspace" else 0
         self.workspace = open_workspace(
@@ -160,12 +162,15 @@ class Engine:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
+        self.heap: SymmetricHeap | None = None
         try:
             self.heap, mc_base, mc_reason = self._open_heap(comm, heap_bytes, heap_prefix)
             self.multimem = self._open_multimem(mc_base, mc_reason)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
+            if self.heap is not None:
+                self.heap.close()
             self.workspace.close()
             raise
 
@@ -212,8 +217,8 @@ class Engine:
             from gpucomm._kernels.triton.clock import INTERPRETED
 
             reason = "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
-        if reason and self.device.type == "cuda":
-            log.logger.info(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce: {reason}")
+        if reason and self.device.type == "cuda" and self.heap is not None and self.rank == 0:  # one line per node, at init
+            log.logger.warning(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce here: {reason}")
         return MultimemAllReduce(self.heap, mc_base, reason, self.channels, self.timeout)
 
     def _make_executor(self) -> object:

@@ -281,7 +281,6 @@ def test_pool_allocator_is_deterministic_first_fit() -> None:
 
 
 def _pool(rank: int, world_size: int) -> list[str]:
-    import torch
 
     import gpucomm
 
