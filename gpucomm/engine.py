@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
@@ -272,6 +273,13 @@ class Engine:
         finally:
             self._programs.clear()
             if self.heap is not None:
+                if self.heap.kind == "workspace" and self.device.type == "cuda" and self.heap.live_blocks:
+                    warnings.warn(
+                        f"gpucomm: {self.heap.live_blocks} symmetric tensor(s) of this communicator are still alive on "
+                        f"{self.device}; their memory (the CUDA IPC workspace) is freed now: do not use them any more",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
                 self.heap.close()
             self.workspace.close()
 
