@@ -38,7 +38,6 @@ import torch
 from gpucomm import log
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select, symmetric
 from gpucomm.channels import layout_channels
-from gpucomm.config import DEFAULT_HEAP_BYTES, DEFAULT_WORKSPACE_BYTES
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
@@ -118,9 +117,8 @@ class Engine:
         self.transport = transport
         self.device = device
         self.kernels = get_kernels(kernels, device)
-        data_bytes = comm.config.workspace_bytes if comm.config.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device.type]
-        heap_bytes = comm.config.heap_bytes if comm.config.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device.type]
-        heap_bytes = heap_bytes // _ALIGN * _ALIGN
+        data_bytes = comm.config.workspace_bytes_for(device.type)
+        heap_bytes = comm.config.heap_bytes_for(device.type) // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
