@@ -11,18 +11,28 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-__all__ = ["Config", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HANDLING", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Config", "DEFAULT_HEAP_BYTES", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HANDLING", "DEFAULT_TIMEOUT_S"]
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
-ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct")
+ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "multimem")
 CHECKS = ("fingerprint", "full", "off")
 ASYNC_ERROR_HANDLING = ("raise", "abort")
 
 DEFAULT_TIMEOUT_S = 300.0
-# 8 MiB of data per rank: a quarter for the send/recv mailboxes, then two 3 MiB halves that
-# collectives alternate between; small enough for 8 ranks on one GPU.
-DEFAULT_WORKSPACE_BYTES = 8 << 20
+# Data bytes per rank where GPUCOMM_WORKSPACE_BYTES leaves it to gpucomm: a quarter for the
+# send/recv mailboxes, then two halves that collectives alternate between, a large message
+# moving one half-sized piece per round (two SYNCs per piece for two-shot).
+# CPU: 8 MiB (3 MiB halves). GPU: 64 MiB (24 MiB halves), from the model of docs/performance.md
+# (python -m gpucomm._bench.model, 8 x H100, 3 us per SYNC): the SYNCs of a 1 GiB two-shot take
+# 32.9% of its time with 8 MiB, 11.0% with 32 MiB, 5.8% with 64 MiB, 3.1% with 128 MiB; 64 MiB is
+# the smallest under 6%, and 8 ranks sharing one 80 GB GPU (the test layout) still take only 0.5 GB.
+DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "cuda": 64 << 20}
+# Bytes of the symmetric heap per rank (gpucomm.empty), where GPUCOMM_HEAP_BYTES leaves it to
+# gpucomm: 16 MiB on the CPU (the heap is part of the shared-memory workspace segment, whose
+# untouched pages cost nothing), 1 GiB on a GPU (virtual-memory mapped; 1.25% of an H100's 80 GB,
+# and room for a 512 MiB gradient bucket with its spare).
+DEFAULT_HEAP_BYTES = {"cpu": 16 << 20, "cuda": 1 << 30}
 # Smallest workspace that still holds a flag area and two aligned data halves.
 MIN_WORKSPACE_BYTES = 4096
 # Channels of the program kernel at most (one thread block each).
@@ -34,7 +44,8 @@ class Config:
     transport: str = "auto"
     kernels: str = "auto"
     algo: str = "auto"
-    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES
+    workspace_bytes: int = -1  # -1: DEFAULT_WORKSPACE_BYTES of the device
+    heap_bytes: int = -1  # -1: DEFAULT_HEAP_BYTES of the device; 0: no heap
     timeout: float = DEFAULT_TIMEOUT_S
     debug: str = ""
     local_world_size: int | None = None
@@ -43,6 +54,15 @@ class Config:
     blocking_wait: bool = False  # Work.wait() on a GPU blocks the host too
     async_error_handling: str = "raise"  # a failure the watchdog finds: raise at the next call, or abort
     status_signal: str = ""  # a signal name (SIGUSR1, ...) that makes a rank print gpucomm.status(); "" = off
+
+    def workspace_bytes_for(self, device_type: str) -> int:
+        """Data bytes of a workspace on ``device_type`` ("cpu", "cuda"): the knob, or the device's
+        default where it is unset (``workspace_bytes`` is -1)."""
+        return self.workspace_bytes if self.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device_type]
+
+    def heap_bytes_for(self, device_type: str) -> int:
+        """Bytes of a symmetric heap on ``device_type``: the knob, or the device's default."""
+        return self.heap_bytes if self.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device_type]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -89,6 +109,11 @@ def _parse(name: str, value: object) -> object:
         size = _parse_bytes(value)
         if size < MIN_WORKSPACE_BYTES:
             raise ValueError(f"gpucomm: GPUCOMM_WORKSPACE_BYTES must be at least {MIN_WORKSPACE_BYTES}, got {size}")
+        return size
+    if name == "heap_bytes":
+        size = _parse_bytes(value)
+        if size < 0:
+            raise ValueError(f"gpucomm: GPUCOMM_HEAP_BYTES must be 0 (no heap) or more, got {value!r}")
         return size
     if name == "timeout":
         seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)  # type: ignore[arg-type]

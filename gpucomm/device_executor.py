@@ -194,7 +194,8 @@ class DeviceExecutor:
         if len(self._names) > _NAMES_KEPT:
             self._names.pop(next(iter(self._names)))
         extent = program.extent or largest
-        grid = launch_channels(extent, self.channels) if self.channels_by_size else self.channels
+        sized = max(extent, program.grid_bytes)
+        grid = launch_channels(sized, self.channels) if self.channels_by_size else self.channels
         granule = max(_ALIGN, -(-extent // grid // _ALIGN) * _ALIGN)
         return {"channels": grid, "instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
 

@@ -151,7 +151,8 @@ DOUBLE_API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev
         case 75: *value = 9; break;  // COMPUTE_CAPABILITY_MAJOR
         case 76: *value = 0; break;  // COMPUTE_CAPABILITY_MINOR
         case 97: *value = 232448; break;  // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        default: *value = 0;
+        default:
+            if (!double_attribute(attribute, value)) *value = 0;
     }
     return CUDA_SUCCESS;
 }

@@ -52,4 +52,8 @@ CUgraph double_capturing(CUstream stream);
 // A launch captured into a graph: replayed (logged again) by every cuGraphLaunch of it.
 void double_graph_add(CUgraph graph, const char *line);
 
+// Device attributes another file answers (vmm.c: virtual memory, POSIX descriptors, multicast):
+// 1 with *value set if it knows `attribute`, else 0.
+int double_attribute(int attribute, int *value);
+
 #endif
