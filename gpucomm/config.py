@@ -15,7 +15,7 @@ __all__ = ["Config", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HA
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
-ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct")
+ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "oneshot_lang")
 CHECKS = ("fingerprint", "full", "off")
 ASYNC_ERROR_HANDLING = ("raise", "abort")
 

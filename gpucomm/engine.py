@@ -7,10 +7,13 @@ the inter-node group of hierarchical collectives.
 
 Layout of one rank's workspace::
 
-    flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state]
+    flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state |
+            device API: bank (slots x P) | device state]
            sync flag c * P + p is channel c's flag written by rank p; state is
-           [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner
-    data:  [p2p mailboxes (a quarter) | half 0 | half 1]
+           [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner;
+           the device API (gpucomm.language) has a bank and state of its own, which the
+           program kernel never touches (gpucomm/language/layout.py)
+    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2]
 
 Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
 epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
@@ -29,8 +32,10 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 import torch
 
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
-from gpucomm.channels import layout_channels
+from gpucomm.channels import launch_channels, layout_channels
 from gpucomm.errors import UnsupportedError
+from gpucomm.language import layout as device_layout
+from gpucomm.language.context import DeviceContext
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
 from gpucomm.capture import capturing
@@ -82,7 +87,10 @@ class FlagLayout:
         self.p2p_ready = channels * world_size
         self.p2p_done = self.p2p_ready + world_size
         self.state = self.p2p_done + world_size  # poison, then the epoch of every channel
-        self.count = self.state + 1 + channels
+        # The device API's own words (gpucomm.language.layout): its errors poison only them.
+        self.device_bank = self.state + 1 + channels
+        self.device_state = self.device_bank + device_layout.bank_words(world_size)
+        self.count = self.device_state + device_layout.state_words()
 
     def sync_flag(self, channel: int, writer: int) -> int:
         return channel * self.world_size + writer
@@ -109,6 +117,10 @@ class Engine:
         data_bytes = comm.config.workspace_bytes
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
+        # The device API's stage (gpucomm.language.stage), after the halves: its own, so that
+        # kernels written with the API never write where a program's peers may still read.
+        # Half the size of a program's half: small messages are what one-shot kernels serve.
+        self.stage_half_bytes = self.half_bytes // 2 // _ALIGN * _ALIGN
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
         # each at least (two fp64 elements, one 16-byte vector).
         if self.half_bytes // self.world_size < 16:
@@ -128,12 +140,13 @@ class Engine:
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes,
+            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
         )
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
+        self._device_context: DeviceContext | None = None  # gpucomm.language's, built on first use
         # On a GPU a blocking call launches on the caller's current stream; an asynchronous one
         # on a stream of this communicator's own, after the caller's (as ProcessGroupNCCL's);
         # ``order`` keeps the programs in call order across those streams. Futures complete on a
@@ -211,7 +224,22 @@ class Engine:
         self.order.to_caller()
         return copy
 
+    def device_context(self, fn: str = "device_context") -> DeviceContext:
+        """The context of kernels written with :mod:`gpucomm.language` on this workspace."""
+        if self._device_context is None:
+            if self.topology.hierarchical:
+                raise UnsupportedError(f"gpucomm.{fn}: the device API serves the ranks of one node; this communicator's span nodes")
+            self._device_context = DeviceContext(self, self._agree_max)
+        return self._device_context
+
+    def _agree_max(self, value: int) -> int:
+        """The largest ``value`` of every rank: a one-shot all_reduce (MAX) on this workspace."""
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self.all_reduce(t, ReduceOp.MAX, algo="oneshot")
+        return int(t[0])
+
     def close(self) -> None:
+        self._device_context = None
         try:
             if self.inter is not None:
                 self.inter.close()
@@ -299,14 +327,50 @@ class Engine:
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
         if algo == "hierarchical":
             hierarchical.all_reduce(self, tensor, op)
+        elif algo == "oneshot_lang":
+            self._all_reduce_lang(tensor, op)
         else:
             fields = (tensor.dtype, tensor.numel(), op.name, algo)
             self.run("all_reduce", fields, [Region.of(tensor)], lambda b: allreduce.run(algo, b, tensor, op))
         return self.completed()
 
+    def _all_reduce_lang(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the
+        program kernel's one-shot, bit for bit, as one launch of a kernel of the device API."""
+        self._lang_launch(tensor, op, ordered=False)()
+
+    def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp, ordered: bool) -> Callable[[], None]:
+        """The launch of :meth:`_all_reduce_lang` on ``tensor``'s buffer, its checks around it;
+        ``ordered``: first order the caller's stream after this communicator's launches (the
+        repeated call's path, :mod:`gpucomm.repeat`; the full path's caller does it)."""
+        if self.kernels.name != "triton":
+            raise UnsupportedError(f"gpucomm.all_reduce: GPUCOMM_ALGO=oneshot_lang runs a Triton kernel; GPUCOMM_KERNELS={self.kernels.name} runs none")
+        from gpucomm._kernels.triton import oneshot
+
+        ctx = self.device_context("all_reduce")
+        # The grid follows the size as the program kernel's does (gpucomm.channels), within the
+        # channel slots of the device API.
+        nbytes = min(tensor.numel() * tensor.element_size(), ctx.stage_half_bytes)
+        channels = launch_channels(nbytes, min(self.channels, device_layout.CHANNEL_SLOTS))
+        launch = oneshot.prepare(ctx, tensor.data_ptr(), tensor.numel(), tensor.dtype, int(op), self.world_size, channels)
+        check, on_cpu = ctx.check, self.stream is None
+        to_caller = self.order.to_caller if ordered and self.order is not None else None
+
+        def run() -> None:
+            check("all_reduce")
+            if to_caller is not None:
+                to_caller()
+            launch()
+            if on_cpu:
+                check("all_reduce")  # the launch has run: its errors are there now
+
+        return run
+
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
+        if algo == "oneshot_lang":
+            return self._lang_launch(tensor, op, ordered=True)
         fields = (tensor.dtype, tensor.numel(), op.name, algo)
         region = Region.of(tensor)
         program = self.program("all_reduce", fields, [region], lambda b: allreduce.run(algo, b, tensor, op))
