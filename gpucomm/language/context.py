@@ -49,11 +49,14 @@ class DeviceWorkspace(NodeWorkspace, Protocol):
     to the device."""
 
     stage_half_bytes: int  # bytes of each of the stage's two halves, after the program's halves
+    channels: int  # channels of the program kernel's layout: how many programs a launch runs at most
 
     @property
     def flags(self) -> DeviceFlags: ...
 
     def upload(self, table: torch.Tensor) -> torch.Tensor: ...
+
+    def on_caller_stream(self) -> None: ...  # order the caller's stream after the communicator's launches
 
 
 @runtime_checkable
@@ -113,7 +116,11 @@ class DeviceContext:
         self.timeout = engine.timeout
         self.device = engine.device
         self.stage_half_bytes = engine.stage_half_bytes
+        # Programs gpucomm's own kernels on this context launch at most: the program kernel's
+        # (GPUCOMM_CHANNELS, else from the SMs), within the channel slots.
+        self.channels = min(engine.channels, layout.CHANNEL_SLOTS)
         self._agree_max = agree_max
+        self._on_caller_stream = engine.on_caller_stream
         self._bank = ws.flags(me, flags.device_bank, layout.bank_words(P)).bytes.view(torch.int64)
         self._state = ws.flags(me, flags.device_state, layout.state_words()).bytes.view(torch.int64)
         pinned = engine.device.type == "cuda"
@@ -139,6 +146,22 @@ class DeviceContext:
         host = torch.tensor(words, dtype=torch.int64)
         # The kernel's argument: on the device (copied once), or the host table itself on CPU.
         self.table = host if engine.device.type != "cuda" else engine.upload(host)
+
+    def launch(self, op: str, *launches: Callable[[], None]) -> None:
+        """Run ``launches`` (kernels of this context, packed) as one operation named ``op``:
+        raise an earlier failure first; on a GPU, order the caller's current stream after the
+        communicator's launches so far; on the CPU, check for errors once they have run.
+
+        Example::
+
+            ctx.launch("my_kernel", lambda: my_kernel[(1,)](ctx.table, x, LANES=128, num_warps=4))
+        """
+        self.check(op)
+        self._on_caller_stream()
+        for run in launches:
+            run()
+        if self.device.type != "cuda":
+            self.check(op)  # the launches have run: their errors are there now
 
     def check(self, op: str = "device kernel") -> None:
         """Raise the timeout a kernel of this context recorded, if any, without waiting for the
