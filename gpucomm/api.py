@@ -30,6 +30,7 @@ from gpucomm.work import Work
 __all__ = [
     "init_process_group",
     "destroy_process_group",
+    "empty",
     "is_available",
     "is_initialized",
     "is_gloo_available",
@@ -612,6 +613,16 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: object = None, ta
     if comm is None:
         return None
     return comm.irecv(tensor, _group_rank(comm, src, group_src, "irecv", "src", default=None), tag)
+
+
+def empty(*size: object, dtype: torch.dtype | None = None, device: object = None, group: object = None) -> torch.Tensor | None:
+    """A tensor in the symmetric heap of ``group`` (default: the default group): collective, with
+    ``torch.empty``'s arguments; see :meth:`Communicator.empty`. Collectives on it read every
+    rank's copy in place. None on a rank outside ``group``."""
+    comm = _group(group, "empty")
+    if comm is None:
+        return None
+    return comm.empty(*size, dtype=dtype, device=device)
 
 
 def graph_safe(group: object = None) -> bool:

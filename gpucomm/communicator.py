@@ -38,6 +38,7 @@ from gpucomm.liveness import Liveness
 from gpucomm.progress import Progress, Queued
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.repeat import Repeats
+from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.story import NodeStatus, StatusSignal, mismatch_story, node_status, timeout_story
 from gpucomm.validation import (
     check_numel,
@@ -280,6 +281,57 @@ class Communicator:
             device=self.device,
             flight=self._flight.record,
         )
+
+    # -- symmetric tensors --------------------------------------------------------------------
+    def empty(self, *size: object, dtype: torch.dtype | None = None, device: object = None) -> torch.Tensor:
+        """A tensor (``torch.empty``'s arguments) in the node's symmetric heap: an ordinary torch
+        tensor whose memory every rank of the node has mapped, at the same offset on every rank.
+
+        Collective: every rank of this communicator calls it with the same size and dtype, in
+        the same order as its other allocations (ranks that differ raise CommMismatchError).
+        Collectives on such a tensor (all_reduce: two-shot) read the peers' copies in place,
+        with no copy through the workspace; any other tensor takes the usual path. A contiguous
+        slice of a symmetric tensor is symmetric too when every rank slices alike. The memory is
+        freed when the last tensor or view of it is gone (gpucomm.transport.heap).
+
+        Args:
+            size: ints, or one sequence of them, as torch.empty takes.
+            dtype: default ``torch.get_default_dtype()``.
+            device: ``"cpu"`` or this rank's GPU; default this rank's GPU where it has one, else
+                the CPU (whose heap is the shared-memory workspace).
+
+        Example::
+
+            grad = comm.empty(4096, dtype=torch.bfloat16)
+            grad.copy_(local_grad)
+            comm.all_reduce(grad)   # reads every rank's grad where it is
+        """
+        self._check_usable("empty")
+        shape = _shape_of(size, "empty")
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"gpucomm.empty: dtype must be a torch.dtype, got {type(dtype).__name__}")
+        where = torch.device(device) if device is not None else (self.device or torch.device("cpu"))
+        if where.type == "cuda" and self.device is not None and where.index is None:
+            where = self.device
+        engine = self._engines.get(where.type)
+        if engine is None:
+            raise UnsupportedError(
+                f"gpucomm.empty: {where.type} tensors of this group are served by gloo, which has no symmetric heap "
+                "(on one host, GPUCOMM_TRANSPORT=auto or shm serves CPU tensors from the shared-memory workspace)"
+            )
+        if engine.heap is None:
+            raise UnsupportedError(f"gpucomm.empty: this group has no symmetric heap for {where.type} tensors (GPUCOMM_HEAP_BYTES=0)")
+        if where.type == "cuda" and where != engine.device:
+            raise ValueError(f"gpucomm.empty: device must be this rank's GPU {engine.device}, got {where}")
+        return engine.heap.empty(shape, dtype)
+
+    def heap(self, device: object = None) -> SymmetricHeap | None:
+        """The symmetric heap of ``device``'s tensors on this rank's node (None without one):
+        its table of every rank's base address, for kernels that address peers (gpucomm.language)."""
+        where = torch.device(device) if device is not None else (self.device or torch.device("cpu"))
+        engine = self._engines.get(where.type)
+        return None if engine is None else engine.heap
 
     # -- plumbing -----------------------------------------------------------------------------
     def _check_usable(self, fn: str) -> None:
@@ -777,6 +829,16 @@ class Communicator:
             found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
             missing = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else [0]
             raise CommTimeoutError(fn, None, self.rank, missing, seconds, detail=f"gloo: {text.splitlines()[0]}") from err
+
+
+def _shape_of(size: tuple, fn: str) -> tuple[int, ...]:
+    """torch.empty's size arguments (ints, or one sequence of ints) as a tuple of ints."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    for s in size:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"gpucomm.{fn}: size must be non-negative ints, got {size!r}")
+    return tuple(size)
 
 
 def _to_end(serve: Callable[[object], Work], path: object) -> None:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-__all__ = ["Config", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HANDLING", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Config", "DEFAULT_HEAP_BYTES", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HANDLING", "DEFAULT_TIMEOUT_S"]
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
@@ -23,6 +23,11 @@ DEFAULT_TIMEOUT_S = 300.0
 # 8 MiB of data per rank: a quarter for the send/recv mailboxes, then two 3 MiB halves that
 # collectives alternate between; small enough for 8 ranks on one GPU.
 DEFAULT_WORKSPACE_BYTES = 8 << 20
+# Bytes of the symmetric heap per rank (gpucomm.empty), where GPUCOMM_HEAP_BYTES leaves it to
+# gpucomm: 16 MiB on the CPU (the heap is part of the shared-memory workspace segment, whose
+# untouched pages cost nothing), 1 GiB on a GPU (virtual-memory mapped; 1.25% of an H100's 80 GB,
+# and room for a 512 MiB gradient bucket with its spare).
+DEFAULT_HEAP_BYTES = {"cpu": 16 << 20, "cuda": 1 << 30}
 # Smallest workspace that still holds a flag area and two aligned data halves.
 MIN_WORKSPACE_BYTES = 4096
 # Channels of the program kernel at most (one thread block each).
@@ -35,6 +40,7 @@ class Config:
     kernels: str = "auto"
     algo: str = "auto"
     workspace_bytes: int = DEFAULT_WORKSPACE_BYTES
+    heap_bytes: int = -1  # -1: DEFAULT_HEAP_BYTES of the device; 0: no heap
     timeout: float = DEFAULT_TIMEOUT_S
     debug: str = ""
     local_world_size: int | None = None
@@ -89,6 +95,11 @@ def _parse(name: str, value: object) -> object:
         size = _parse_bytes(value)
         if size < MIN_WORKSPACE_BYTES:
             raise ValueError(f"gpucomm: GPUCOMM_WORKSPACE_BYTES must be at least {MIN_WORKSPACE_BYTES}, got {size}")
+        return size
+    if name == "heap_bytes":
+        size = _parse_bytes(value)
+        if size < 0:
+            raise ValueError(f"gpucomm: GPUCOMM_HEAP_BYTES must be 0 (no heap) or more, got {value!r}")
         return size
     if name == "timeout":
         seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)  # type: ignore[arg-type]

@@ -13,7 +13,13 @@ Layout of one rank's workspace::
            [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner;
            the device API (gpucomm.language) has a bank and state of its own, which the
            program kernel never touches (gpucomm/language/layout.py)
-    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2]
+    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2 | symmetric heap]
+
+The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
+``gpucomm.empty``: a collective on one of them reads the peers' copies where they are, with no
+copy into the halves (``allreduce.twoshot_symmetric``). The device stage is the device API's
+(``gpucomm.language.stage``): kernels written with it stage their data there, never where a
+program's peers may still read.
 
 Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
 epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
@@ -33,6 +39,7 @@ import torch
 
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
 from gpucomm.channels import launch_channels, layout_channels
+from gpucomm.config import DEFAULT_HEAP_BYTES
 from gpucomm.errors import UnsupportedError
 from gpucomm.language import layout as device_layout
 from gpucomm.language.context import DeviceContext
@@ -44,6 +51,7 @@ from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import Group
 from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
+from gpucomm.transport.heap import SymmetricHeap, StoreAgreement
 from gpucomm.work import Work
 
 __all__ = ["Engine", "Topology", "FlagLayout"]
@@ -115,6 +123,8 @@ class Engine:
         self.device = device
         self.kernels = get_kernels(kernels, device)
         data_bytes = comm.config.workspace_bytes
+        heap_bytes = comm.config.heap_bytes if comm.config.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device.type]
+        heap_bytes = heap_bytes // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
         # The device API's stage (gpucomm.language.stage), after the halves: its own, so that
@@ -140,7 +150,7 @@ class Engine:
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes,
+            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes + heap_bytes,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
@@ -155,6 +165,7 @@ class Engine:
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
         try:
+            self.heap = self._open_heap(comm, heap_bytes, node_tag)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
@@ -179,6 +190,17 @@ class Engine:
                 )
             return None
         return cls(comm, transport, kernels, device, topology)
+
+    def _open_heap(self, comm: Group, nbytes: int, node_tag: str) -> SymmetricHeap | None:
+        """The symmetric heap at the end of every rank's data area (None without one)."""
+        if nbytes == 0:
+            return None
+        start = self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes
+        regions = [self.workspace.data(p, start, nbytes) for p in range(self.world_size)]
+        agree = StoreAgreement(comm.store, comm.prefix + "ws/" + node_tag, self.rank, self.world_size, comm.timeout)
+        # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
+        keep = [r.bytes for r in regions]
+        return SymmetricHeap(self.rank, self.world_size, self.device, [r.addr for r in regions], nbytes, agree, keep=keep)
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":
@@ -229,7 +251,9 @@ class Engine:
         if self._device_context is None:
             if self.topology.hierarchical:
                 raise UnsupportedError(f"gpucomm.{fn}: the device API serves the ranks of one node; this communicator's span nodes")
-            self._device_context = DeviceContext(self, self._agree_max)
+            # The heap is a region of its own: inside the workspace on the CPU (the same
+            # distances), its own mapping where the driver's virtual memory makes it.
+            self._device_context = DeviceContext(self, self._agree_max, [] if self.heap is None else [self.heap])
         return self._device_context
 
     def _agree_max(self, value: int) -> int:
@@ -245,6 +269,8 @@ class Engine:
                 self.inter.close()
         finally:
             self._programs.clear()
+            if self.heap is not None:
+                self.heap.close()
             self.workspace.close()
 
     # -- planning -----------------------------------------------------------------------------
@@ -278,7 +304,8 @@ class Engine:
         key = (name, fields, root, local, tuple(r.nbytes for r in regions), overlaps(regions))
         program = self._programs.get(key)
         if program is None:
-            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root, args=regions)
+            heap = None if self.heap is None else self.heap.base_addrs
+            builder = Builder(self.rank, self.world_size, self.half_bytes, name, fields, root, args=regions, heap=heap)
             build(builder)
             program = builder.finish()
             self._programs[key] = program
@@ -330,8 +357,8 @@ class Engine:
         elif algo == "oneshot_lang":
             self._all_reduce_lang(tensor, op)
         else:
-            fields = (tensor.dtype, tensor.numel(), op.name, algo)
-            self.run("all_reduce", fields, [Region.of(tensor)], lambda b: allreduce.run(algo, b, tensor, op))
+            fields, build = self._all_reduce_plan(tensor, op, algo)
+            self.run("all_reduce", fields, [Region.of(tensor)], build)
         return self.completed()
 
     def _all_reduce_lang(self, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -366,14 +393,30 @@ class Engine:
 
         return run
 
+    def symmetric_offset(self, tensor: torch.Tensor) -> int | None:
+        """The heap offset of ``tensor`` if it lies in the symmetric heap, else None."""
+        heap = self.heap
+        return heap.offset(tensor) if heap is not None and heap.contains(tensor) else None
+
+    def _all_reduce_plan(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> tuple[tuple, Callable[[Builder], None]]:
+        """The fields and the build of an all_reduce: in place on a symmetric tensor where the
+        algorithm has a form that reads the peers' copies (two-shot), else through the halves.
+        The heap offset is part of the fields, so that ranks that pass tensors at different
+        offsets (or a symmetric tensor against an ordinary one) raise CommMismatchError."""
+        offset = self.symmetric_offset(tensor) if algo == "twoshot" else None
+        if offset is None:
+            return (tensor.dtype, tensor.numel(), op.name, algo), lambda b: allreduce.run(algo, b, tensor, op)
+        fields = (tensor.dtype, tensor.numel(), op.name, algo, "symmetric", offset)
+        return fields, lambda b: allreduce.twoshot_symmetric(b, tensor, op)
+
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
         if algo == "oneshot_lang":
             return self._lang_launch(tensor, op, ordered=True)
-        fields = (tensor.dtype, tensor.numel(), op.name, algo)
+        fields, build = self._all_reduce_plan(tensor, op, algo)
         region = Region.of(tensor)
-        program = self.program("all_reduce", fields, [region], lambda b: allreduce.run(algo, b, tensor, op))
+        program = self.program("all_reduce", fields, [region], build)
         addrs = (region.addr,)
         repeat = getattr(self.executor, "repeat", None)  # the device executor's launch, looked up once
         if repeat is not None:

@@ -77,6 +77,9 @@ FP_BITS = 20  # low bits of a flag: the call's fingerprint; above them: the epoc
 RECORD_WORDS = 8  # int64 per channel's error record: [kind, epoch, instruction, peers, seen, fingerprint]
 TIMEOUT, MISMATCH = 1, 2  # kinds of error record
 _ALIGN = 16  # bytes of one vector access
+# The view of a peer's heap region a Builder hands out: programs keep addresses, never views
+# (executors make their own from the address: Region.alias).
+_NO_VIEW = torch.empty(0, dtype=torch.uint8)
 
 
 def fingerprint(name: str, fields: Sequence[object], root: int | None) -> int:
@@ -231,9 +234,11 @@ class Builder:
         fields: Sequence[object],
         root: int | None = None,
         args: Sequence[Region] = (),
+        heap: Sequence[int] | None = None,
     ) -> None:
         self.rank = rank
         self.args = list(args)  # the call's buffers: regions inside them are recorded as Arg
+        self.heap = None if heap is None else tuple(heap)  # every local rank's heap base, in this process
         self.world_size = world_size
         self.half_bytes = half_bytes
         self.op_name = name
@@ -262,6 +267,21 @@ class Builder:
                 f"Builder.slot: [{offset.offset}, {offset.offset + nbytes}) is outside a half of {self.half_bytes} bytes"
             )
         return Slot(peer, offset.round, offset.offset, nbytes)
+
+    def symmetric(self, peer: int, region: Region) -> Region:
+        """Local rank ``peer``'s copy of ``region``, a region of this rank's symmetric heap
+        (gpucomm.transport.heap): the same offset in ``peer``'s heap, at its address in this
+        process. A program names it as memory of its own (:class:`Ref`): the address stays
+        valid as long as the heap, and the heap offset is part of the call's fields."""
+        heap = self.heap
+        if heap is None or not heap[self.rank] <= region.addr:
+            raise ValueError("Builder.symmetric: the region is not in this rank's symmetric heap")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"Builder.symmetric: peer must be in [0, {self.world_size}), got {peer}")
+        if peer == self.rank:
+            return region
+        addr = heap[peer] + region.addr - heap[self.rank]
+        return Region(addr, region.nbytes, _NO_VIEW)
 
     # -- what moves -----------------------------------------------------------------------------
     def copy(self, dst: Operand, src: Operand) -> None:

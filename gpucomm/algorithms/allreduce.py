@@ -22,6 +22,15 @@ Why a neighbour-only step may write its half: the half it writes last held data 
 back, which only q+1 read, and the carry-over of the previous sync waited for q+1 to finish
 that read (gpucomm.program).
 
+two-shot on a symmetric tensor (gpucomm.empty: every rank's copy at the same heap offset, mapped
+by every rank): no copy in, no pieces, no copy out. Sync with all (every rank's input is there);
+rank r reduces slice r of every rank's copy, in rank order, into slice r of its own tensor (no
+other rank reads that slice of r's tensor in this round: rank q reads slice q); sync with all;
+rank r copies slice p from rank p's tensor into its own; a last sync tells every rank that
+nobody reads its tensor any more, so the caller may write it as soon as the call returns. Three
+syncs per call whatever the size, against two per half-sized piece on the halves. Slices are cut
+at 16-byte boundaries so that every access is a whole vector.
+
 tree: :func:`gpucomm.algorithms.tree.reduce_up` to rank 0, then
 :func:`gpucomm.algorithms.tree.broadcast_down` from it (binary heap, pipelined by pieces).
 
@@ -45,7 +54,7 @@ from gpucomm.reduce_op import ReduceOp
 if TYPE_CHECKING:
     from gpucomm.program import Builder
 
-__all__ = ["run", "oneshot", "twoshot", "ring", "tree_all_reduce"]
+__all__ = ["run", "oneshot", "twoshot", "twoshot_symmetric", "ring", "tree_all_reduce"]
 
 
 def run(algo: str, b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -84,6 +93,28 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         for p in everyone:
             lo, hi = bounds[p], bounds[p + 1]
             b.copy(mine.sub(lo, hi - lo), b.slot(p, reduced + lo, hi - lo))
+
+
+def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
+    """Two-shot in place on a tensor of the symmetric heap (module docstring)."""
+    size = tensor.element_size()
+    whole = Region.of(tensor)
+    everyone = b.peers()
+    P, me = b.world_size, b.rank
+    unit = max(1, 16 // size)  # elements of one 16-byte vector
+    units = -(-tensor.numel() // unit)
+    bounds = [min(tensor.numel(), units * p // P * unit) * size for p in range(P + 1)]
+    b.barrier_all()
+    lo, hi = bounds[me], bounds[me + 1]
+    mine = whole.sub(lo, hi - lo)
+    b.reduce(mine, [b.symmetric(p, mine) for p in everyone], tensor.dtype, op, P)
+    b.sync(everyone, everyone)
+    for p in everyone:
+        if p != me:
+            theirs = whole.sub(bounds[p], bounds[p + 1] - bounds[p])
+            b.copy(theirs, b.symmetric(p, theirs))
+    # Nothing new to read: signal "done reading you" to every rank read above, wait for theirs.
+    b.sync()
 
 
 def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:

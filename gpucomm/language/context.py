@@ -64,7 +64,7 @@ class SymmetricRegion(Protocol):
     """Memory every rank of the node has mapped at the same offsets (the symmetric heap)."""
 
     @property
-    def bases(self) -> Sequence[int]:
+    def base_addrs(self) -> Sequence[int]:
         """Each rank's copy, addressed in this process, by rank on the node."""
         ...
 
@@ -77,7 +77,7 @@ class _Workspace:
 
     def __init__(self, engine: DeviceWorkspace) -> None:
         ws = engine.workspace
-        self.bases = [ws.flags(p, 0, 0).addr for p in range(engine.world_size)]
+        self.base_addrs = [ws.flags(p, 0, 0).addr for p in range(engine.world_size)]
         self.nbytes = buffer_layout(ws.data_bytes, ws.flag_count)[1]
 
 
@@ -137,7 +137,7 @@ class DeviceContext:
         for p in range(P):
             words[layout.FLAGS + p] = ws.flag(p, flags.device_bank).addr
         for i, region in enumerate(all_regions):
-            bases = list(region.bases)
+            bases = list(region.base_addrs)
             if any((b - bases[me]) % _VECTOR for b in bases):
                 raise UnsupportedError(f"gpucomm.device_context: region {i}'s copies are not {_VECTOR}-byte apart: {bases}")
             row = layout.REGIONS + i * layout.REGION_WORDS

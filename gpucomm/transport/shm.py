@@ -74,7 +74,10 @@ def _reap_stale(token: str) -> None:
 
 def _map(fd: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
     mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    return mm, torch.frombuffer(mm, dtype=torch.uint8)
+    # Through a memoryview: the tensor holds it, and it holds an export of the mapping, so that
+    # mm.close() refuses (BufferError) while any view of the tensor lives (a symmetric tensor of
+    # the heap, a Region kept past close); torch.frombuffer(mm) would leave no export behind.
+    return mm, torch.frombuffer(memoryview(mm), dtype=torch.uint8)
 
 
 def _parse_handle(raw: bytes, peer: int, token: str, size: int) -> str:

@@ -1,0 +1,231 @@
+"""Symmetric tensors (gpucomm.empty): tensors in the node's symmetric heap, read in place.
+
+Every collective on symmetric tensors must give bitwise the bytes it gives on ordinary tensors
+with the same values (the in-place two-shot all_reduce included: same fold, same order), on
+every rank, with the torch kernels at 2 and 4 ranks and with the real Triton program kernel
+under the interpreter at 2 ranks. The in-place program must really be in place: no workspace
+slot among its operands. Ranks that disagree (different allocations, a symmetric tensor
+against an ordinary one) raise CommMismatchError; blocks are reused once their tensors are
+gone; a symmetric tensor stays readable after its group is destroyed.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from spawn import run_ranks
+
+ALL_REDUCE_ALGOS = ("oneshot", "twoshot")
+
+
+def _values(seed: int, rank: int, n: int, dtype: object) -> object:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 7919 + rank * 101 + n)
+    if dtype.is_floating_point:  # type: ignore[attr-defined]
+        return (torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
+    return torch.randint(-100, 101, (n,), generator=gen, dtype=dtype)
+
+
+def _symmetric_like(t: object) -> object:
+    import gpucomm
+
+    s = gpucomm.empty(t.shape, dtype=t.dtype)  # type: ignore[attr-defined]
+    s.copy_(t)
+    return s
+
+
+def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes: tuple, dtypes: tuple) -> list[str]:
+    """Each collective twice, on ordinary tensors and on symmetric ones holding the same
+    values; returns the cases whose bytes differ (and the in-place checks that fail)."""
+    import torch
+
+    import gpucomm
+    from gpucomm.program import Slot, _operands
+    from gpucomm.reduce_op import ReduceOp
+
+    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes="48K", heap_bytes="4M", timeout=60)
+    comm = gpucomm.get_default_communicator()
+    forced = {algo: comm.new_subgroup(list(range(world_size)), algo=algo) for algo in ALL_REDUCE_ALGOS}
+    P = world_size
+    bad: list[str] = []
+
+    def same(what: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        if not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+            bad.append(f"rank {rank}: {what}: symmetric and ordinary results differ")
+
+    for n in sizes:
+        for dtype in dtypes:
+            x = _values(seed, rank, n, dtype)
+            tag = f"{n} x {dtype}"
+            for algo, sub in forced.items():
+                for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
+                    plain, sym = x.clone(), sub.empty(n, dtype=dtype)
+                    sym.copy_(x)
+                    sub.all_reduce(plain, op)
+                    sub.all_reduce(sym, op)
+                    same(f"all_reduce {algo} {op.name} {tag}", sym, plain)
+                if algo == "twoshot" and n:
+                    engine = sub._engines["cpu"]
+                    fields = (dtype, n, "MAX", "twoshot", "symmetric", sub.heap("cpu").offset(sym))
+                    program = next((p for k, p in engine._programs.items() if k[1] == fields), None)
+                    slots = [] if program is None else [o for i in program.instructions for o in _operands(i) if isinstance(o, Slot)]
+                    if program is None or slots or program.syncs != 3:
+                        syncs = None if program is None else program.syncs
+                        bad.append(f"rank {rank}: all_reduce twoshot {tag}: not in place: {len(slots)} slot operands, {syncs} syncs")
+            # A contiguous slice of a symmetric tensor is symmetric too (every rank slices alike).
+            if n > 2:
+                sym, plain = _symmetric_like(x), x.clone()
+                comm.all_reduce(sym[1:-1])
+                comm.all_reduce(plain[1:-1])
+                same(f"all_reduce of a slice {tag}", sym, plain)
+            root = P - 1
+            plain, sym = x.clone(), _symmetric_like(x)
+            comm.broadcast(plain, root)
+            comm.broadcast(sym, root)
+            same(f"broadcast {tag}", sym, plain)
+            plain, sym = x.clone(), _symmetric_like(x)
+            comm.reduce(plain, root, ReduceOp.SUM)
+            comm.reduce(sym, root, ReduceOp.SUM)
+            same(f"reduce {tag}", sym, plain)
+            out_plain = torch.zeros(P * n, dtype=dtype)
+            out_sym = _symmetric_like(out_plain)
+            comm.all_gather_into_tensor(out_plain, x)
+            comm.all_gather_into_tensor(out_sym, _symmetric_like(x))
+            same(f"all_gather_into_tensor {tag}", out_sym, out_plain)
+            big = torch.cat([_values(seed + 1, rank, n, dtype) for _ in range(P)]) if n else torch.zeros(0, dtype=dtype)
+            out_plain, out_sym = torch.zeros(n, dtype=dtype), _symmetric_like(torch.zeros(n, dtype=dtype))
+            comm.reduce_scatter_tensor(out_plain, big, ReduceOp.SUM)
+            comm.reduce_scatter_tensor(out_sym, _symmetric_like(big), ReduceOp.SUM)
+            same(f"reduce_scatter_tensor {tag}", out_sym, out_plain)
+            outs_plain = [torch.zeros(n, dtype=dtype) for _ in range(P)]
+            outs_sym = [_symmetric_like(t) for t in outs_plain]
+            comm.all_gather(outs_plain, x)
+            comm.all_gather(outs_sym, _symmetric_like(x))
+            for p in range(P):
+                same(f"all_gather [{p}] {tag}", outs_sym[p], outs_plain[p])
+            a2a_plain, a2a_sym = torch.zeros(P * n, dtype=dtype), _symmetric_like(torch.zeros(P * n, dtype=dtype))
+            comm.all_to_all_single(a2a_plain, big)
+            comm.all_to_all_single(a2a_sym, _symmetric_like(big))
+            same(f"all_to_all_single {tag}", a2a_sym, a2a_plain)
+            if P > 1:
+                plain, sym = x.clone(), _symmetric_like(x)
+                if rank == 0:
+                    comm.send(x, 1)
+                    comm.send(x, 1)
+                elif rank == 1:
+                    comm.recv(plain, 0)
+                    comm.recv(sym, 0)
+                same(f"send/recv {tag}", sym, plain)
+    for sub in forced.values():
+        sub.close()
+    gpucomm.destroy_process_group()
+    return bad
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_collective_on_symmetric_tensors_torch_kernels(world_size: int) -> None:
+    import torch
+
+    seed = random.randrange(1 << 30)
+    sizes = (0, 1, 7, 4099)
+    dtypes = (torch.float32, torch.bfloat16, torch.int64)
+    results = run_ranks(_every_collective, world_size, seed, "torch", sizes, dtypes, timeout=600)
+    failures = [f for per_rank in results for f in per_rank]
+    assert not failures, f"seed {seed}:\n" + "\n".join(failures[:20])
+
+
+def test_symmetric_all_reduce_triton_kernels() -> None:
+    """The real program kernel under the interpreter: the in-place two-shot at odd sizes."""
+    import torch
+
+    seed = random.randrange(1 << 30)
+    results = run_ranks(
+        _every_collective, 2, seed, "triton", (7, 1031), (torch.float32, torch.bfloat16),
+        env={"TRITON_INTERPRET": "1"}, timeout=600,
+    )
+    failures = [f for per_rank in results for f in per_rank]
+    assert not failures, f"seed {seed}:\n" + "\n".join(failures[:20])
+
+
+def _misuse(rank: int, world_size: int) -> list[str]:
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(transport="shm", kernels="torch", workspace_bytes="48K", heap_bytes="256K", timeout=20)
+    comm = gpucomm.get_default_communicator()
+    seen = []
+    # Blocks come back once their tensors are gone, at the same offsets on every rank.
+    heap = comm.heap("cpu")
+    a = gpucomm.empty(100, dtype=torch.float32)
+    first = heap.offset(a)
+    view = a[10:20]
+    del a
+    b = gpucomm.empty(100, dtype=torch.float32)
+    seen.append(f"view kept its block: {heap.offset(b) != first}")
+    del view
+    c = gpucomm.empty(8, 8, dtype=torch.float64)
+    seen.append(f"freed block reused: {heap.offset(c) == first}, shape {tuple(c.shape)}")
+    # rank p's copy, read through the heap's table of bases
+    c.fill_(rank)
+    gpucomm.barrier()
+    seen.append(f"peer copy holds {float(heap.peer(c, 1 - rank)[0, 0])}")
+    gpucomm.barrier()
+    try:
+        gpucomm.empty(1 << 20, dtype=torch.float32)
+    except gpucomm.UnsupportedError as err:
+        seen.append(f"too big: {err}")
+    try:
+        gpucomm.empty(100 if rank == 0 else 200, dtype=torch.float32)
+    except gpucomm.CommMismatchError as err:
+        seen.append(f"sizes differ: {err}")
+    # A symmetric tensor on one rank, an ordinary one on the other, at a size that runs two-shot
+    # (in place on the symmetric one): their calls differ. (One-shot reads any tensor alike.)
+    sym = gpucomm.empty(32768, dtype=torch.float32)  # collective: every rank allocates it
+    t = sym if rank == 0 else torch.zeros(32768)
+    t.fill_(1)
+    try:
+        gpucomm.all_reduce(t)
+    except gpucomm.CommMismatchError as err:
+        seen.append(f"symmetric against ordinary: {type(err).__name__}")
+    gpucomm.destroy_process_group()
+    seen.append(f"readable after destroy: {float(c[0, 0])}")
+    gpucomm.init_process_group(transport="shm", kernels="torch", workspace_bytes="48K", heap_bytes=0, timeout=20)
+    try:
+        gpucomm.empty(4)
+    except gpucomm.UnsupportedError as err:
+        seen.append(f"no heap: {err}")
+    gpucomm.destroy_process_group()
+    return seen
+
+
+def test_allocation_freeing_and_misuse() -> None:
+    results = run_ranks(_misuse, 2, timeout=120)
+    for rank, seen in enumerate(results):
+        text = "\n".join(seen)
+        assert "view kept its block: True" in text, text
+        assert "freed block reused: True, shape (8, 8)" in text, text
+        assert f"peer copy holds {float(1 - rank)}" in text, text
+        assert "too big: gpucomm.empty: 4194304 bytes do not fit the symmetric heap (262144 bytes per rank" in text, text
+        assert "sizes differ: gpucomm.empty: allocation 4 of the symmetric heap asks for different sizes" in text, text
+        assert "symmetric against ordinary: CommMismatchError" in text, text
+        assert f"readable after destroy: {float(rank)}" in text, text
+        assert "no heap: gpucomm.empty: this group has no symmetric heap for cpu tensors (GPUCOMM_HEAP_BYTES=0)" in text, text
+
+
+def test_free_list_is_first_fit_and_merges() -> None:
+    from gpucomm.transport.heap import HEAP_ALIGN, FreeList
+
+    blocks = FreeList(8 * HEAP_ALIGN)
+    a, b, c = blocks.allocate(1), blocks.allocate(HEAP_ALIGN + 1), blocks.allocate(HEAP_ALIGN)
+    assert (a, b, c) == (0, HEAP_ALIGN, 3 * HEAP_ALIGN)
+    assert blocks.allocate(5 * HEAP_ALIGN) is None
+    blocks.release(b)
+    assert blocks.allocate(HEAP_ALIGN) == HEAP_ALIGN  # first fit: the hole b left
+    blocks.release(a)
+    blocks.release(HEAP_ALIGN)
+    blocks.release(c)
+    assert blocks.largest_free() == 8 * HEAP_ALIGN  # every neighbour merged back
