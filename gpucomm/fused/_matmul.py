@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from gpucomm.communicator import Communicator
 from gpucomm.fused._group import check_float, communicator, context
+from gpucomm.language.context import DeviceContext
+
+# Staging halves are whole 16-byte vectors (and heap blocks 512-byte aligned).
+_ALIGN = 16
 
 __all__ = ["all_gather_matmul"]
 
@@ -24,8 +29,9 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group: object = No
     the matmul's tolerance (the order of the K sum differs), not bit for bit.
 
     Args:
-        a_shard: (m, k), fp32, fp16 or bf16, contiguous; at most a stage half (1.5 MiB at the
-            default workspace).
+        a_shard: (m, k), fp32, fp16 or bf16, contiguous. Staged in the device API's stage
+            where it fits a half (3/16 of GPUCOMM_WORKSPACE_BYTES), else in a symmetric heap
+            buffer of twice its size (GPUCOMM_HEAP_BYTES), allocated on first use and kept.
         b: (k, n), a_shard's dtype, contiguous.
         group: the group (None: the default group).
 
@@ -49,16 +55,26 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group: object = No
         raise ValueError(f"gpucomm.fused.{fn}: b must have a_shard's {k} columns as rows, got shape {tuple(b.shape)}")
     comm = communicator(group, fn)
     ctx = context(comm, a_shard, fn)
-    nbytes = a_shard.numel() * a_shard.element_size()
-    if nbytes > ctx.stage_half_bytes:
-        raise ValueError(
-            f"gpucomm.fused.{fn}: a_shard has {nbytes} bytes, more than a stage half ({ctx.stage_half_bytes}); raise "
-            f"GPUCOMM_WORKSPACE_BYTES (a stage half is 3/16 of it)"
-        )
     out = torch.empty((ctx.world_size * m, b.shape[1]), dtype=a_shard.dtype, device=a_shard.device)
     if out.numel() == 0 or k == 0:
         return out.zero_()
     from gpucomm._kernels.triton import fused_matmul
 
-    ctx.launch(fn, *fused_matmul.prepare(ctx, a_shard, b, out))
+    ctx.check(fn)  # before a heap allocation (a collective) of a failed context
+    stage_addr, stage_half = _staging(comm, ctx, a_shard)
+    ctx.launch(fn, *fused_matmul.prepare(ctx, a_shard, b, out, stage_addr, stage_half))
     return out
+
+
+def _staging(comm: Communicator, ctx: DeviceContext, a_shard: torch.Tensor) -> tuple[int, int]:
+    """Where the shard is published: the context's stage where it fits a half, else two halves
+    of a symmetric heap buffer, kept on the context for the next calls (the largest so far: a
+    new size allocates collectively, as every rank calls with the same shapes, in order)."""
+    nbytes = -(-a_shard.numel() * a_shard.element_size() // _ALIGN) * _ALIGN
+    if nbytes <= ctx.stage_half_bytes:
+        return ctx.stage_addr, ctx.stage_half_bytes
+    buffer = ctx.buffers.get("all_gather_matmul")
+    if buffer is None or buffer.numel() < 2 * nbytes:
+        ctx.buffers.pop("all_gather_matmul", None)
+        buffer = ctx.buffers["all_gather_matmul"] = comm.empty(2 * nbytes, dtype=torch.uint8, device=a_shard.device)
+    return buffer.data_ptr(), buffer.numel() // 2

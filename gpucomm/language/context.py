@@ -128,6 +128,9 @@ class DeviceContext:
         self._kinds = self.records.numpy()[:: layout.RECORD_WORDS]  # reading it waits for nothing
         self._no_kinds = bytes(self._kinds.nbytes)
         stage = ws.data(me, engine.p2p_bytes + 2 * engine.half_bytes, 2 * engine.stage_half_bytes)
+        self.stage_addr = stage.addr  # this rank's stage, half 0; half 1 follows it
+        # Symmetric buffers gpucomm's own kernels keep for this context, by use (heap tensors).
+        self.buffers: dict[str, torch.Tensor] = {}
         words = [0] * layout.TABLE_WORDS
         words[layout.RANK], words[layout.WORLD] = me, P
         words[layout.TIMEOUT_NS] = int(engine.timeout * 1e9)

@@ -1,8 +1,9 @@
 """all_gather + matmul with the gather overlapped (gpucomm.fused.all_gather_matmul): two launches.
 
 1. ``publish_kernel`` (``G`` programs): program g copies chunk g of this rank's shard (rows
-   ``[g*m//G, (g+1)*m//G)``) into the stage half of the epoch e, then announces ``e + 1`` on
-   channel g to every rank. It never waits.
+   ``[g*m//G, (g+1)*m//G)``) into half e % 2 of a symmetric staging buffer (the context's stage,
+   or a heap buffer for shards larger than a stage half), then announces ``e + 1`` on channel g
+   to every rank. It never waits.
 2. ``matmul_kernel`` (one program per output tile, this rank's own shard first, then the
    next ranks' in ring order): a tile of shard p's rows waits only for the chunks of p that
    hold them (``gl.wait`` on channel g for rank p), then loads them straight from p's stage
@@ -44,10 +45,11 @@ _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.
 _COPY_ELEMS = {4: tl.int32, 2: tl.int16}
 
 
-@triton.jit(do_not_specialize=["m", "k"])
+@triton.jit(do_not_specialize=["m", "k", "stage_half"])
 def publish_kernel(
     ctx,  # the DeviceContext's table
     a_addr,  # this rank's shard, [m, k] contiguous
+    stage_addr, stage_half,  # the staging buffer (symmetric): half e % 2 holds epoch e's shard
     m, k,
     COPY: tl.constexpr,  # the integer type of the element size: the copy moves bits
     BLOCK: tl.constexpr,  # elements per step
@@ -58,7 +60,7 @@ def publish_kernel(
     e = gl.epoch(ctx, g)
     lo = tl.cast(g * m // G, tl.int64) * k
     hi = tl.cast((g + 1) * m // G, tl.int64) * k
-    dst = gl.stage(ctx, e, COPY)
+    dst = (stage_addr + (e & 1) * stage_half).to(tl.pointer_type(COPY))
     src = a_addr.to(tl.pointer_type(COPY))
     for s in range(lo, hi, BLOCK):
         offs = s + tl.arange(0, BLOCK)
@@ -67,12 +69,13 @@ def publish_kernel(
     gl.store_epoch(ctx, e + 1)
 
 
-@triton.jit(do_not_specialize=["m", "n", "k"])
+@triton.jit(do_not_specialize=["m", "n", "k", "stage_half"])
 def matmul_kernel(
     ctx,  # the DeviceContext's table (after publish_kernel on this rank)
     a_ptr,  # this rank's shard, [m, k]
     b_ptr,  # [k, n]
     c_ptr,  # out, [world * m, n]: row p * m + i is row i of rank p's shard times b
+    stage_addr, stage_half,  # publish_kernel's
     m, n, k,
     G: tl.constexpr,  # chunks of a shard (publish_kernel's grid)
     DTYPE: tl.constexpr,
@@ -101,7 +104,7 @@ def matmul_kernel(
         for g in tl.static_range(G):
             if (g * m // G < last) & ((g + 1) * m // G > row0):
                 ok = ok & gl.wait(ctx, g, p, e, LANES)
-        a = gl.translate(gl.stage(ctx, e - 1, DTYPE), p, ctx)
+        a = gl.translate((stage_addr + ((e - 1) & 1) * stage_half).to(tl.pointer_type(DTYPE)), p, ctx)
     else:
         a = a_ptr
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -124,21 +127,24 @@ def _block(size: int, cap: int) -> int:
     return max(16, min(cap, triton.next_power_of_2(size)))
 
 
-def prepare(ctx: object, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None]]:
+def prepare(
+    ctx: object, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, stage_addr: int, stage_half: int
+) -> tuple[Callable[[], None], Callable[[], None]]:
     """The two launches (publish, matmul) on ``a`` [m, k], ``b`` [k, n], ``out`` [world * m, n]
-    (checked by the caller) with the context ``ctx``."""
+    (checked by the caller) with the context ``ctx``, staging in the symmetric buffer at
+    ``stage_addr`` (two halves of ``stage_half`` bytes, 16-byte multiples)."""
     m, k = a.shape
     n = b.shape[1]
     size = a.element_size()
     chunks = min(CHUNKS, m)
     publish = functools.partial(
-        publish_kernel[(chunks,)], ctx.table, a.data_ptr(), m, k,
+        publish_kernel[(chunks,)], ctx.table, a.data_ptr(), stage_addr, stage_half, m, k,
         COPY=_COPY_ELEMS[size], BLOCK=_LANES * 16 // size, LANES=_LANES, num_warps=_NUM_WARPS,
     )  # fmt: skip
     bm, bn, bk = _block(m, 64), _block(n, 64), _block(k, 32)
     grid = (ctx.world_size * triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     matmul = functools.partial(
-        matmul_kernel[grid], ctx.table, a, b, out, m, n, k,
+        matmul_kernel[grid], ctx.table, a, b, out, stage_addr, stage_half, m, n, k,
         G=chunks, DTYPE=_TL[a.dtype], PRECISION="ieee" if a.dtype == torch.float32 or INTERPRETED else "tf32", WIDEN=INTERPRETED,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LANES=_LANES, num_warps=_NUM_WARPS,
     )  # fmt: skip
