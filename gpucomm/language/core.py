@@ -142,7 +142,7 @@ def signal(ctx, slot, peer, value):
     """Release ``value`` into word ``(slot, this rank)`` of ``peer``'s bank, after every store
     this block made so far."""
     tl.debug_barrier()
-    tl.atomic_xchg(_word(ctx, peer, slot, rank(ctx)), value.to(tl.int64), sem="release", scope="sys")
+    tl.atomic_xchg(_word(ctx, peer, slot, rank(ctx)), tl.zeros((), tl.int64) + value, sem="release", scope="sys")
 
 
 @triton.jit
@@ -181,12 +181,13 @@ def _verdict(seen, target, start, timeout_ns, lanes):
 
 
 @triton.jit
-def _await(ctx, slot, awaited, writers, target, lanes):
+def _await(ctx, slot, awaited, writers, value, lanes):
     """Poll this rank's words ``(slot, writers[lane])`` of the awaited lanes until each reaches
-    ``target`` or the deadline passes; on a timeout write the slot's record and poison the
+    ``value`` or the deadline passes; on a timeout write the slot's record and poison the
     context. True when every awaited flag arrived."""
     ok = not _poisoned(ctx, lanes)
     if ok:
+        target = tl.zeros(lanes.shape, tl.int64) + value
         mine = _word(ctx, rank(ctx), slot, writers)
         timeout_ns = tl.load(ctx + _TIMEOUT_NS)
         seen = _poll(mine, awaited, target)
@@ -203,17 +204,17 @@ def _await(ctx, slot, awaited, writers, target, lanes):
         if culprits != 0:
             first = tl.min(tl.where(behind, lanes, lanes.shape[0]), axis=0)
             seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
-            _record(ctx, slot, target, culprits, seen_first)
+            _record(ctx, slot, value, culprits, seen_first)
         ok = culprits == 0
     return ok
 
 
 @triton.jit
-def _record(ctx, slot, target, culprits, seen):
-    """Write ``slot``'s error record, then poison the context."""
+def _record(ctx, slot, value, culprits, seen):
+    """Write ``slot``'s error record (``value`` awaited), then poison the context."""
     rec = (tl.load(ctx + _RECORD) + slot * _RECORD_WORDS * 8).to(tl.pointer_type(tl.int64))
-    tl.store(rec + 1, target)
-    tl.store(rec + 2, slot.to(tl.int64))
+    tl.store(rec + 1, tl.zeros((), tl.int64) + value)
+    tl.store(rec + 2, tl.zeros((), tl.int64) + slot)
     tl.store(rec + 3, culprits)
     tl.store(rec + 4, seen)
     tl.store(rec + 5, tl.zeros((), tl.int64))
@@ -230,7 +231,7 @@ def wait(ctx, slot, src, value, LANES: tl.constexpr):
     record names ``src``) or the context was poisoned already."""
     lanes = tl.arange(0, LANES)
     writers = lanes * 0 + src
-    return _await(ctx, slot, lanes == 0, writers, tl.zeros((LANES,), tl.int64) + value, lanes)
+    return _await(ctx, slot, lanes == 0, writers, value, lanes)
 
 
 @triton.jit
@@ -246,5 +247,5 @@ def barrier(ctx, channel, e, LANES: tl.constexpr):
     announce(ctx, channel, e, LANES)
     lanes = tl.arange(0, LANES)
     member = lanes < tl.load(ctx + _WORLD)
-    ok = _await(ctx, channel, member, tl.where(member, lanes, 0), tl.zeros((LANES,), tl.int64) + e, lanes)
+    ok = _await(ctx, channel, member, tl.where(member, lanes, 0), e, lanes)
     return e, ok
