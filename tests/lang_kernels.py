@@ -7,7 +7,7 @@ import triton.language as tl
 import gpucomm.language as gl
 
 # A user slot (after the channels): the ring below signals on it.
-RING_SLOT = 40
+RING_SLOT = tl.constexpr(40)
 
 
 @triton.jit

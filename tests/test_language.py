@@ -82,9 +82,10 @@ def _both_one_shots(rank: int, world_size: int, seed: int) -> list[str]:
     lang = program.new_subgroup(list(range(world_size)), algo="oneshot_lang")
     problems = []
     case = 0
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32):
-        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
-            for n in (1, 7, 4099):
+    ops = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.PRODUCT)
+    for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32, torch.int32)):
+        for j, n in enumerate((7, 4099)):  # the ops in turn: the kernels' numerics are test_kernels'
+            for op in (ops[(i + j) % 4], ops[(i + j + 1) % 4]):
                 case += 1
                 x = make_input(seed, case, rank, n, dtype, op)
                 a, b = x.clone(), poison(torch.empty_like(x)).copy_(x)

@@ -64,7 +64,7 @@ def test_all_reduce_on_the_workspace(world_size: int, algo: str, kernels: str) -
     assert served and all(expected in line for line in served), served[:3]
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 4])
 def test_all_reduce_written_with_the_device_api(world_size: int) -> None:
     # gpucomm.language's first user: the one-shot of kernels/triton/oneshot.py, the same matrix.
     test_all_reduce_on_the_workspace(world_size, "oneshot_lang", "triton")

@@ -6,7 +6,7 @@ A whole all_reduce, written as one Triton kernel: every rank sums every rank's t
 the peers' copies straight from their memory. It shows the device API's core:
 
 - symmetric tensors (``comm.empty``): every rank has one at the same offset, so a pointer into
-  this rank's tensor names any peer's copy (``gl.load(ptr, peer, ctx)``);
+  this rank's tensor names any peer's copy (``gl.translate(ptr, peer, ctx)``);
 - ``gl.barrier``: every rank meets there, with release/acquire at system scope and gpucomm's
   deadline (a rank that never comes raises ``CommTimeoutError`` on the host, naming it);
 - epochs kept on the device (``gl.epoch`` / ``gl.store_epoch``): nothing to reset between calls.
@@ -45,9 +45,9 @@ def one_shot_all_reduce(
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < n
-            acc = gl.load(x_ptr + offs, 0, ctx, mask=mask)  # rank 0's copy ...
-            for peer in range(1, gl.world(ctx)):  # ... then the others, in rank order
-                acc += gl.load(x_ptr + offs, peer, ctx, mask=mask)
+            acc = tl.load(gl.translate(x_ptr, 0, ctx) + offs, mask=mask)  # rank 0's x ...
+            for peer in range(1, gl.world(ctx)):  # ... then the others', in rank order
+                acc += tl.load(gl.translate(x_ptr, peer, ctx) + offs, mask=mask)
             tl.store(out_ptr + offs, acc, mask=mask)
     e, ok = gl.barrier(ctx, 0, e, LANES)  # every rank is done reading this rank's x
     gl.store_epoch(ctx, e)  # the next launch starts from here

@@ -74,8 +74,11 @@ def translate(ptr, peer, ctx):
     as the same place in ``peer``'s copy, addressed from this process.
 
     The distance between two ranks' copies is a multiple of 16 bytes (the host checks it), and
-    the result says so: a block of contiguous, aligned pointers stays one that loads and stores
-    in 16-byte vectors. A pointer outside every region is returned unchanged (it stays local).
+    the result says so: translate a scalar base and add the offsets after
+    (``tl.load(gl.translate(x_ptr, peer, ctx) + offs)``), and an aligned base with contiguous
+    offsets still loads and stores in 16-byte vectors. A block of pointers translates element by
+    element (each may lie in another region), which the compiler cannot vectorise. A pointer
+    outside every region is returned unchanged (it stays local).
     """
     me = tl.load(ctx + _RANK)
     addr = ptr.to(tl.int64)
@@ -91,13 +94,15 @@ def translate(ptr, peer, ctx):
 
 @triton.jit
 def load(ptr, peer, ctx, mask=None, other=None):
-    """``tl.load`` of ``ptr`` translated to ``peer`` (see :func:`translate`)."""
+    """``tl.load`` of ``ptr`` (a pointer or a block of them) translated to ``peer``. For 16-byte
+    vectors translate the scalar base instead (see :func:`translate`)."""
     return tl.load(translate(ptr, peer, ctx), mask=mask, other=other)
 
 
 @triton.jit
 def store(ptr, value, peer, ctx, mask=None):
-    """``tl.store`` of ``value`` at ``ptr`` translated to ``peer`` (see :func:`translate`)."""
+    """``tl.store`` of ``value`` at ``ptr`` (a pointer or a block of them) translated to
+    ``peer``. For 16-byte vectors translate the scalar base instead (see :func:`translate`)."""
     tl.store(translate(ptr, peer, ctx), value, mask=mask)
 
 

@@ -69,7 +69,9 @@ def publish_kernel(
     gl.store_epoch(ctx, e + 1)
 
 
-@triton.jit(do_not_specialize=["m", "n", "k", "stage_half"])
+# m, n and k specialise (divisibility by 16, as Triton's matmul tutorial lets them): tiles of
+# 16-byte rows load as vectors. A model has a few shapes.
+@triton.jit(do_not_specialize=["stage_half"])
 def matmul_kernel(
     ctx,  # the DeviceContext's table (after publish_kernel on this rank)
     a_ptr,  # this rank's shard, [m, k]
@@ -107,6 +109,9 @@ def matmul_kernel(
         a = gl.translate((stage_addr + ((e - 1) & 1) * stage_half).to(tl.pointer_type(DTYPE)), p, ctx)
     else:
         a = a_ptr
+    # Both are 16-byte aligned (a torch allocation; a stage, translated by 16-byte distances);
+    # said after the branch, whose merge forgets it.
+    a = tl.multiple_of(a, 16)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if ok:
         for k0 in range(0, k, BLOCK_K):

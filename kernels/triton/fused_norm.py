@@ -72,6 +72,8 @@ def residual_rmsnorm_kernel(
     DTYPE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """The residual add and RMSNorm alone (no communication), program c taking rows c, c + C, ..."""
+    if ALIGNED:  # rows of whole 16-byte vectors: masks by vector, so loads and stores are vectors
+        H = tl.multiple_of(H // (128 // DTYPE.primitive_bitwidth) * (128 // DTYPE.primitive_bitwidth), 128 // DTYPE.primitive_bitwidth)
     cols = tl.arange(0, BLOCK_H)
     for row in range(tl.program_id(0), T, tl.num_programs(0)):
         at = tl.cast(row, tl.int64) * H * (DTYPE.primitive_bitwidth // 8)
@@ -95,6 +97,8 @@ def ar_residual_rmsnorm_kernel(
     channels = tl.num_programs(0)
     P = gl.world(ctx)
     ELEM: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    if ALIGNED:  # rows of whole 16-byte vectors: masks by vector, so loads and stores are vectors
+        H = tl.multiple_of(H // (16 // ELEM) * (16 // ELEM), 16 // ELEM)
     cols = tl.arange(0, BLOCK_H)
     live = cols < H
     row_bytes = tl.cast(H, tl.int64) * ELEM

@@ -35,6 +35,18 @@ _TL = {
 }  # fmt: skip
 
 
+@triton.jit
+def _fold(ctx, staged, out, offs, mask, P, divisor, DTYPE: tl.constexpr, OP: tl.constexpr, ALIGNED: tl.constexpr):
+    """Elements ``offs`` of every rank's stage folded in rank order (from rank 0, whichever rank
+    this is), divided once for AVG, rounded once into ``out`` (an address)."""
+    acc = load_acc(gl.translate(staged, 0, ctx).to(tl.int64), offs, mask, DTYPE, True)
+    for p in range(1, P):
+        acc = combine(acc, load_acc(gl.translate(staged, p, ctx).to(tl.int64), offs, mask, DTYPE, True), OP)
+    if OP == 4:
+        acc = divide(acc, divisor)
+    store_rounded(out, offs, acc, mask, DTYPE, ALIGNED)
+
+
 @triton.jit(do_not_specialize=["n", "piece", "divisor"])
 def oneshot_kernel(
     ctx,  # the DeviceContext's table
@@ -60,27 +72,30 @@ def oneshot_kernel(
     for start in range(0, n, piece):
         count = tl.minimum(piece, n - start)
         share = tl.cdiv(tl.cdiv(count, channels), VEC) * VEC
-        lo = tl.minimum(ch * share, count)
+        # [lo, hi): this channel's share; lo is a whole number of vectors from the piece's start.
+        lo = tl.multiple_of(tl.minimum(ch * share, tl.cdiv(count, VEC) * VEC), VEC)
         hi = tl.minimum(lo + share, count)
+        # Whole vectors up to body, masked by vector (16-byte loads and stores), then the tail.
+        body = tl.multiple_of(tl.maximum(hi // VEC * VEC, lo), VEC)
+        x_piece = x + start * ELEM
         mine = gl.stage(ctx, e, COPY)
-        src = as_pointer(x + start * ELEM, COPY, ALIGNED)
-        for s in range(lo, hi, BLOCK):
+        src = as_pointer(x_piece, COPY, ALIGNED)
+        for s in range(lo, body, BLOCK):
             offs = s + tl.arange(0, BLOCK)
-            tl.store(mine + offs, tl.load(src + offs, mask=offs < hi), mask=offs < hi)
+            tl.store(mine + offs, tl.load(src + offs, mask=offs < body), mask=offs < body)
+        if body < hi:  # the tensor's last elements, short of a vector
+            tail = body + tl.arange(0, VEC)
+            tl.store(mine + tail, tl.load(src + tail, mask=tail < hi), mask=tail < hi)
         e, arrived = gl.barrier(ctx, ch, e, LANES)
         ok = ok & arrived
         if ok:
             staged = gl.stage(ctx, e - 1, DTYPE)
-            for s in range(lo, hi, BLOCK):
+            for s in range(lo, body, BLOCK):
                 offs = s + tl.arange(0, BLOCK)
-                live = offs < hi
-                # Rank order, from rank 0, whichever rank this is.
-                acc = load_acc(gl.translate(staged, 0, ctx).to(tl.int64), offs, live, DTYPE, True)
-                for p in range(1, P):
-                    acc = combine(acc, load_acc(gl.translate(staged, p, ctx).to(tl.int64), offs, live, DTYPE, True), OP)
-                if OP == 4:
-                    acc = divide(acc, divisor)
-                store_rounded(x + start * ELEM, offs, acc, live, DTYPE, ALIGNED)
+                _fold(ctx, staged, x_piece, offs, offs < body, P, divisor, DTYPE, OP, ALIGNED)
+            if body < hi:
+                tail = body + tl.arange(0, VEC)
+                _fold(ctx, staged, x_piece, tail, tail < hi, P, divisor, DTYPE, OP, ALIGNED)
     gl.store_epoch(ctx, e)
 
 
