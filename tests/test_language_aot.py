@@ -59,22 +59,19 @@ def _variants() -> dict[str, tuple]:
         norm,
         fused_norm.num_warps(8192),
     )
-    variants["publish-bfloat16"] = (
-        fused_matmul.publish_kernel,
-        {"ctx": "*i64", "a_addr": "i64", "stage_addr": "i64", "stage_half": "i64", "m": "i32", "k": "i32"},
-        {"COPY": tl.int16, "BLOCK": 1024, "LANES": 128},
-        4,
-    )
-    variants["matmul-bfloat16"] = (
-        fused_matmul.matmul_kernel,
+    variants["ag_matmul-bfloat16"] = (
+        fused_matmul.ag_matmul_kernel,
         {"ctx": "*i64", "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "stage_addr": "i64", "stage_half": "i64", "m": "i32", "n": "i32", "k": "i32"},
-        {"G": 4, "DTYPE": tl.bfloat16, "PRECISION": "tf32", "WIDEN": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "LANES": 128},
+        {
+            "G": 4, "COPY": tl.int16, "DTYPE": tl.bfloat16, "PRECISION": "tf32", "WIDEN": False, "ALIGNED": True, "BLOCK_M": 64,
+            "BLOCK_N": 64, "BLOCK_K": 32, "BLOCK": 1024, "LANES": 128,
+        },
         4,
     )  # fmt: skip
     # One chunk: one wait in the TTGIR. With four, MLIR reuses the SSA names of the unrolled
     # waits in their separate regions, which the name-based timer analysis cannot tell apart.
-    kernel, signature, constexprs, warps = variants["matmul-bfloat16"]
-    variants["matmul-bfloat16-G1"] = (kernel, signature, {**constexprs, "G": 1}, warps)
+    kernel, signature, constexprs, warps = variants["ag_matmul-bfloat16"]
+    variants["ag_matmul-bfloat16-G1"] = (kernel, signature, {**constexprs, "G": 1}, warps)
     variants["user-ring_put"] = (
         ring_put,
         {"ctx": "*i64", "x_ptr": "*fp32", "inbox_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "value": "i64"},
@@ -100,7 +97,7 @@ def _worker() -> dict:
         aligned = {
             (i,): [["tt.divisibility", 16]]
             for i, (arg, t) in enumerate(signature.items())
-            if t.startswith("*") or (name.startswith("matmul") and arg in ("m", "n", "k", "stage_addr"))
+            if t.startswith("*") or (name.startswith("ag_matmul") and arg in ("m", "n", "k", "stage_addr"))
         }
         source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
         try:
@@ -131,7 +128,7 @@ def _seen(ptx: dict, name: str) -> list[str]:
     return seen
 
 
-WAITING = ["oneshot-0-bfloat16", "oneshot-4-float32", "oneshot-3-float32", "ar_residual_rmsnorm-bfloat16", "matmul-bfloat16-G1", "user-ring_put", "tutorial"]
+WAITING = ["oneshot-0-bfloat16", "oneshot-4-float32", "oneshot-3-float32", "ar_residual_rmsnorm-bfloat16", "ag_matmul-bfloat16-G1", "user-ring_put", "tutorial"]
 
 
 @pytest.mark.parametrize("name", WAITING)
@@ -145,7 +142,7 @@ def test_waits_acquire_at_system_scope_against_the_global_timer_once_per_block(p
     assert facts == {"per_thread": True, "branch_sees_raw": False, "branch_sees_reduced": True}, facts
 
 
-@pytest.mark.parametrize("name", [n for n in WAITING if not n.startswith("matmul")] + ["publish-bfloat16"])
+@pytest.mark.parametrize("name", WAITING)
 def test_signals_release_at_system_scope(ptx, name: str) -> None:
     seen = _seen(ptx, name)
     assert _has(seen, "atom", "release", "sys", "exch"), seen
@@ -162,7 +159,7 @@ def test_peer_loads_keep_their_16_byte_vectors(ptx, name: str) -> None:
 def test_the_matmul_pipelines_16_byte_tile_copies_into_tensor_core_mmas(ptx) -> None:
     # Tiles of 16-byte rows, from this rank's shard or from a peer's stage through gl.translate:
     # cp.async.cg (16 bytes a thread) into shared memory, wgmma on sm_90 (Triton 3.9).
-    seen = _seen(ptx, "matmul-bfloat16")
+    seen = _seen(ptx, "ag_matmul-bfloat16")
     assert any(i.startswith("cp.async.cg.shared.global") for i in seen), seen
     assert any(i.startswith("wgmma.mma_async") for i in seen), seen
 

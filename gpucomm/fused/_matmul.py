@@ -29,9 +29,10 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group: object = No
     the matmul's tolerance (the order of the K sum differs), not bit for bit.
 
     Args:
-        a_shard: (m, k), fp32, fp16 or bf16, contiguous. Staged in the device API's stage
-            where it fits a half (3/16 of GPUCOMM_WORKSPACE_BYTES), else in a symmetric heap
-            buffer of twice its size (GPUCOMM_HEAP_BYTES), allocated on first use and kept.
+        a_shard: (m, k), fp32, fp16 or bf16, contiguous. The world's shards gather in the device
+            API's stage where they fit a half (3/16 of GPUCOMM_WORKSPACE_BYTES), else in a
+            symmetric heap buffer of twice their size (GPUCOMM_HEAP_BYTES), allocated on first
+            use and kept.
         b: (k, n), a_shard's dtype, contiguous.
         group: the group (None: the default group).
 
@@ -67,10 +68,11 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group: object = No
 
 
 def _staging(comm: Communicator, ctx: DeviceContext, a_shard: torch.Tensor) -> tuple[int, int]:
-    """Where the shard is published: the context's stage where it fits a half, else two halves
-    of a symmetric heap buffer, kept on the context for the next calls (the largest so far: a
-    new size allocates collectively, as every rank calls with the same shapes, in order)."""
-    nbytes = -(-a_shard.numel() * a_shard.element_size() // _ALIGN) * _ALIGN
+    """Where the shards are gathered: the context's stage where world shards fit a half, else
+    two halves of a symmetric heap buffer, kept on the context for the next calls (the largest
+    so far: a new size allocates collectively, as every rank calls with the same shapes, in
+    order)."""
+    nbytes = -(-ctx.world_size * a_shard.numel() * a_shard.element_size() // _ALIGN) * _ALIGN
     if nbytes <= ctx.stage_half_bytes:
         return ctx.stage_addr, ctx.stage_half_bytes
     buffer = ctx.buffers.get("all_gather_matmul")
