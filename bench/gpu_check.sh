@@ -5,6 +5,7 @@
 #   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager and replayed from a CUDA graph
+#   bash bench/gpu_check.sh symmetric # all_reduce of symmetric tensors (gpucomm.empty) against ordinary ones, multimem on and off
 #   bash bench/gpu_check.sh tests     # tests/gpu
 #   bash bench/gpu_check.sh sanitize-memcheck   # every collective at 2 ranks under compute-sanitizer,
 #   bash bench/gpu_check.sh sanitize-racecheck  # one-shot and two-shot all_reduce forced, Triton and
@@ -22,7 +23,7 @@
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
+part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|symmetric|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -98,6 +99,16 @@ latency)
         step "gpu_latency_$k" 240 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels "$k" --json "$work/gpu_latency_$k.json"
     done
     ;;
+symmetric)
+    # 8 B to 64 MiB at 2 ranks, the program kernel (Triton, then CUDA C++): ordinary, symmetric,
+    # two-shot forced on both (in place on the symmetric one at every size). The multimem step adds
+    # NVLink SHARP where the engine has it; on one GPU shared by the ranks it prints the one-line
+    # reason instead (a multicast object takes each GPU once), as does a heap without cuda.bindings.
+    for k in triton cuda; do
+        step "symmetric_${k}_np2" 200 python3 -m gpucomm._bench.symmetric --nproc 2 --device cuda --kernels "$k" --json "$work/symmetric_${k}_np2.json"
+    done
+    step symmetric_multimem_np2 150 python3 -m gpucomm._bench.symmetric --nproc 2 --device cuda --kernels triton --multimem --json "$work/symmetric_multimem_np2.json"
+    ;;
 tests)
     step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
     ;;
@@ -130,7 +141,7 @@ cpuhost-default|cpuhost-1)
     done
     ;;
 *)
-    echo "unknown part: $part (bench2|bench4|latency|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
+    echo "unknown part: $part (bench2|bench4|latency|symmetric|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac

@@ -1,9 +1,19 @@
 """Host time of a repeated small collective: what gpucomm's own Python costs per call.
 
-Two ranks. On the device path (the Triton program kernel, ``TRITON_INTERPRET=1`` on the
-shared-memory workspace) the kernel launch is replaced by a recorder, as ``bench/launches.py``
-counts launches: what is timed is everything the host does for a call up to the launch, which on
-a GPU is all a blocking small collective costs the host. The recorder's own cost is timed too.
+Two ranks. On the device path (the Triton program kernel on the shared-memory workspace) what is
+timed is everything the host does for a call, which on a GPU is all a blocking small collective
+costs the host. ``--launch`` says how the kernel is launched:
+
+- ``bound`` (default): the program kernel compiled for sm_90 and its launch bound through
+  gpucomm's launcher (:mod:`gpucomm.ops.triton_launch`) on the tests' CUDA driver double
+  (bench/driver_double.py), which records the launch and runs nothing: timed up to and including
+  the call into the driver. The double's launches are counted per call;
+- ``jit``: through Triton's JIT dispatch. It needs a CUDA device (the dispatch asks torch for the
+  current device and stream), so on a host without one the entry says so and quotes the published
+  figures instead of a measurement;
+- ``recorder``: the Triton interpreter's launch replaced by a recorder (how the figures before the
+  bound launch were taken): gpucomm's Python up to the launch, the recorder's own cost timed too.
+
 On the shared-memory path (the torch kernels) the collective runs for real: 8 bytes between two
 ranks, waits included. Each call is timed alone; the median and p90 in microseconds, and the
 Python function calls per call (``sys.setprofile``: every call event inside one collective).
@@ -16,6 +26,7 @@ rounds of each pair's ratio.
 Example::
 
     python -m gpucomm._bench.host_time --calls 2000 --json host_time.json
+    python -m gpucomm._bench.host_time --paths device --launch bound jit
 """
 
 from __future__ import annotations
@@ -31,7 +42,16 @@ from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 from .samples import each_call, median_p90_us
 
-__all__ = ["main"]
+__all__ = ["main", "JIT_PUBLISHED_US"]
+
+# Published host time of one launch through Triton's JIT dispatch, where it cannot run here
+# (issue 32 quotes them): triton-lang/triton PR #7771 (27 us before it, 13-17 us after, ~19
+# arguments, H100 host); tritonbench PR #669 (13.2 us with 19 arguments, 3.6 us calling the compiled
+# kernel directly); vLLM PR #34838 (8.7 us through the JIT, 4.5 us through a cached compiled kernel).
+JIT_PUBLISHED_US = {
+    "triton PR 7771 (after)": [13.0, 17.0], "tritonbench PR 669": 13.2, "vLLM PR 34838": 8.7,
+    "bare cuLaunchKernel": [1.3, 1.6],
+}
 
 
 def _python_calls(call) -> int:  # noqa: ANN001
@@ -51,19 +71,29 @@ def _python_calls(call) -> int:  # noqa: ANN001
     return count
 
 
-def _rank(rank: int, world: int, port: int, path: str, calls: int, record_rounds: int, results: multiprocessing.Queue) -> None:
+def _rank(
+    rank: int, world: int, port: int, path: str, launch: str, double: str | None, calls: int, record_rounds: int,
+    results: multiprocessing.Queue,
+) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )
-    if path == "device":
+    if path == "device" and launch == "recorder":
         os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)  # bound: the real compiler, for sm_90
     import torch
 
     import gpucomm
 
     recorded = 0
-    if path == "device":
+    if path == "device" and launch == "bound":
+        from .driver_double import install_host_only_kernels
+
+        install_host_only_kernels(double)
+        gpucomm.init_process_group(transport="shm", kernels="triton", timeout=120)
+    elif path == "device":
         from triton.runtime.interpreter import InterpretedFunction
 
         def recorder(fn, *args, **kwargs):  # noqa: ANN001, ANN202 (Triton's signature)
@@ -78,9 +108,15 @@ def _rank(rank: int, world: int, port: int, path: str, calls: int, record_rounds
     for _ in range(50):
         gpucomm.all_reduce(t)
     gpucomm.barrier()
-    out = {"path": path, **median_p90_us(each_call(lambda: gpucomm.all_reduce(t), calls)),
+    out = {"path": path, "launch": launch if path == "device" else "shm", **median_p90_us(each_call(lambda: gpucomm.all_reduce(t), calls)),
            "python_calls": _python_calls(lambda: gpucomm.all_reduce(t))}
-    if path == "device":
+    if path == "device" and launch == "bound":
+        from .driver_double import launches
+
+        launches_before = launches(double)
+        gpucomm.all_reduce(t)
+        out["launches_per_call"] = launches(double) - launches_before
+    elif path == "device":
         launches_before = recorded
         gpucomm.all_reduce(t)
         out["launches_per_call"] = recorded - launches_before
@@ -109,24 +145,53 @@ def _record_cost(comm, call, calls: int, rounds: int) -> dict:  # noqa: ANN001
     }
 
 
-def measure(path: str, calls: int, record_rounds: int = 0) -> dict:
-    """Rank 0's figures for ``path`` ("device" or "shm")."""
-    per_rank = spawn_ranks(_rank, 2, path, calls, record_rounds, timeout=600)
+def measure(path: str, calls: int, record_rounds: int = 0, launch: str = "bound") -> dict:
+    """Rank 0's figures for ``path`` ("device" or "shm"), the device path's kernel launched as
+    ``launch`` ("bound", "jit" or "recorder")."""
+    if path == "device" and launch == "jit":
+        return _jit_here()
+    double = None
+    if path == "device" and launch == "bound":
+        from .driver_double import library
+
+        double = library()
+    per_rank = spawn_ranks(_rank, 2, path, launch, double, calls, record_rounds, timeout=600)
     return per_rank[0]
+
+
+def _jit_here() -> dict:
+    """The JIT dispatch's entry: not measured where no CUDA device can run it (the driver double
+    cannot stand in: the dispatch asks torch, built without CUDA here, for the device and stream)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {
+            "path": "device", "launch": "jit", "median_us": None, "p90_us": None, "python_calls": None,
+            "not_measured": "Triton's JIT dispatch needs a CUDA device (torch.cuda is unavailable here); published figures per launch instead",
+            "published_us": JIT_PUBLISHED_US,
+        }
+    raise SystemExit("--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU (bench/gpu_check.sh's latency part)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.host_time", description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per path (default: %(default)s)")
     parser.add_argument("--paths", nargs="+", default=["device", "shm"], choices=["device", "shm"], help="paths to time")
+    parser.add_argument("--launch", nargs="+", default=["bound"], choices=["bound", "jit", "recorder"],
+                        help="how the device path launches its kernel (default: %(default)s; see the module docstring)")
     parser.add_argument("--record-rounds", type=int, default=0, help="rounds timing the flight record's cost (default: none)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
-    rows = [measure(path, args.calls, args.record_rounds) for path in args.paths]
-    print(f"{'path':<8} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    runs = [(path, launch) for path in args.paths for launch in (args.launch if path == "device" else ["shm"])]
+    rows = [measure(path, args.calls, args.record_rounds, launch) for path, launch in runs]
+    print(f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
     for row in rows:
-        extra = f"   recorder {row['recorder_us']:.2f} us, {row['launches_per_call']} launch per call" if "recorder_us" in row else ""
-        print(f"{row['path']:<8} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}")
+        if row["median_us"] is None:
+            print(f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   {row['not_measured']}: {row['published_us']}")
+            continue
+        extra = f"   recorder {row['recorder_us']:.2f} us," if "recorder_us" in row else ""
+        extra += f"   {row['launches_per_call']} launch per call" if "launches_per_call" in row else ""
+        print(f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}")
     for row in rows:
         if "record" in row:
             r = row["record"]

@@ -39,6 +39,7 @@ from gpucomm.progress import Progress, Queued
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.repeat import Repeats
 from gpucomm.transport.heap import SymmetricHeap
+from gpucomm.transport.pool import SymmetricPool
 from gpucomm.story import NodeStatus, StatusSignal, mismatch_story, node_status, timeout_story
 from gpucomm.validation import (
     check_numel,
@@ -325,6 +326,27 @@ class Communicator:
         if where.type == "cuda" and where != engine.device:
             raise ValueError(f"gpucomm.empty: device must be this rank's GPU {engine.device}, got {where}")
         return engine.heap.empty(shape, dtype)
+
+    def mem_pool(self, nbytes: int, device: object = None) -> SymmetricPool:
+        """A pool of ``nbytes`` of the node's symmetric heap whose ``mem_pool()`` is a
+        ``torch.cuda.MemPool``: ``with torch.cuda.use_mem_pool(pool.mem_pool()):`` puts torch's
+        allocations (gradient buckets, activations) in the heap, at the same offsets on every rank
+        that allocates alike (gpucomm.transport.pool). Collective; one per process.
+
+        Example::
+
+            pool = comm.mem_pool(256 << 20)
+            with torch.cuda.use_mem_pool(pool.mem_pool()):
+                grads = torch.empty(4096, device="cuda")
+            pool.check()                 # collective: every rank allocated alike
+            comm.all_reduce(grads)       # in place, as on a tensor of comm.empty
+        """
+        self._check_usable("mem_pool")
+        heap = self.heap(device)
+        if heap is None:
+            raise UnsupportedError("gpucomm.mem_pool: this group has no symmetric heap for that device (see gpucomm.empty)")
+        engine = self._engines[heap.device.type]
+        return SymmetricPool(heap, nbytes, self.store, engine.heap_prefix, self.timeout)
 
     def heap(self, device: object = None) -> SymmetricHeap | None:
         """The symmetric heap of ``device``'s tensors on this rank's node (None without one):

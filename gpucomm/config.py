@@ -15,14 +15,19 @@ __all__ = ["Config", "DEFAULT_HEAP_BYTES", "TRANSPORTS", "KERNELS", "ALGOS", "CH
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
-ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "oneshot_lang")
+ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "multimem", "oneshot_lang")
 CHECKS = ("fingerprint", "full", "off")
 ASYNC_ERROR_HANDLING = ("raise", "abort")
 
 DEFAULT_TIMEOUT_S = 300.0
-# 8 MiB of data per rank: a quarter for the send/recv mailboxes, then two 3 MiB halves that
-# collectives alternate between; small enough for 8 ranks on one GPU.
-DEFAULT_WORKSPACE_BYTES = 8 << 20
+# Data bytes per rank where GPUCOMM_WORKSPACE_BYTES leaves it to gpucomm: a quarter for the
+# send/recv mailboxes, then two halves that collectives alternate between, a large message
+# moving one half-sized piece per round (two SYNCs per piece for two-shot).
+# CPU: 8 MiB (3 MiB halves). GPU: 64 MiB (24 MiB halves), from the model of docs/performance.md
+# (python -m gpucomm._bench.model, 8 x H100, 3 us per SYNC): the SYNCs of a 1 GiB two-shot take
+# 32.9% of its time with 8 MiB, 11.0% with 32 MiB, 5.8% with 64 MiB, 3.1% with 128 MiB; 64 MiB is
+# the smallest under 6%, and 8 ranks sharing one 80 GB GPU (the test layout) still take only 0.5 GB.
+DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "cuda": 64 << 20}
 # Bytes of the symmetric heap per rank (gpucomm.empty), where GPUCOMM_HEAP_BYTES leaves it to
 # gpucomm: 16 MiB on the CPU (the heap is part of the shared-memory workspace segment, whose
 # untouched pages cost nothing), 1 GiB on a GPU (virtual-memory mapped; 1.25% of an H100's 80 GB,
@@ -39,7 +44,7 @@ class Config:
     transport: str = "auto"
     kernels: str = "auto"
     algo: str = "auto"
-    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES
+    workspace_bytes: int = -1  # -1: DEFAULT_WORKSPACE_BYTES of the device
     heap_bytes: int = -1  # -1: DEFAULT_HEAP_BYTES of the device; 0: no heap
     timeout: float = DEFAULT_TIMEOUT_S
     debug: str = ""

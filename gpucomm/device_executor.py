@@ -86,6 +86,8 @@ class DeviceExecutor:
         self._timeout_ns = int(engine.timeout * 1e9)
         self._names: dict[int, str] = {}
         self._on_gpu = self.device.type == "cuda"
+        # A launch on a GPU names the caller's current stream: one C call for its handle.
+        self._stream = functools.partial(torch._C._cuda_getCurrentRawStream, self.device.index) if self._on_gpu else None
 
     def epoch(self) -> int:
         """Channel 0's epoch once the launches so far have run (waits for the device)."""
@@ -108,7 +110,7 @@ class DeviceExecutor:
             bound["captured"] = True
         if self._on_gpu:
             with torch.cuda.device(self.device):
-                bound["launch"]()
+                bound["launch"](self._stream())
         else:
             bound["launch"]()
             self.check()  # the launch has run: its errors are there now
@@ -153,7 +155,7 @@ class DeviceExecutor:
         the last one's). While a CUDA graph captures, the full path's steps: the program and its
         tables marked captured, so that they stay as long as the graph. With another device
         current than this one, :meth:`run` (it makes this one current for the launch)."""
-        to_caller, check, run = self.engine.order.to_caller, self.check, self.run
+        to_caller, check, run, stream = self.engine.order.to_caller, self.check, self.run, self._stream
         launch = None if bound is None else bound["launch"]
         index, current_device = self.device.index, torch._C._cuda_getDevice
 
@@ -165,7 +167,7 @@ class DeviceExecutor:
                 run(program, addrs)
             else:
                 check()
-                launch()
+                launch(stream())
 
         return launch_on_caller
 
@@ -192,7 +194,8 @@ class DeviceExecutor:
         if len(self._names) > _NAMES_KEPT:
             self._names.pop(next(iter(self._names)))
         extent = program.extent or largest
-        grid = launch_channels(extent, self.channels) if self.channels_by_size else self.channels
+        sized = max(extent, program.grid_bytes)
+        grid = launch_channels(sized, self.channels) if self.channels_by_size else self.channels
         granule = max(_ALIGN, -(-extent // grid // _ALIGN) * _ALIGN)
         return {"channels": grid, "instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
 
@@ -200,16 +203,15 @@ class DeviceExecutor:
         """The operand table of ``program`` on buffers at ``addrs``, kept for the next call on them."""
         engine = self.engine
         table = self._upload(operand_rows(program, addrs), OPERAND_WORDS)
-        # Every argument of the launch packed once: a repeated call passes none of its own.
-        prepare = getattr(self.kernels, "prepare_program", None)  # Triton's checks and packs them once
-        if prepare is None:  # the CUDA C++ kernels check their arguments at each launch
-            prepare = functools.partial(functools.partial, self.kernels.run_program)
-        launch = prepare(
+        # Every argument of the launch checked and packed once: a repeated call passes none of its
+        # own. On a GPU the result's launch(stream) is one call into the driver (gpucomm.ops.launcher).
+        prepared = self.kernels.prepare_program(
             form["instructions"], table, self.peers, self.state_addr, self.record.data_ptr(),
             channels=form["channels"], all_channels=self.channels, rank=engine.rank, world=engine.world_size, fingerprint=program.fingerprint,
             half_bytes=engine.half_bytes, granule=form["granule"], timeout_ns=self._timeout_ns,
             dtype=program.dtype, op=int(program.op or 0), copy_bytes=program.copy_bytes(addrs), aligned=program.aligned(addrs),
         )
+        launch = prepared.launch if self._on_gpu else prepared
         bound = {"operands": table, "launch": launch, "captured": capturing(self.device)}
         kept = form["bound"]
         kept[addrs] = bound

@@ -37,9 +37,10 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 
-from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select
+from gpucomm import log
+from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select, symmetric
 from gpucomm.channels import launch_channels, layout_channels
-from gpucomm.config import DEFAULT_HEAP_BYTES
+from gpucomm.config import DEFAULT_HEAP_BYTES, DEFAULT_WORKSPACE_BYTES
 from gpucomm.errors import UnsupportedError
 from gpucomm.language import layout as device_layout
 from gpucomm.language.context import DeviceContext
@@ -51,13 +52,19 @@ from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import Group
 from gpucomm.stream_order import StreamOrder
 from gpucomm.transport import open_workspace
+from gpucomm.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce, exact_in_any_order
 from gpucomm.transport.heap import SymmetricHeap, StoreAgreement
+from gpucomm.transport.heap_open import agree, heap_in_workspace, heap_kind, vmm_heap
 from gpucomm.work import Work
 
 __all__ = ["Engine", "Topology", "FlagLayout"]
 
 _ALIGN = 256  # every half starts 256-byte aligned: full 16-byte vectors for the kernels
 _P2P_SHARE = 4  # the mailboxes take 1/_P2P_SHARE of the data area
+# A half of the device API's stage holds 256 tokens of hidden 8192 in bf16 (4 MiB), the largest
+# all_reduce_residual_rmsnorm of tensor-parallel decoding, in one piece; larger buffers (an
+# all_gather_matmul's shards) come from the symmetric heap.
+_STAGE_HALF_MAX = 4 << 20
 # Programs kept per communicator, one per call shape (the buffers' addresses are not part of
 # it: executors bind a program to the addresses of a call). A training loop calls a few shapes.
 _PROGRAM_CACHE = 256
@@ -122,15 +129,15 @@ class Engine:
         self.transport = transport
         self.device = device
         self.kernels = get_kernels(kernels, device)
-        data_bytes = comm.config.workspace_bytes
+        data_bytes = comm.config.workspace_bytes if comm.config.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device.type]
         heap_bytes = comm.config.heap_bytes if comm.config.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device.type]
         heap_bytes = heap_bytes // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
         # The device API's stage (gpucomm.language.stage), after the halves: its own, so that
         # kernels written with the API never write where a program's peers may still read.
-        # Half the size of a program's half: small messages are what one-shot kernels serve.
-        self.stage_half_bytes = self.half_bytes // 2 // _ALIGN * _ALIGN
+        # Half a program's half, at most _STAGE_HALF_MAX: what one-shot kernels serve is small.
+        self.stage_half_bytes = min(self.half_bytes // 2, _STAGE_HALF_MAX) // _ALIGN * _ALIGN
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
         # each at least (two fp64 elements, one 16-byte vector).
         if self.half_bytes // self.world_size < 16:
@@ -144,13 +151,21 @@ class Engine:
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
         node_tag = f"n{topology.node}/" if topology.hierarchical else ""
+        heap_prefix = self.heap_prefix = comm.prefix + "heap/" + node_tag
+        # The heap of a GPU comes from the driver's virtual-memory API where every local rank
+        # has it; otherwise (and on the CPU) from the end of the workspace's data area.
+        agreed = lambda mine: agree(comm.store, heap_prefix + "kind/", self.rank, self.world_size, comm.timeout, mine)  # noqa: E731
+        self.heap_kind, why = heap_kind(device, agreed) if heap_bytes else ("none", "")
+        if why:
+            log.logger.warning(f"gpucomm[rank {comm.rank}]: the symmetric heap is a region of the CUDA IPC workspace (cudaIpcGetMemHandle), not virtual-memory mapped: {why}")
+        in_workspace = heap_bytes if self.heap_kind == "workspace" else 0
         self.workspace = open_workspace(
             transport,
             store=comm.store,
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes + heap_bytes,
+            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes + in_workspace,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
@@ -165,7 +180,8 @@ class Engine:
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
         try:
-            self.heap = self._open_heap(comm, heap_bytes, node_tag)
+            self.heap, mc_base, mc_reason = self._open_heap(comm, heap_bytes, heap_prefix)
+            self.multimem = self._open_multimem(mc_base, mc_reason)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
@@ -191,16 +207,33 @@ class Engine:
             return None
         return cls(comm, transport, kernels, device, topology)
 
-    def _open_heap(self, comm: Group, nbytes: int, node_tag: str) -> SymmetricHeap | None:
-        """The symmetric heap at the end of every rank's data area (None without one)."""
-        if nbytes == 0:
-            return None
+    def _open_heap(self, comm: Group, nbytes: int, prefix: str) -> tuple[SymmetricHeap | None, int, str]:
+        """The symmetric heap (None without one), its multicast address (0 without one) and why
+        there is none (gpucomm.transport.heap_open)."""
+        if self.heap_kind == "none":
+            return None, 0, "no symmetric heap (GPUCOMM_HEAP_BYTES=0)"
+        agree_alloc = StoreAgreement(comm.store, prefix, self.rank, self.world_size, comm.timeout)
+        if self.heap_kind == "vmm":
+            return vmm_heap(comm.store, prefix, self.rank, self.world_size, self.device, nbytes, agree_alloc, SIGNAL_PAD_BYTES, comm.timeout)
         start = self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes
-        regions = [self.workspace.data(p, start, nbytes) for p in range(self.world_size)]
-        agree = StoreAgreement(comm.store, comm.prefix + "ws/" + node_tag, self.rank, self.world_size, comm.timeout)
-        # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
-        keep = [r.bytes for r in regions]
-        return SymmetricHeap(self.rank, self.world_size, self.device, [r.addr for r in regions], nbytes, agree, keep=keep)
+        heap = heap_in_workspace(self.workspace, start, nbytes, agree_alloc, SIGNAL_PAD_BYTES)
+        if self.device.type == "cuda":
+            return heap, 0, "the heap is a region of the CUDA IPC workspace, which no multicast object can bind"
+        return heap, 0, ""
+
+    def _open_multimem(self, mc_base: int, mc_reason: str) -> MultimemAllReduce:
+        """The multimem path (gpucomm.multimem), or its one-line reason for being unavailable
+        (logged at init on a GPU)."""
+        reason = mc_reason
+        if not reason and self.kernels.name != "triton":
+            reason = f"the multimem kernel is Triton's, and this engine runs kernels={self.kernels.name}"
+        if not reason and self.device.type == "cpu":
+            from gpucomm._kernels.triton.clock import INTERPRETED
+
+            reason = "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
+        if reason and self.device.type == "cuda":
+            log.logger.info(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce: {reason}")
+        return MultimemAllReduce(self.heap, mc_base, reason, self.channels, self.timeout)
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":
@@ -356,6 +389,8 @@ class Engine:
             hierarchical.all_reduce(self, tensor, op)
         elif algo == "oneshot_lang":
             self._all_reduce_lang(tensor, op)
+        elif algo == "multimem" or self._multimem_by_default(tensor, op, algo):
+            self.multimem.run(tensor, op)
         else:
             fields, build = self._all_reduce_plan(tensor, op, algo)
             self.run("all_reduce", fields, [Region.of(tensor)], build)
@@ -393,6 +428,18 @@ class Engine:
 
         return run
 
+    def _multimem_by_default(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> bool:
+        """``auto`` takes the multimem path on a GPU for a symmetric tensor whose fold is exact
+        in any order (integer SUM, MIN, MAX), above one-shot's sizes (the model's crossover:
+        docs/performance.md), where the switch is there."""
+        return (
+            self.device.type == "cuda"
+            and algo == "twoshot"
+            and select.forced_algo("all_reduce", self.knob_algo) == "auto"
+            and exact_in_any_order(tensor.dtype, op)
+            and not self.multimem.unsupported(tensor, op)
+        )
+
     def symmetric_offset(self, tensor: torch.Tensor) -> int | None:
         """The heap offset of ``tensor`` if it lies in the symmetric heap, else None."""
         heap = self.heap
@@ -404,6 +451,13 @@ class Engine:
         The heap offset is part of the fields, so that ranks that pass tensors at different
         offsets (or a symmetric tensor against an ordinary one) raise CommMismatchError."""
         offset = self.symmetric_offset(tensor) if algo == "twoshot" else None
+        # In place only where it saves SYNCs: a tensor that fits one half moves in one piece
+        # with two SYNCs through the halves, against three in place (docs/performance.md:
+        # 8 x H100, 64 MiB workspace, in place ahead from 32 MiB, behind at 8 MiB); forced
+        # two-shot (GPUCOMM_ALGO) runs in place at any size.
+        nbytes = tensor.numel() * tensor.element_size()
+        if offset is not None and nbytes <= self.half_bytes and select.forced_algo("all_reduce", self.knob_algo) != "twoshot":
+            offset = None
         if offset is None:
             return (tensor.dtype, tensor.numel(), op.name, algo), lambda b: allreduce.run(algo, b, tensor, op)
         fields = (tensor.dtype, tensor.numel(), op.name, algo, "symmetric", offset)
@@ -414,6 +468,17 @@ class Engine:
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
         if algo == "oneshot_lang":
             return self._lang_launch(tensor, op, ordered=True)
+        if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
+            launch = self.multimem.bind(tensor, op)
+            if self.stream is None:
+                return launch
+            on_caller = self.on_caller_stream
+
+            def launch_on_caller() -> None:
+                on_caller()
+                launch()
+
+            return launch_on_caller
         fields, build = self._all_reduce_plan(tensor, op, algo)
         region = Region.of(tensor)
         program = self.program("all_reduce", fields, [region], build)
@@ -424,16 +489,34 @@ class Engine:
         run = self.executor.run
         return lambda: run(program, addrs)
 
+    def _in_place(self, algo: str, nbytes: int, *tensors: torch.Tensor) -> tuple[int, ...] | None:
+        """The heap offsets of ``tensors`` (the ones the peers read) where a direct collective
+        moving ``nbytes`` runs in place (gpucomm.algorithms.symmetric): all of them symmetric,
+        and more bytes than one half (below, one piece through the halves takes one sync, the
+        in-place program two)."""
+        if algo != "direct" or nbytes <= self.half_bytes:
+            return None
+        offsets = tuple(self.symmetric_offset(t) for t in tensors)
+        return None if None in offsets else offsets
+
     def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp, *, algo: str) -> Work:
         root = self.local_of(dst)
         fields = (tensor.dtype, tensor.numel(), op.name, algo)
-        self.run("reduce", fields, [Region.of(tensor)], lambda b: rooted.reduce(algo, b, tensor, root, op), root)
+        build = lambda b: rooted.reduce(algo, b, tensor, root, op)  # noqa: E731
+        offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.reduce(b, tensor, root, op)  # noqa: E731
+        self.run("reduce", fields, [Region.of(tensor)], build, root)
         return self.completed()
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, algo: str) -> Work:
         root = self.local_of(src)
         fields = (tensor.dtype, tensor.numel(), algo)
-        self.run("broadcast", fields, [Region.of(tensor)], lambda b: rooted.broadcast(algo, b, tensor, root), root)
+        build = lambda b: rooted.broadcast(algo, b, tensor, root)  # noqa: E731
+        offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.broadcast(b, tensor, root)  # noqa: E731
+        self.run("broadcast", fields, [Region.of(tensor)], build, root)
         return self.completed()
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, algo: str) -> Work:
@@ -445,7 +528,12 @@ class Engine:
         mine, whole, size = Region.of(tensor), Region.of(output), tensor.numel() * tensor.element_size()
         outs = [whole.sub(p * size, size) for p in range(self.world_size)]
         fields = (tensor.dtype, tensor.numel(), algo)
-        self.run("all_gather_into_tensor", fields, [mine, whole], lambda b: allgather.run(algo, b, mine, outs))
+        build = lambda b: allgather.run(algo, b, mine, outs)  # noqa: E731
+        # In place where the input is symmetric (the peers read it); the output may be any tensor.
+        offsets = self._in_place(algo, whole.nbytes, tensor)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.all_gather_into_tensor(b, whole, tensor)  # noqa: E731
+        self.run("all_gather_into_tensor", fields, [mine, whole], build)
         return self.completed()
 
     def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int, *, algo: str) -> Work:
@@ -473,6 +561,10 @@ class Engine:
         chunks = [whole.sub(p * size, size) for p in range(self.world_size)]
         fields = (output.dtype, output.numel(), op.name, algo)
         build = lambda b: reducescatter.run(algo, b, chunks, out, output.dtype, op, source=whole)  # noqa: E731
+        # In place where the input is symmetric (the peers read it); the output may be any tensor.
+        offsets = self._in_place(algo, whole.nbytes, input)
+        if offsets is not None:
+            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.reduce_scatter_tensor(b, out, whole, output.dtype, op)  # noqa: E731
         self.run("reduce_scatter_tensor", fields, [whole, out], build)
         return self.completed()
 

@@ -82,7 +82,7 @@ def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     # for nothing. tests/test_native.py builds every file with -Wall -Werror.
     flags = ["-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", *(f"-D{d}" for d in defines)]
     # The interpreter's full version: the flight record's writer reads its private frame layout.
-    key = hashlib.sha256(text + "\0".join([*compiler, *flags, suffix, sys.version]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + "\0".join([*compiler, *flags, "-ldl", suffix, sys.version]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}{suffix}"
     if target.exists():
         return target
@@ -90,7 +90,8 @@ def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{source.stem}-", suffix=suffix)
     os.close(fd)
     try:
-        subprocess.run([*compiler, *flags, str(source), "-o", scratch], check=True, capture_output=True, timeout=_COMPILE_TIMEOUT_S)
+        # -ldl: the launcher (launch.c) reaches the CUDA driver through dlopen (libc's own since glibc 2.34).
+        subprocess.run([*compiler, *flags, str(source), "-o", scratch, "-ldl"], check=True, capture_output=True, timeout=_COMPILE_TIMEOUT_S)
         os.replace(scratch, target)
     finally:
         if os.path.exists(scratch):

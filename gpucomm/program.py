@@ -177,7 +177,9 @@ class Program:
     local ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say
     which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
     ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
-    ``extent``: bytes of a half the program uses. Executors cache their own forms of a program
+    ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes the launch's grid
+    is sized for, where the program moves them outside the halves (in place on a symmetric
+    tensor every instruction is a slice of it, all of whose channels work on each). Executors cache their own forms of a program
     in ``cache``; ``keep`` holds buffers of the program's own that instructions read. Operands
     are workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
     (:class:`Ref`).
@@ -191,6 +193,7 @@ class Program:
     dtype: torch.dtype | None = None
     op: ReduceOp | None = None
     extent: int = 0
+    grid_bytes: int = 0  # bytes that size the launch's grid where they exceed ``extent`` (in place: the tensor)
     keep: list = field(default_factory=list, repr=False)  # buffers the instructions name, kept alive
     cache: dict = field(default_factory=dict, repr=False)
     captured: bool = False  # a CUDA graph launches it: never evicted (gpucomm.capture)

@@ -1,4 +1,5 @@
-"""Shared pytest setup: the spawn harness on sys.path, ``--run-slow``, and a /dev/shm leak check."""
+"""Shared pytest setup: the spawn harness on sys.path, ``--run-slow``, a /dev/shm leak check, and the
+CUDA files compiled by nvcc once per session."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(scope="session")
+def nvcc_fatbins(tmp_path_factory: pytest.TempPathFactory):
+    """The shipped CUDA files compiled by nvcc as the loader has NVRTC compile them, each (file,
+    arch) once per session (tests/cuda_tools.py): test_cuda_compile and test_bound_launch share them."""
+    from cuda_tools import Fatbins
+
+    return Fatbins(tmp_path_factory.mktemp("nvcc"))
 
 
 def gpucomm_shm_entries() -> set[str]:

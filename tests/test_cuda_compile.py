@@ -4,25 +4,20 @@ No GPU here: each shipped ``.cu`` file is compiled by nvcc with exactly the opti
 loader hands NVRTC (``compile_options``), from the text the package ships (``kernel_source``),
 into a fatbin holding SASS and PTX; cuobjdump then reads both back.
 
-nvcc and cuobjdump are required (CI has them): a missing tool fails the module, unless
-GPUCOMM_ALLOW_NO_NVCC=1 says this machine is known to lack them, in which case it skips.
-cuobjdump is looked for on PATH, in $CUDA_HOME/bin, then in the copy Triton ships.
+nvcc and cuobjdump are required (CI has them): tests/cuda_tools.py finds them, compiles each file
+once per session (shared with test_bound_launch) and says what a missing tool does.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-import importlib.util
-import os
 import re
-import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
+from cuda_tools import run, tool
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.ops.cuda_ops import (
@@ -30,7 +25,6 @@ from gpucomm.ops.cuda_ops import (
     KERNEL_PACKAGE,
     PROGRAM_FOLDS,
     SOURCES,
-    THREADS,
     CudaKernels,
     _check_program,
     _target,
@@ -42,29 +36,6 @@ from gpucomm.ops.cuda_ops import (
 from gpucomm.reduce_op import ReduceOp
 
 ARCHS = (80, 90)
-_DEFINES = {"GPUCOMM_THREADS": THREADS}
-
-
-def _tool(name: str) -> str:
-    candidates = [shutil.which(name)]
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cuda_home:
-        candidates.append(str(Path(cuda_home, "bin", name)))
-    candidates.append(str(Path(importlib.util.find_spec("triton").origin).parent / "backends/nvidia/bin" / name))
-    for path in candidates:
-        if path and os.access(path, os.X_OK):
-            return path
-    message = f"{name} not found (PATH, $CUDA_HOME/bin, Triton's bundled tools)"
-    if os.environ.get("GPUCOMM_ALLOW_NO_NVCC") == "1":
-        pytest.skip(message + "; skipped because GPUCOMM_ALLOW_NO_NVCC=1")
-    pytest.fail(message + "; set GPUCOMM_ALLOW_NO_NVCC=1 to skip these tests on a machine without CUDA tools")
-
-
-def _run(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def _split_ptx(ptx: str) -> dict[str, str]:
@@ -96,22 +67,15 @@ class Compiled:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Compiled]:
+def compiled(nvcc_fatbins) -> dict[tuple[str, int], Compiled]:
     """Every (file, arch) compiled once, as the loader would have NVRTC compile it."""
-    nvcc, cuobjdump = _tool("nvcc"), _tool("cuobjdump")
-    root = tmp_path_factory.mktemp("cuda")
-    # NVRTC gets common.cuh as an in-memory header; nvcc finds it next to the source.
-    (root / HEADER).write_text(kernel_source(HEADER))
-    for file in SOURCES:
-        (root / file).write_text(kernel_source(file))
+    cuobjdump = tool("cuobjdump")
 
     def build(file: str, arch: int) -> Compiled:
-        fatbin = root / f"{Path(file).stem}.sm_{arch}.fatbin"
-        # --gpu-architecture=sm_XY makes nvcc embed both sm_XY SASS and compute_XY PTX.
-        _run([nvcc, *compile_options(f"sm_{arch}", _DEFINES), "-fatbin", "-o", str(fatbin), str(root / file)])
+        fatbin = nvcc_fatbins.fatbin(file, arch)
         return Compiled(
-            _split_ptx(_run([cuobjdump, "-ptx", str(fatbin)])),
-            _split_sass(_run([cuobjdump, "-sass", str(fatbin)])),
+            _split_ptx(run([cuobjdump, "-ptx", str(fatbin)])),
+            _split_sass(run([cuobjdump, "-sass", str(fatbin)])),
         )
 
     # nvcc spends much of its time in subprocesses and file I/O: two at a time halves the wait.

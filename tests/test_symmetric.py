@@ -3,8 +3,9 @@
 Every collective on symmetric tensors must give bitwise the bytes it gives on ordinary tensors
 with the same values (the in-place two-shot all_reduce included: same fold, same order), on
 every rank, with the torch kernels at 2 and 4 ranks and with the real Triton program kernel
-under the interpreter at 2 ranks. The in-place program must really be in place: no workspace
-slot among its operands. Ranks that disagree (different allocations, a symmetric tensor
+under the interpreter at 2 ranks. The in-place programs must really be in place: the two-shot
+all_reduce's has no workspace slot among its operands and three syncs, and broadcast, reduce,
+all_gather_into_tensor and reduce_scatter_tensor run theirs above one half. Ranks that disagree (different allocations, a symmetric tensor
 against an ordinary one) raise CommMismatchError; blocks are reused once their tensors are
 gone; a symmetric tensor stays readable after its group is destroyed.
 """
@@ -46,7 +47,7 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
     from gpucomm.program import Slot, _operands
     from gpucomm.reduce_op import ReduceOp
 
-    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes="48K", heap_bytes="4M", timeout=60)
+    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes="48K", heap_bytes="8M", timeout=60)
     comm = gpucomm.get_default_communicator()
     forced = {algo: comm.new_subgroup(list(range(world_size)), algo=algo) for algo in ALL_REDUCE_ALGOS}
     P = world_size
@@ -119,6 +120,12 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
                     comm.recv(plain, 0)
                     comm.recv(sym, 0)
                 same(f"send/recv {tag}", sym, plain)
+    if max(sizes) * 2 > 18 << 10:  # a size above one half of the 48K workspace: in place under auto
+        engine = comm._engines["cpu"]
+        in_place = {key[0] for key in engine._programs if "symmetric" in key[1]}
+        expected = {"broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"}
+        if not expected <= in_place:
+            bad.append(f"rank {rank}: no in-place program for {sorted(expected - in_place)}")
     for sub in forced.values():
         sub.close()
     gpucomm.destroy_process_group()
@@ -130,7 +137,9 @@ def test_every_collective_on_symmetric_tensors_torch_kernels(world_size: int) ->
     import torch
 
     seed = random.randrange(1 << 30)
-    sizes = (0, 1, 7, 4099)
+    # 10000 elements: more than one 18 KiB half of the 48K workspace in every dtype here, so the
+    # direct collectives run in place too.
+    sizes = (0, 1, 7, 4099, 10000)
     dtypes = (torch.float32, torch.bfloat16, torch.int64)
     results = run_ranks(_every_collective, world_size, seed, "torch", sizes, dtypes, timeout=600)
     failures = [f for per_rank in results for f in per_rank]
@@ -138,12 +147,13 @@ def test_every_collective_on_symmetric_tensors_torch_kernels(world_size: int) ->
 
 
 def test_symmetric_all_reduce_triton_kernels() -> None:
-    """The real program kernel under the interpreter: the in-place two-shot at odd sizes."""
+    """The real program kernel under the interpreter: every collective on symmetric tensors, the
+    in-place two-shot (forced) at 7 elements, every in-place program at 10000."""
     import torch
 
     seed = random.randrange(1 << 30)
     results = run_ranks(
-        _every_collective, 2, seed, "triton", (7, 1031), (torch.float32, torch.bfloat16),
+        _every_collective, 2, seed, "triton", (7, 10000), (torch.float32, torch.bfloat16),
         env={"TRITON_INTERPRET": "1"}, timeout=600,
     )
     failures = [f for per_rank in results for f in per_rank]
@@ -229,3 +239,107 @@ def test_free_list_is_first_fit_and_merges() -> None:
     blocks.release(HEAP_ALIGN)
     blocks.release(c)
     assert blocks.largest_free() == 8 * HEAP_ALIGN  # every neighbour merged back
+
+
+def test_pool_allocator_is_deterministic_first_fit() -> None:
+    """kernels/host/heap_pool.c, as torch's CUDAPluggableAllocator calls it: the same calls give
+    the same offsets and the same hash; another sequence another hash; a full region gives NULL."""
+    import ctypes
+
+    from gpucomm import native
+
+    lib = native.load("heap_pool")
+    assert lib is not None
+    c = ctypes.CDLL(lib.__file__)
+    c.gpucomm_heap_malloc.restype = ctypes.c_void_p
+    c.gpucomm_heap_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    c.gpucomm_heap_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    base = 1 << 40  # never touched: the allocator only does arithmetic on it
+
+    def run(sizes_then_frees: list) -> tuple:
+        lib.configure(base, 8 << 10)
+        got = []
+        for step in sizes_then_frees:
+            if step > 0:
+                p = c.gpucomm_heap_malloc(step, 0, None)
+                got.append(None if p is None else p - base)
+            else:
+                c.gpucomm_heap_free(base + got[-step - 1], 0, 0, None)
+        state = lib.state()
+        lib.configure(0, 0)
+        return got, state
+
+    got, state = run([100, 600, 512, -2, 100, -1, -4, 1000])
+    assert got == [0, 512, 1536, 512, 0]  # 600 takes 1024; its hole, then the merged hole at 0
+    assert state[1:3] == (2, 512 + 1024)  # the 512 at 1536 and the 1024 at 0
+    again, same = run([100, 600, 512, -2, 100, -1, -4, 1000])
+    assert (again, same) == (got, state)
+    _, other = run([100, 600, 512, -2, 100, -1, -4, 1100])
+    assert other[3] != state[3]  # another size: another hash
+    full, _ = run([8 << 10, 1])
+    assert full == [0, None]
+
+
+def _pool(rank: int, world_size: int) -> list[str]:
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(transport="shm", kernels="torch", heap_bytes="1M", timeout=20)
+    comm = gpucomm.get_default_communicator()
+    seen = []
+    pool = comm.mem_pool(64 << 10, device="cpu")
+    seen.append(f"block at {comm.heap('cpu').offset(pool.block)}")
+    pool.check()
+    try:
+        pool.mem_pool()
+    except gpucomm.UnsupportedError as err:
+        seen.append(f"no MemPool: {err}")
+    try:
+        comm.mem_pool(1024, device="cpu")
+    except gpucomm.UnsupportedError as err:
+        seen.append(f"second: {err}")
+    import ctypes
+
+    c = ctypes.CDLL(pool.lib.__file__)
+    c.gpucomm_heap_malloc.restype = ctypes.c_void_p
+    c.gpucomm_heap_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    c.gpucomm_heap_malloc(1000 if rank == 0 else 2000, 0, None)  # the ranks' sequences differ
+    try:
+        pool.check()
+    except gpucomm.CommMismatchError as err:
+        seen.append(f"differ: {err}")
+    pool.close()
+    gpucomm.destroy_process_group()
+    return seen
+
+
+def test_pool_block_is_symmetric_and_check_finds_differences() -> None:
+    results = run_ranks(_pool, 2, timeout=120)
+    for seen in results:
+        text = "\n".join(seen)
+        assert "block at 512" in text, text  # the first block after the multimem signal pad
+        assert "no MemPool: gpucomm.mem_pool: torch.cuda.MemPool needs CUDA" in text, text
+        assert "second: gpucomm.mem_pool: this process has a symmetric pool already" in text, text
+        assert "differ: gpucomm.mem_pool: the ranks' pools differ" in text, text
+
+
+def test_symmetric_benchmark_runs_and_checks_its_results(tmp_path) -> None:
+    """bench/symmetric.py end to end at 2 ranks on small sizes: every series, checked, in JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "symmetric.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucomm._bench.symmetric", "--nproc", "2", "--max-bytes", "2048", "--rounds", "1", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "results: all correct" in done.stdout
+    data = json.loads(out.read_text())
+    assert [r["bytes"] for r in data["rows"]] == [8, 32, 128, 512, 2048]
+    assert all(r[s] > 0 for r in data["rows"] for s in ("ordinary", "symmetric", "ordinary_2shot", "symmetric_2shot"))
+    assert data["wrong"] == []

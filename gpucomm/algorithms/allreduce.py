@@ -104,6 +104,11 @@ def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     unit = max(1, 16 // size)  # elements of one 16-byte vector
     units = -(-tensor.numel() // unit)
     bounds = [min(tensor.numel(), units * p // P * unit) * size for p in range(P + 1)]
+    # Every instruction is a slice of about 1/P of the tensor at in-instruction position 0, so
+    # that all channels share each one (channel c takes the same granules of slice p on rank p,
+    # where it is reduced, and on every other rank, where it is read): the grid is sized for the
+    # whole tensor, the granules for a slice.
+    b.program.grid_bytes = whole.nbytes
     b.barrier_all()
     lo, hi = bounds[me], bounds[me + 1]
     mine = whole.sub(lo, hi - lo)

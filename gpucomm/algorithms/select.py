@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "choose", "family_of", "keeps_contract"]
+__all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "choose", "forced_algo", "family_of", "keeps_contract"]
 
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("oneshot", "twoshot", "ring", "tree", "oneshot_lang"),
+    "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem", "oneshot_lang"),
     "broadcast": ("direct", "tree"),
     "reduce": ("direct", "tree"),
     "all_gather": ("direct", "ring"),
@@ -49,8 +49,10 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 # than one-shot's in 6.1% (ring) and 7.5% (tree) of the elements, and ring's result of an element
 # changes with the message size (docs/results/2026-11-23-determinism/orders.json). Never picked
 # by the table.
+# Multimem (NVLink SHARP) folds in the switch, in an order no document gives: outside the
+# contract for floating-point SUM until a GPU shows it is rank order (gpucomm.multimem).
 ORDER_CHANGING: dict[str, frozenset[str]] = {
-    "all_reduce": frozenset({"ring", "tree"}),
+    "all_reduce": frozenset({"ring", "tree", "multimem"}),
     "reduce": frozenset({"tree"}),
     "reduce_scatter": frozenset({"ring"}),
 }
@@ -162,6 +164,12 @@ def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
             f"choose one of {list(served)}"
         )
     return forced
+
+
+def forced_algo(fn: str, knob: str) -> str:
+    """The algorithm GPUCOMM_ALGO (``knob``) names for ``fn``'s family, or "auto"."""
+    family = family_of(fn)
+    return "auto" if family is None else _forced(family, ALGORITHMS[family], knob)
 
 
 def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> str | None:

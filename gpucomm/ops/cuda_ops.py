@@ -11,10 +11,18 @@ NVRTC is driven through CuPy's thin binding (``cupy_backends.cuda.libs.nvrtc``) 
 subnormals to zero would break the bitwise agreement with the torch reference (bf16 and fp32
 subnormals). Here the options are exactly :func:`compile_options`, which CI also hands to nvcc
 (tests/test_cuda_compile.py).
+
+Launches: the program kernel's (one per call of a program on its buffers) and ``gpucomm_copy``'s
+are bound once through gpucomm's launcher (:mod:`gpucomm.ops.launcher`): the parameters packed
+once (:func:`program_params`, :func:`copy_params`, in the order and sizes of the kernels'
+``extern "C"`` signatures), a launch one ``cuLaunchKernel``; a copy rewrites its three words and
+its grid in place. Where the launcher cannot be built, CuPy's ``Function`` launches them (it
+converts every argument on each call), as it launches the other kernels.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.resources
 import time
@@ -25,6 +33,8 @@ import numpy as np
 import torch
 
 from gpucomm.errors import KernelCompileError, UnsupportedError
+from gpucomm.ops import launcher
+from gpucomm.ops.launcher import Param
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
 from gpucomm.program import FP_BITS, OPERAND_WORDS, WORDS
@@ -42,6 +52,10 @@ __all__ = [
     "reduce_kernel_name",
     "PROGRAM_FOLDS",
     "MAX_PROGRAM_WORLD",
+    "PROGRAM_PARAMS",
+    "COPY_PARAMS",
+    "program_params",
+    "copy_params",
 ]
 
 KERNEL_PACKAGE = "gpucomm._kernels.cuda"
@@ -78,6 +92,32 @@ _DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in SUPPORTED_
 PROGRAM_FOLDS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX)
 # A SYNC names its peers in an int64 bit mask (program.cu's MAX_PEERS - 1).
 MAX_PROGRAM_WORLD = 63
+
+
+# The parameters of program.cu's kernels (GPUCOMM_PROGRAM_PARAMS) and of copy.cu's gpucomm_copy,
+# with their sizes in bytes: pointers and 64-bit integers 8, int 4.
+PROGRAM_PARAMS = (
+    ("prog", 8), ("n_instr", 8), ("operands", 8), ("peers", 8), ("state", 8), ("record", 8), ("rank", 4),
+    ("world", 4), ("fingerprint", 8), ("half_bytes", 8), ("granule", 8), ("timeout_ns", 8), ("all_channels", 4),
+)
+COPY_PARAMS = (("dst", 8), ("src", 8), ("nbytes", 8))
+
+
+def program_params(
+    instructions: torch.Tensor, operands: torch.Tensor, peers: torch.Tensor, state_addr: int, record_addr: int,
+    rank: int, world: int, fingerprint: int, half_bytes: int, granule: int, timeout_ns: int, all_channels: int,
+) -> list[Param]:
+    """The program kernel's parameters (program.cu's GPUCOMM_PROGRAM_PARAMS) carrying a launch's values."""
+    values = (
+        instructions.data_ptr(), instructions.numel() // WORDS, operands.data_ptr(), peers.data_ptr(), state_addr,
+        record_addr, rank, world, fingerprint, half_bytes, granule, timeout_ns, all_channels,
+    )
+    return [Param(name, size, value) for (name, size), value in zip(PROGRAM_PARAMS, values)]
+
+
+def copy_params(dst: int, src: int, nbytes: int) -> list[Param]:
+    """gpucomm_copy's parameters carrying a copy's addresses and size."""
+    return [Param(name, size, value) for (name, size), value in zip(COPY_PARAMS, (dst, src, nbytes))]
 
 
 def reduce_kernel_name(dtype: torch.dtype, op: ReduceOp) -> str:
@@ -169,6 +209,11 @@ class CudaKernels:
         self._functions: dict[tuple[str, str], Any] = {}
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._streams: dict[int, Any] = {}
+        self._images: dict[tuple[str, tuple[tuple[str, str], ...], str], bytes] = {}
+        self._bound_functions: dict[tuple[str, str], int] = {}
+        self._driver = launcher.driver(None)  # None: CuPy's Function launches everything
+        self._raw_stream = functools.partial(torch._C._cuda_getCurrentRawStream, index)
+        self._copy: Any = None  # gpucomm_copy's bound launch, made at the first copy
 
     @property
     def device(self) -> torch.device:
@@ -188,7 +233,19 @@ class CudaKernels:
         if dst.nbytes == 0:
             return
         blocks = self._blocks(-(-dst.nbytes // 16))
-        self._launch("copy.cu", "gpucomm_copy", blocks, (np.uint64(dst.addr), np.uint64(src.addr), np.uint64(dst.nbytes)))
+        if self._driver is None:
+            self._launch("copy.cu", "gpucomm_copy", blocks, (np.uint64(dst.addr), np.uint64(src.addr), np.uint64(dst.nbytes)))
+            return
+        copy = self._copy
+        if copy is None:
+            function = self._bound_function("copy.cu", "gpucomm_copy")
+            copy = self._copy = launcher.bind(self._driver, function, copy_params(0, 0, 0), grid=(1, 1, 1), block=(THREADS, 1, 1))
+        # Only the words that change per copy are rewritten: its addresses, size and grid.
+        copy.set(0, dst.addr)
+        copy.set(1, src.addr)
+        copy.set(2, dst.nbytes)
+        copy.set_grid(blocks)
+        copy.launch(self._raw_stream())
 
     def reduce(
         self,
@@ -231,7 +288,12 @@ class CudaKernels:
         self._launch("flags.cu", "gpucomm_wait", 1, args)
         return _missing(status, epoch)
 
-    def run_program(
+    def run_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> None:
+        """One launch of ``kernels/cuda/program.cu`` on torch's current stream (the arguments of
+        :meth:`prepare_program`)."""
+        self.prepare_program(instructions, *args, **kwargs).launch(self._raw_stream())
+
+    def prepare_program(
         self,
         instructions: torch.Tensor,
         operands: torch.Tensor,
@@ -251,31 +313,33 @@ class CudaKernels:
         copy_bytes: int,
         aligned: bool,
         all_channels: int | None = None,
-    ) -> None:
-        """One launch of ``kernels/cuda/program.cu``: ``channels`` blocks on torch's current stream;
-        ``all_channels`` (default ``channels``) is how many the flag layout has, whose epochs the
-        launch keeps in step.
+    ) -> Any:
+        """The launch of ``kernels/cuda/program.cu`` over ``channels`` blocks, checked and packed
+        once: ``launch(stream)`` of the result launches it (one ``cuLaunchKernel`` through gpucomm's
+        launcher). ``all_channels`` (default ``channels``) is how many the flag layout has, whose
+        epochs the launch keeps in step.
 
-        The arguments mean what they mean for ``TritonKernels.run_program``
+        The arguments mean what they mean for ``TritonKernels.prepare_program``
         (:mod:`gpucomm.device_executor` describes them). ``copy_bytes`` and ``aligned`` are
         accepted for that common signature and not needed: the CUDA kernel picks its access width
         from each range's own addresses, so a misaligned access (a fatal CUDA error) cannot happen,
         and the aligned parts of an otherwise unaligned program still move 16-byte vectors.
 
-        Nothing here waits for the device or allocates: a CUDA graph can capture the launch.
+        A launch neither waits for the device nor allocates: a CUDA graph can capture it.
         """
         all_channels = channels if all_channels is None else all_channels
         kernel = _check_program(
             self._device, instructions, operands, peers, state_addr, record_addr, channels, rank, world,
             fingerprint, half_bytes, granule, timeout_ns, dtype, op, all_channels,
         )
-        args = (
-            np.uint64(instructions.data_ptr()), np.int64(instructions.numel() // WORDS),
-            np.uint64(operands.data_ptr()), np.uint64(peers.data_ptr()), np.uint64(state_addr),
-            np.uint64(record_addr), np.int32(rank), np.int32(world), np.int64(fingerprint),
-            np.int64(half_bytes), np.int64(granule), np.uint64(timeout_ns), np.int32(all_channels),
+        params = program_params(
+            instructions, operands, peers, state_addr, record_addr, rank, world, fingerprint, half_bytes, granule,
+            timeout_ns, all_channels,
         )
-        self._launch("program.cu", kernel, channels, args)
+        if self._driver is None:
+            return _CupyLaunch(self, "program.cu", kernel, channels, params)
+        function = self._bound_function("program.cu", kernel)
+        return launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
 
     # -- checks (shared ones in gpucomm.ops._validate, plus: the memory must be CUDA's) --------
 
@@ -318,14 +382,25 @@ class CudaKernels:
         return torch.tensor([0] + [epoch] * n, dtype=torch.int64).to(self._device)
 
     def _launch(self, file: str, kernel: str, blocks: int, args: tuple) -> None:
+        self._launch_on(file, kernel, blocks, args, self._raw_stream())
+
+    def _launch_on(self, file: str, kernel: str, blocks: int, args: tuple, stream_handle: int) -> None:
         function = self._function(file, kernel)
-        torch_stream = torch.cuda.current_stream(self._device)
-        stream = self._streams.get(torch_stream.cuda_stream)
+        stream = self._streams.get(stream_handle)
         if stream is None:
-            stream = self._cupy_stream(torch_stream)
-            self._streams[torch_stream.cuda_stream] = stream
+            stream = self._cupy_stream(torch.cuda.ExternalStream(stream_handle, device=self._device))
+            self._streams[stream_handle] = stream
         with self._cupy.cuda.Device(self._device.index):
             function((blocks,), (THREADS,), args, stream=stream)
+
+    def _bound_function(self, file: str, kernel: str) -> int:
+        """The CUfunction of ``kernel`` in ``file``'s image, loaded through gpucomm's launcher."""
+        key = (file, kernel)
+        function = self._bound_functions.get(key)
+        if function is None:
+            function = self._driver.load(self._image(file, _DEFINES), kernel, self._device.index)
+            self._bound_functions[key] = function
+        return function
 
     def _cupy_stream(self, torch_stream: torch.cuda.Stream) -> Any:
         stream_cls = self._cupy.cuda.Stream
@@ -342,11 +417,19 @@ class CudaKernels:
             self._functions[key] = function
         return function
 
+    def _image(self, file: str, defines: Mapping[str, object]) -> bytes:
+        """``file`` compiled by NVRTC (a cubin, or PTX), once per instance."""
+        key = (file, tuple(sorted((k, str(v)) for k, v in defines.items())), self._arch)
+        image = self._images.get(key)
+        if image is None:
+            image = self._images[key] = self._compile(file, defines)
+        return image
+
     def _module(self, file: str, defines: Mapping[str, object]) -> Any:
         key = (file, tuple(sorted((k, str(v)) for k, v in defines.items())), self._arch)
         module = self._modules.get(key)
         if module is None:
-            binary = self._compile(file, defines)
+            binary = self._image(file, defines)
             module = self._cupy.cuda.function.Module()
             with self._cupy.cuda.Device(self._device.index):
                 module.load(binary)
@@ -371,6 +454,19 @@ class CudaKernels:
             return nvrtc.getPTX(program) + b"\0"
         finally:
             nvrtc.destroyProgram(program)
+
+
+class _CupyLaunch:
+    """A program kernel's launch through CuPy's Function (it converts every argument on each call),
+    where gpucomm's launcher cannot be built."""
+
+    def __init__(self, kernels: CudaKernels, file: str, kernel: str, blocks: int, params: Sequence[Param]) -> None:
+        types = {4: np.int32, 8: np.uint64}
+        args = tuple(types[p.size](p.value % (1 << 8 * p.size)) for p in params)
+        self._launch = functools.partial(kernels._launch_on, file, kernel, blocks, args)
+
+    def launch(self, stream: int) -> None:
+        self._launch(stream)
 
 
 def _target(capability: tuple[int, int], supported: Sequence[int]) -> tuple[str, str]:

@@ -10,11 +10,13 @@ import torch
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Kernels
 
-__all__ = ["get_kernels", "kernels_run_on_cpu", "KERNEL_NAMES"]
+__all__ = ["get_kernels", "kernels_run_on_cpu", "install", "KERNEL_NAMES"]
 
 KERNEL_NAMES = ("auto", "triton", "cuda", "torch")
 
 _instances: dict[tuple[str, torch.device], Kernels] = {}
+# Instances a test or benchmark put in place of a name's own (install).
+_installed: set[tuple[str, torch.device]] = set()
 
 
 def _interpreting() -> bool:
@@ -23,7 +25,7 @@ def _interpreting() -> bool:
 
 def kernels_run_on_cpu(name: str) -> bool:
     """Whether the kernels ``name`` can serve CPU tensors here (Triton only under the interpreter)."""
-    return name in ("auto", "torch") or (name == "triton" and _interpreting())
+    return name in ("auto", "torch") or (name == "triton" and (_interpreting() or (name, torch.device("cpu")) in _installed))
 
 
 def _normalise(device: torch.device | str) -> torch.device:
@@ -72,6 +74,15 @@ def _make(name: str, device: torch.device) -> Kernels:
             "gpucomm: kernels=cuda is not available in this build (no gpucomm.ops.cuda_ops)"
         ) from exc
     return module.CudaKernels(device)
+
+
+def install(name: str, device: torch.device | str, kernels: Kernels) -> None:
+    """Tests and benchmarks only: serve ``name`` on ``device`` with ``kernels`` in this process from
+    now on (the host-only Triton kernels on the tests' driver double,
+    :class:`gpucomm.ops.triton_ops.HostOnlyTritonKernels`). Never called by gpucomm itself."""
+    key = (name, torch.device(device))
+    _instances[key] = kernels
+    _installed.add(key)
 
 
 def get_kernels(name: str, device: torch.device | str) -> Kernels:

@@ -9,7 +9,8 @@ set before triton is imported), which is how CI runs the GPU data path.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -17,11 +18,13 @@ from gpucomm._kernels.triton import copy as copy_kernel
 from gpucomm._kernels.triton import flags as flag_kernels
 from gpucomm._kernels.triton import program as program_kernel
 from gpucomm._kernels.triton import reduce as reduce_kernel
+from gpucomm.errors import UnsupportedError
+from gpucomm.ops import launcher, triton_launch
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
-__all__ = ["TritonKernels"]
+__all__ = ["TritonKernels", "HostOnlyTritonKernels"]
 
 # Address tables are tiny but cost a host-to-device copy; a workspace reuses the same few, so
 # they are kept (bounded: pieces of large tensors and user buffers bring new addresses).
@@ -118,8 +121,13 @@ class TritonKernels:
                 self._spins = max(self._spins // 2, _MIN_SPINS)
 
     def run_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> None:
-        """One launch of the program kernel (the arguments of :meth:`prepare_program`)."""
-        self.prepare_program(instructions, *args, **kwargs)()
+        """One launch of the program kernel (the arguments of :meth:`prepare_program`), on the
+        current stream."""
+        prepared = self.prepare_program(instructions, *args, **kwargs)
+        if self.device.type == "cuda":
+            prepared.launch(torch.cuda.current_stream(self.device).cuda_stream)
+        else:
+            prepared()
 
     def prepare_program(
         self,
@@ -141,19 +149,83 @@ class TritonKernels:
         copy_bytes: int,
         aligned: bool,
         all_channels: int | None = None,
-    ) -> Callable[[], None]:
+    ) -> Any:
         """The launch of the program kernel (gpucomm.device_executor describes the arguments) over
-        ``channels`` blocks, checked and packed once: calling the result launches it. ``all_channels``
-        (default ``channels``) is how many the flag layout has, whose epochs the launch keeps in step."""
+        ``channels`` blocks, checked and packed once. ``all_channels`` (default ``channels``) is how
+        many the flag layout has, whose epochs the launch keeps in step.
+
+        On a GPU: the kernel compiled for this specialisation (once) and its launch bound through
+        gpucomm's launcher (:mod:`gpucomm.ops.triton_launch`); ``launch(stream)`` of the result is
+        one call into the driver. Under the interpreter (CPU): calling the result runs it."""
         if instructions.device.type != self.device.type:  # the table's device, not a Region built to ask
             raise ValueError(f"run_program: instructions on {instructions.device}, expected {self.device} (this TritonKernels' device)")
         if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
             dtype = torch.int32
-        return program_kernel.prepare(
-            instructions, operands, peers, state_addr, record_addr,
+        launch_args = (instructions, operands, peers, state_addr, record_addr)
+        launch_kwargs = dict(
             channels=channels, rank=rank, world=world, fingerprint=fingerprint, half_bytes=half_bytes,
             granule=granule, timeout_ns=timeout_ns, dtype=reduce_kernel.TL_DTYPES[dtype], op=op,
-            copy_bytes=copy_bytes, elem_bytes=dtype.itemsize, aligned=aligned,
-            all_channels=all_channels,
+            copy_bytes=copy_bytes, elem_bytes=dtype.itemsize, aligned=aligned, all_channels=all_channels,
         )
+        if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
+            return program_kernel.prepare(*launch_args, **launch_kwargs)
+        grid, values, constexprs, options = program_kernel.arguments(*launch_args, **launch_kwargs)
+        kernel = triton_launch.compile_for(program_kernel.program_kernel, self._target(), values, constexprs, options)
+        named = dict(zip(program_kernel.program_kernel.arg_names, values))
+        drv = self._driver()
+        if drv is None:
+            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
+        return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
 
+    # -- where the program kernel is compiled for and launched through ----------------------------
+    _bound_on: str | None = None  # HostOnlyTritonKernels: the driver (double) its launches go to
+
+    def _target(self) -> Any:
+        from triton.runtime import driver
+
+        return driver.active.get_current_target()
+
+    def _driver(self) -> Any:
+        return launcher.driver(None)
+
+    def _device_index(self) -> int:
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+
+class HostOnlyTritonKernels(TritonKernels):
+    """Tests and benchmarks only: the program kernel compiled for ``target`` (a
+    ``triton.backends.compiler.GPUTarget``, no GPU needed) and bound through gpucomm's launcher on
+    the driver at ``driver_path`` (the tests' driver double), for CPU tensors. Nothing runs on a
+    device: a launch reaches the driver and stops there, so what this measures or checks is the
+    host's side of a launch (its cost, its parameters), never a collective's result.
+
+    Never chosen by a kernels name: a test or benchmark installs it
+    (:func:`gpucomm.ops.registry.install`) in a process it owns. Only the program kernel is served
+    (the device executor runs every collective in it); the contract's other kernels raise.
+    """
+
+    def __init__(self, target: Any, driver_path: str) -> None:
+        super().__init__(torch.device("cpu"))
+        self._bound_on = driver_path
+        self._gpu_target = target
+
+    def _target(self) -> Any:
+        return self._gpu_target
+
+    def _driver(self) -> Any:
+        return launcher.driver(self._bound_on)
+
+    def _device_index(self) -> int:
+        return 0
+
+    def copy(self, dst: Region, src: Region) -> None:
+        raise UnsupportedError("HostOnlyTritonKernels: only the program kernel is served (copy is not)")
+
+    def reduce(self, out: Region, srcs: Sequence[Region], dtype: torch.dtype, op: ReduceOp, divisor: int = 1) -> None:
+        raise UnsupportedError("HostOnlyTritonKernels: only the program kernel is served (reduce is not)")
+
+    def signal(self, flags: Sequence[Region], epoch: int) -> None:
+        raise UnsupportedError("HostOnlyTritonKernels: only the program kernel is served (signal is not)")
+
+    def wait(self, flags: Sequence[Region], epoch: int, deadline: float) -> list[int]:
+        raise UnsupportedError("HostOnlyTritonKernels: only the program kernel is served (wait is not)")

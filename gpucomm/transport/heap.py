@@ -178,6 +178,9 @@ class SymmetricHeap:
             live blocks hold it too.
         release: unmaps and frees the heap; called once, when the heap is closed and no block is
             live any more (None: the workspace it lives in does that).
+        kind: how the heap is mapped ("workspace": shm or CUDA IPC; "vmm": the driver's
+            virtual-memory API).
+        reserve: bytes at offset 0 kept for gpucomm (the multimem signal pad).
     """
 
     def __init__(
@@ -191,6 +194,7 @@ class SymmetricHeap:
         keep: object = None,
         release: Callable[[], None] | None = None,
         kind: str = "workspace",
+        reserve: int = 0,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -201,6 +205,11 @@ class SymmetricHeap:
         self.bases = torch.tensor(self.base_addrs, dtype=torch.int64).to(device)
         self._agree = agree
         self._blocks = FreeList(nbytes)
+        # The first ``reserve`` bytes are gpucomm's own (the multimem barrier's signal pad, at
+        # offset 0 of every rank's heap), never handed out.
+        self._reserved = bool(reserve)
+        if reserve:
+            self._blocks.allocate(reserve)
         self._freed: collections.deque[int] = collections.deque()  # appended by finalizers, any thread
         self._dropped: set[int] = set()  # blocks dropped here, not yet by every rank
         self._mapping = _Mapping(keep, release)
@@ -265,8 +274,8 @@ class SymmetricHeap:
 
     @property
     def live_blocks(self) -> int:
-        """Blocks handed out whose tensors are not all gone yet."""
-        return len(self._blocks.live) - len(self._freed) - len(self._dropped)
+        """Blocks handed out whose tensors are not all gone yet (the reserve not counted)."""
+        return len(self._blocks.live) - (1 if self._reserved else 0) - len(self._freed) - len(self._dropped)
 
     # -- life cycle -----------------------------------------------------------------------------
     def close(self) -> None:

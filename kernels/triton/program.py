@@ -49,6 +49,7 @@ __all__ = [
     "program_kernel",
     "launch",
     "prepare",
+    "arguments",
     "WORDS",
     "OPERAND_WORDS",
     "COPY",
@@ -377,7 +378,15 @@ def launch(prog: torch.Tensor, *args: object, **kwargs: object) -> None:
     prepare(prog, *args, **kwargs)()
 
 
-def prepare(
+def prepare(prog: torch.Tensor, *args: object, **kwargs: object) -> Callable[[], None]:
+    """``program_kernel`` over ``channels`` programs through Triton's own dispatch (the interpreter
+    on CPU), with every argument packed once: calling the result launches it, building nothing (a
+    repeated call of the same program on the same buffers). The arguments are :func:`arguments`'."""
+    grid, values, constexprs, options = arguments(prog, *args, **kwargs)
+    return functools.partial(program_kernel[grid], *values, **constexprs, **options)
+
+
+def arguments(
     prog: torch.Tensor,
     operands: torch.Tensor,
     peers: torch.Tensor,
@@ -398,18 +407,19 @@ def prepare(
     aligned: bool,
     all_channels: int | None = None,
     num_warps: int = NUM_WARPS,
-) -> Callable[[], None]:
-    """``program_kernel`` over ``channels`` programs (see the module docstring), with every
-    argument packed once: calling the result launches it, building nothing (a repeated call of
-    the same program on the same buffers). ``all_channels`` (default ``channels``) is the number
-    of channels of the flag layout."""
-    return functools.partial(
-        program_kernel[(channels,)],
+) -> tuple[tuple[int], tuple, dict, dict]:
+    """The launch of ``program_kernel`` over ``channels`` programs (see the module docstring):
+    (grid, the kernel's arguments in order, its constexprs, the compile options).
+    ``all_channels`` (default ``channels``) is the number of channels of the flag layout."""
+    values = (
         prog, prog.numel() // WORDS, operands, peers, state_addr, record_addr, rank, world, fingerprint,
         half_bytes, granule, timeout_ns, channels if all_channels is None else all_channels,
-        DTYPE=dtype, OP=op, COPY_ELEM=_COPY_ELEMS[copy_bytes], COPY_BYTES=copy_bytes, ELEM_BYTES=elem_bytes,
-        ALIGNED=aligned, SOURCES=sources(world), LANES=32 * num_warps, num_warps=num_warps, maxnreg=MAX_REGISTERS,
     )
+    constexprs = {
+        "DTYPE": dtype, "OP": op, "COPY_ELEM": _COPY_ELEMS[copy_bytes], "COPY_BYTES": copy_bytes, "ELEM_BYTES": elem_bytes,
+        "ALIGNED": aligned, "SOURCES": sources(world), "LANES": 32 * num_warps,
+    }
+    return (channels,), values, constexprs, {"num_warps": num_warps, "maxnreg": MAX_REGISTERS}
 
 
 def sources(world: int) -> int:

@@ -1,0 +1,51 @@
+"""The tests' CUDA driver double (tests/cuda_double) for benchmarks that time the host's side of a
+launch without a GPU: its library, and the host-only Triton kernels bound on it.
+
+Benchmark-only and explicit: a rank calls :func:`install_host_only_kernels` before
+``init_process_group``; nothing in gpucomm chooses it. The double runs no kernel, so a collective
+timed this way does nothing on the data: what is timed is the host's work up to and including the
+call into the driver (gpucomm's Python, the bound launch, ``cuLaunchKernel``'s entry).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import pathlib
+import sys
+
+__all__ = ["library", "launches", "install_host_only_kernels", "TARGET_ARCH"]
+
+# What the kernels are compiled for: an H100's sm_90, as the lent GPUs are.
+TARGET_ARCH = 90
+_DOUBLE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "cuda_double"
+
+
+def library() -> str:
+    """The path of the double's libcuda.so.1, built on first use (needs a checkout: the double's
+    sources live in tests/, which a wheel does not ship)."""
+    if not (_DOUBLE / "__init__.py").exists():
+        raise SystemExit(f"the CUDA driver double's sources are not at {_DOUBLE}: run this benchmark from a gpucomm checkout")
+    spec = importlib.util.spec_from_file_location("cuda_double", _DOUBLE / "__init__.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules.setdefault("cuda_double", module)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.build()
+
+
+def install_host_only_kernels(double: str) -> None:
+    """This process's Triton kernels on CPU tensors: the program kernel compiled for sm_90 and bound
+    through gpucomm's launcher on the double at ``double`` (TRITON_INTERPRET must be unset)."""
+    from triton.backends.compiler import GPUTarget
+
+    from gpucomm.ops import registry
+    from gpucomm.ops.triton_ops import HostOnlyTritonKernels
+
+    registry.install("triton", "cpu", HostOnlyTritonKernels(GPUTarget("cuda", TARGET_ARCH, 32), double))
+
+
+def launches(double: str) -> int:
+    """Launches the double at ``double`` recorded in this process so far."""
+    lib = ctypes.CDLL(double)
+    lib.doubleLaunches.restype = ctypes.c_ulonglong
+    return lib.doubleLaunches()

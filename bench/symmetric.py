@@ -1,0 +1,156 @@
+"""all_reduce of a symmetric tensor (gpucomm.empty) against an ordinary one, side by side.
+
+On the shared-memory path of this host (the torch kernels by default; ``--device cuda`` for a
+lent GPU, where ``--multimem`` adds the NVLink SHARP path), four series per size, measured in
+alternating order round after round:
+
+- ``ordinary``: a torch tensor, the table's algorithm (copied into the workspace's halves);
+- ``symmetric``: a tensor of the symmetric heap, the table's algorithm (two-shot in place above
+  one half of the workspace, gpucomm.engine);
+- ``ordinary_2shot`` and ``symmetric_2shot``: two-shot forced (GPUCOMM_ALGO=twoshot), so that the
+  symmetric one runs in place at every size: the copy it saves, size by size;
+- with ``--multimem``: ``symmetric_multimem`` (GPUCOMM_ALGO=multimem).
+
+Each rank times each call alone (wall clock; on a GPU after a synchronize); a series' figure
+at a size is the median call of each round, the median over rounds, the slowest rank's. The op
+is AVG, so the values stay where they started (every rank's tensor holds its rank + 1 before
+the first call); each series' result is checked at the end of every size.
+
+Example::
+
+    OMP_NUM_THREADS=1 python -m gpucomm._bench.symmetric --nproc 4 --json symmetric.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+from .hostinfo import run_settings, write_json
+from .ranks import spawn_ranks
+
+__all__ = ["main", "SIZES"]
+
+# 8 B to 64 MiB: a factor of 4 apart up to 32 MiB, then 64 MiB.
+SIZES = [8 << (2 * i) for i in range(12)] + [64 << 20]
+
+
+def _calls(nbytes: int) -> int:
+    """Calls timed per round: enough for a median below 64 KiB, few where one call takes long."""
+    return 40 if nbytes <= 64 << 10 else 10 if nbytes <= 4 << 20 else 3
+
+
+def _rank(
+    rank: int, world: int, port: int, device: str, kernels: str, sizes: list[int], rounds: int, multimem: bool,
+    heap_bytes: int, results: multiprocessing.Queue,
+) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    import warnings
+
+    import torch
+
+    import gpucomm
+
+    transport = "shm" if device == "cpu" else "cuda_ipc"
+    gpucomm.init_process_group(transport=transport, kernels=kernels, heap_bytes=heap_bytes, timeout=600)
+    world_comm = gpucomm.get_default_communicator()
+    comms = {"ordinary": world_comm, "symmetric": world_comm}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # forcing multimem warns that float SUM leaves the contract
+        forced = world_comm.new_subgroup(list(range(world)), algo="twoshot", heap_bytes=heap_bytes)
+        comms["ordinary_2shot"] = comms["symmetric_2shot"] = forced
+        if multimem:
+            mm = world_comm.new_subgroup(list(range(world)), algo="multimem", heap_bytes=heap_bytes)
+            why = mm._engines[device].multimem.reason  # the one-line reason the engine logs at init
+            if why:
+                mm.close()
+            else:
+                comms["symmetric_multimem"] = mm
+    on_gpu = device != "cpu"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    AVG = gpucomm.ReduceOp.AVG
+    expected = (world + 1) / 2
+    out: dict[str, dict[int, list[float]]] = {name: {} for name in comms}
+    wrong: list[str] = []
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        tensors = {}
+        for name, comm in comms.items():
+            t = comm.empty(n, dtype=torch.float32, device=device) if name.startswith("symmetric") else torch.empty(n, device=device)
+            t.fill_(rank + 1)
+            tensors[name] = t
+        calls = _calls(nbytes)
+        for name in comms:  # warm-up: builds every program
+            comms[name].all_reduce(tensors[name], AVG)
+        sync()
+        for r in range(rounds):
+            order = list(comms) if r % 2 == 0 else list(reversed(comms))
+            for name in order:
+                comm, t = comms[name], tensors[name]
+                comm.barrier()
+                times = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    comm.all_reduce(t, AVG)
+                    sync()
+                    times.append(time.perf_counter() - start)
+                out[name].setdefault(nbytes, []).append(statistics.median(times))
+        for name, t in tensors.items():
+            if not torch.all(t == expected):
+                wrong.append(f"{name} at {nbytes} bytes: {t.flatten()[:4].tolist()}, expected {expected}")
+        del tensors
+    for comm in {id(c): c for c in comms.values() if c is not world_comm}.values():
+        comm.close()
+    gpucomm.destroy_process_group()
+    results.put((rank, {"rounds": {k: {str(s): v for s, v in d.items()} for k, d in out.items()}, "wrong": wrong,
+                        "no_multimem": why if multimem else None}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--kernels", default="torch", help="torch (the CPU's default), triton or cuda")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--multimem", action="store_true", help="add the multimem series (a GPU with NVLink SHARP)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    heap_bytes = 2 * max(sizes) + (16 << 20)  # the tensors of one size, with room for the reserve
+    per_rank = spawn_ranks(
+        _rank, args.nproc, args.device, args.kernels, sizes, args.rounds, args.multimem, heap_bytes, timeout=3600,
+    )
+    wrong = [w for r in sorted(per_rank) for w in per_rank[r]["wrong"]]
+    no_multimem = per_rank[0]["no_multimem"]
+    if no_multimem:
+        print(f"multimem: not run here: {no_multimem}")
+    series = list(per_rank[0]["rounds"])
+    rows = []
+    for nbytes in sizes:
+        row = {"bytes": nbytes}
+        for name in series:
+            # The slowest rank's median over rounds of its round medians.
+            row[name] = round(max(statistics.median(per_rank[r]["rounds"][name][str(nbytes)]) for r in per_rank) * 1e6, 1)
+        row["symmetric/ordinary"] = round(row["symmetric"] / row["ordinary"], 3)
+        row["symmetric_2shot/ordinary_2shot"] = round(row["symmetric_2shot"] / row["ordinary_2shot"], 3)
+        rows.append(row)
+    print(f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "  sym/ord  sym2/ord2   (us per call, slowest rank)")
+    for row in rows:
+        cells = " ".join(f"{row[s]:18.1f}" for s in series)
+        print(f"{row['bytes']:>10} {cells}  {row['symmetric/ordinary']:7.3f}  {row['symmetric_2shot/ordinary_2shot']:9.3f}")
+    print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
+    if args.json:
+        write_json(args.json, run_settings(args), rows=rows, wrong=wrong, no_multimem=no_multimem)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

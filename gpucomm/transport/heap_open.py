@@ -1,0 +1,102 @@
+"""Opening a node's symmetric heap: where its memory comes from, decided the same on every rank.
+
+- The CPU: the last ``nbytes`` of every rank's shared-memory workspace (:func:`heap_in_workspace`).
+- A GPU with the driver's virtual-memory API (and cuda.bindings): its own allocation, shared as a
+  file descriptor and mapped by every rank (:func:`vmm_heap`, gpucomm.transport.vmm), bound to
+  a multicast object where every GPU of the node supports one.
+- A GPU without it: the last ``nbytes`` of the CUDA IPC workspace (``cudaIpcGetMemHandle``), as on
+  the CPU; :func:`heap_kind` returns the one-line reason the engine logs at init.
+
+Every choice that must be the same on every rank is agreed through the store
+(:func:`agree`): a rank whose GPU lacks VMM or multicast makes every rank take the fallback.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+
+from gpucomm.errors import CommTimeoutError
+from gpucomm.transport.heap import SymmetricHeap
+from gpucomm.transport.workspace import Workspace
+
+__all__ = ["agree", "heap_kind", "heap_in_workspace", "vmm_heap"]
+
+
+def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list[str]:
+    """Every local rank's ``mine`` (this one's included), once all have set theirs."""
+    keys = [f"{prefix}{r}" for r in range(world_size)]
+    store.set(keys[rank], mine.encode())
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except RuntimeError as exc:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            raise
+        raise CommTimeoutError("symmetric heap open", None, rank, missing, timeout, detail=f"no {prefix!r} from them") from exc
+    return [store.get(key).decode() for key in keys]
+
+
+def heap_kind(device: torch.device, agreed: callable) -> tuple[str, str]:
+    """("vmm", "") where every rank's GPU gives the heap from the virtual-memory API, else
+    ("workspace", why not). ``agreed(mine)`` returns every rank's string (:func:`agree`)."""
+    if device.type != "cuda":
+        return "workspace", ""
+    from gpucomm.transport.vmm import vmm_unavailable
+
+    reasons = agreed(vmm_unavailable(device.index if device.index is not None else torch.cuda.current_device()))
+    why = next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
+    return ("workspace", why) if why else ("vmm", "")
+
+
+def heap_in_workspace(workspace: Workspace, start: int, nbytes: int, agree_alloc: object, reserve: int) -> SymmetricHeap:
+    """The heap at ``start`` of every rank's data area, ``nbytes`` bytes each."""
+    regions = [workspace.data(p, start, nbytes) for p in range(workspace.world_size)]
+    # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
+    keep = [r.bytes for r in regions]
+    return SymmetricHeap(
+        workspace.rank, workspace.world_size, workspace.device, [r.addr for r in regions], nbytes, agree_alloc,
+        keep=keep, reserve=reserve,
+    )
+
+
+def vmm_heap(
+    store: object, prefix: str, rank: int, world_size: int, device: torch.device, nbytes: int, agree_alloc: object,
+    reserve: int, timeout: float,
+) -> tuple[SymmetricHeap, int, str]:
+    """The heap from the virtual-memory API, its multicast address (0 without one) and the
+    reason there is none ("" when there is)."""
+    from gpucomm.transport import vmm
+    from gpucomm.transport.fdpass import FdExchange
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    exchange = FdExchange(prefix, rank, world_size, timeout)
+    mapping = multicast = None
+    try:
+        mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes)
+        devices = agree(store, prefix + "device/", rank, world_size, timeout, str(index))
+        mine = vmm.multicast_unavailable([int(d) for d in devices])
+        reasons = agree(store, prefix + "multicast/", rank, world_size, timeout, mine)
+        why = next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
+        if not why:
+            barrier = vmm.store_barrier(store, prefix, rank, world_size, timeout)
+            multicast = vmm.bind_multicast(exchange, barrier, rank, world_size, mapping)
+    except BaseException:
+        if mapping is not None:
+            mapping.release()
+        exchange.close()
+        raise
+
+    def release() -> None:
+        try:
+            if multicast is not None:
+                multicast.release()
+        finally:
+            mapping.release()
+            exchange.close()
+
+    heap = SymmetricHeap(
+        rank, world_size, device, mapping.bases, mapping.size, agree_alloc, release=release, kind="vmm", reserve=reserve,
+    )
+    return heap, 0 if multicast is None else multicast.address, why

@@ -1,0 +1,298 @@
+"""The GPU's symmetric heap from the driver's virtual-memory API, and its multicast object.
+
+Through NVIDIA's ``cuda.bindings`` (``pip install gpucomm[vmm]``; CuPy binds none of these calls),
+imported only here, only when a GPU communicator opens its heap.
+
+The heap (:func:`open_vmm_heap`), on every local rank:
+
+1. ``cuMemCreate`` of ``nbytes`` (rounded to the allocation granularity) on this rank's GPU,
+   shareable as a POSIX file descriptor; ``cuMemAddressReserve`` of P times that, one range for
+   every rank's heap; ``cuMemMap`` + ``cuMemSetAccess`` of this rank's own part, zeroed
+   (``cuMemsetD8``: the multimem signal pad must start at 0);
+2. ``cuMemExportToShareableHandle`` to a descriptor, passed to every peer over the node's Unix
+   sockets (:mod:`gpucomm.transport.fdpass`, SCM_RIGHTS);
+3. every peer's descriptor ``cuMemImportFromShareableHandle``-ed and mapped at its place in the
+   range: rank p's heap at ``base + p * size`` in every process.
+
+The multicast object (:func:`bind_multicast`, NVLink SHARP), where every GPU of the node reports
+``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` and no two ranks share a GPU:
+
+1. rank 0 ``cuMulticastCreate``-s it for P devices and sends its descriptor to every peer, which
+   imports it;
+2. every rank ``cuMulticastAddDevice``-s its GPU; a store barrier: every device is added before
+   any rank binds memory (the driver requires every device before the first bind);
+3. every rank ``cuMulticastBindMem``-s its own heap to it and maps the object at an address of its
+   own (``cuMemMap``, ``cuMemSetAccess``); a store barrier: every rank has bound. Only after it
+   does any rank release the object's handle (rank 0's, the creator's, included: its release
+   before a peer's bind would leave the peer nothing to bind to).
+
+Release, per rank, in the reverse order: unmap and free the multicast address, unbind, release
+the object; unmap every heap part, free the range, release every handle. A VMM allocation lives
+until its last handle is released and its last mapping is gone, so no rank waits for another to
+release its own.
+
+Where VMM is missing (no cuda.bindings, a driver or GPU without it), the heap is a region of the
+CUDA IPC workspace (``cudaIpcGetMemHandle``) instead, and the engine says so at init.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from gpucomm.errors import CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.transport.fdpass import FdExchange
+
+__all__ = ["vmm_unavailable", "multicast_unavailable", "open_vmm_heap", "bind_multicast", "VmmHeap", "Multicast"]
+
+_POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+_ATTR_VMM = 102  # CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+_ATTR_POSIX_FD = 103  # CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+_ATTR_MULTICAST = 132  # CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
+_MULTICAST_DRIVER = 12010  # cuMulticastCreate came with CUDA 12.1
+_TAG_HEAP, _TAG_MULTICAST = 1, 2
+
+
+def _driver() -> ModuleType:
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise UnsupportedError(f"cuda.bindings is not installed (pip install gpucomm[vmm]): {exc}") from exc
+    return driver
+
+
+def _check(result: tuple, call: str) -> object:
+    """The value of a cuda.bindings call, or GpucommError with the driver's name for its error."""
+    err, *values = result
+    if int(err) != 0:
+        driver = _driver()
+        _, name = driver.cuGetErrorName(err)
+        text = name.decode() if isinstance(name, bytes) else str(err)
+        raise GpucommError(f"gpucomm symmetric heap: {call} failed: {text}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _attribute(driver: ModuleType, attribute: int, device: int) -> int:
+    return int(_check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute(attribute), device), "cuDeviceGetAttribute"))
+
+
+def _current_context(driver: ModuleType, device: int) -> None:
+    """Make ``device``'s primary context current (torch's runtime uses the same one)."""
+    _check(driver.cuInit(0), "cuInit")
+    ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        ctx = _check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+        _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def vmm_unavailable(device: int) -> str:
+    """Why the heap cannot come from the virtual-memory API on ``device`` ("" if it can)."""
+    try:
+        driver = _driver()
+        _current_context(driver, device)
+        if not _attribute(driver, _ATTR_VMM, device):
+            return f"GPU {device} does not support virtual memory management"
+        if not _attribute(driver, _ATTR_POSIX_FD, device):
+            return f"GPU {device} cannot share memory as POSIX file descriptors"
+    except (UnsupportedError, GpucommError) as exc:
+        return str(exc)
+    return ""
+
+
+def multicast_unavailable(devices: list[int]) -> str:
+    """Why the node's GPUs (one per local rank, ``devices``) cannot share a multicast object
+    ("" if they can): the one-line reason the engine gives at init."""
+    if len(set(devices)) != len(devices):
+        return f"ranks share a GPU (devices {devices}): a multicast object takes each GPU once"
+    try:
+        driver = _driver()
+        version = int(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
+        if version < _MULTICAST_DRIVER:
+            return f"the driver supports CUDA {version // 1000}.{version % 1000 // 10}, multicast needs 12.1"
+        for device in devices:
+            _current_context(driver, device)
+            if not _attribute(driver, _ATTR_MULTICAST, device):
+                return f"GPU {device} reports no CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (needs sm_90 or newer on NVSwitch)"
+    except (UnsupportedError, GpucommError) as exc:
+        return str(exc)
+    return ""
+
+
+@dataclass
+class VmmHeap:
+    """Every rank's heap mapped in this process: rank p's at ``bases[p]``, ``size`` bytes each."""
+
+    bases: list[int]
+    size: int
+    device: int
+    own_handle: object  # this rank's CUmemGenericAllocationHandle (what a multicast object binds)
+    _reserved: int = 0
+    _handles: list = field(default_factory=list)
+    _mapped: list = field(default_factory=list)
+
+    def release(self) -> None:
+        """Unmap every part, free the range, release every handle (once), after the device has
+        finished what it was doing (a kernel may still read a peer's heap)."""
+        driver = _driver()
+        if self._mapped:
+            _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+        mapped, self._mapped = self._mapped, []
+        for addr in mapped:
+            _check(driver.cuMemUnmap(addr, self.size), "cuMemUnmap")
+        if self._reserved:
+            reserved, self._reserved = self._reserved, 0
+            _check(driver.cuMemAddressFree(reserved, self.size * len(self.bases)), "cuMemAddressFree")
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            _check(driver.cuMemRelease(handle), "cuMemRelease")
+
+
+def _access(driver: ModuleType, device: int) -> object:
+    desc = driver.CUmemAccessDesc()
+    desc.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = device
+    desc.flags = driver.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return desc
+
+
+def open_vmm_heap(exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int) -> VmmHeap:
+    """Create, share and map every rank's heap (module docstring); collective over the node."""
+    driver = _driver()
+    _current_context(driver, device)
+    prop = driver.CUmemAllocationProp()
+    prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+    prop.requestedHandleTypes = driver.CUmemAllocationHandleType(_POSIX_FD)
+    recommended = driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+    granularity = int(_check(driver.cuMemGetAllocationGranularity(prop, recommended), "cuMemGetAllocationGranularity"))
+    size = -(-nbytes // granularity) * granularity
+    heap = VmmHeap(bases=[0] * world_size, size=size, device=device, own_handle=None)
+    try:
+        handle = _check(driver.cuMemCreate(size, prop, 0), "cuMemCreate")
+        heap._handles.append(handle)
+        heap.own_handle = handle
+        base = int(_check(driver.cuMemAddressReserve(size * world_size, granularity, 0, 0), "cuMemAddressReserve"))
+        heap._reserved = base
+        heap.bases = [base + p * size for p in range(world_size)]
+        _map(driver, heap, rank, handle, device)
+        _check(driver.cuMemsetD8(heap.bases[rank], 0, size), "cuMemsetD8")
+        _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroed before any peer maps it
+        fd = int(_check(driver.cuMemExportToShareableHandle(handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+        try:
+            peers = exchange.share(fd, _TAG_HEAP)
+        finally:
+            os.close(fd)
+        try:
+            for peer in sorted(peers):
+                imported = _check(driver.cuMemImportFromShareableHandle(peers[peer], driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
+                heap._handles.append(imported)
+                _map(driver, heap, peer, imported, device)
+        finally:
+            for fd in peers.values():
+                os.close(fd)
+    except BaseException:
+        heap.release()
+        raise
+    return heap
+
+
+def _map(driver: ModuleType, heap: VmmHeap, peer: int, handle: object, device: int) -> None:
+    addr = heap.bases[peer]
+    _check(driver.cuMemMap(addr, heap.size, 0, handle, 0), "cuMemMap")
+    heap._mapped.append(addr)
+    _check(driver.cuMemSetAccess(addr, heap.size, [_access(driver, device)], 1), "cuMemSetAccess")
+
+
+@dataclass
+class Multicast:
+    """This rank's multicast object over the heap, mapped at ``address``."""
+
+    address: int
+    size: int
+    device: int
+    _handle: object = None
+    _bound: bool = False
+    _mapped: bool = False
+
+    def release(self) -> None:
+        driver = _driver()
+        if self._mapped:
+            _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+            self._mapped = False
+            _check(driver.cuMemUnmap(self.address, self.size), "cuMemUnmap")
+            _check(driver.cuMemAddressFree(self.address, self.size), "cuMemAddressFree")
+        if self._bound:
+            self._bound = False
+            _check(driver.cuMulticastUnbind(self._handle, self.device, 0, self.size), "cuMulticastUnbind")
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _check(driver.cuMemRelease(handle), "cuMemRelease")
+
+
+def bind_multicast(
+    exchange: FdExchange, barrier: Callable[[str], None], rank: int, world_size: int, heap: VmmHeap
+) -> Multicast:
+    """Create (rank 0), import, add every device, bind every heap, map (module docstring).
+    ``barrier(stage)`` returns once every local rank has reached ``stage``."""
+    driver = _driver()
+    _current_context(driver, heap.device)
+    prop = driver.CUmulticastObjectProp()
+    prop.numDevices = world_size
+    prop.handleTypes = _POSIX_FD
+    prop.flags = 0
+    prop.size = heap.size
+    recommended = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_RECOMMENDED
+    granularity = int(_check(driver.cuMulticastGetGranularity(prop, recommended), "cuMulticastGetGranularity"))
+    if heap.size % granularity:
+        raise UnsupportedError(f"the heap's {heap.size} bytes are not a multiple of the multicast granularity {granularity}")
+    mc = Multicast(address=0, size=heap.size, device=heap.device)
+    try:
+        if rank == 0:
+            mc._handle = _check(driver.cuMulticastCreate(prop), "cuMulticastCreate")
+            fd = int(_check(driver.cuMemExportToShareableHandle(mc._handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+            try:
+                exchange.send(list(range(1, world_size)), fd, _TAG_MULTICAST)
+            finally:
+                os.close(fd)
+        else:
+            fd = exchange.receive(1)[(0, _TAG_MULTICAST)]
+            try:
+                mc._handle = _check(driver.cuMemImportFromShareableHandle(fd, driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
+            finally:
+                os.close(fd)
+        _check(driver.cuMulticastAddDevice(mc._handle, heap.device), "cuMulticastAddDevice")
+        barrier("mc_added")  # every device added before any bind
+        _check(driver.cuMulticastBindMem(mc._handle, 0, heap.own_handle, 0, heap.size, 0), "cuMulticastBindMem")
+        mc._bound = True
+        mc.address = int(_check(driver.cuMemAddressReserve(heap.size, granularity, 0, 0), "cuMemAddressReserve"))
+        _check(driver.cuMemMap(mc.address, heap.size, 0, mc._handle, 0), "cuMemMap")
+        mc._mapped = True
+        _check(driver.cuMemSetAccess(mc.address, heap.size, [_access(driver, heap.device)], 1), "cuMemSetAccess")
+        barrier("mc_bound")  # every rank bound: from here any rank may release its handle
+    except BaseException:
+        mc.release()
+        raise
+    return mc
+
+
+def store_barrier(store: object, prefix: str, rank: int, world_size: int, timeout: float) -> Callable[[str], None]:
+    """``barrier(stage)`` over the store: set ``{prefix}{stage}/{rank}``, wait for every rank's."""
+
+    def barrier(stage: str) -> None:
+        keys = [f"{prefix}{stage}/{r}" for r in range(world_size)]
+        store.set(keys[rank], b"1")
+        try:
+            store.wait(keys, datetime.timedelta(seconds=timeout))
+        except RuntimeError as exc:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            if not missing:
+                raise
+            raise CommTimeoutError("multicast set-up", None, rank, missing, timeout, detail=f"no '{stage}' from them") from exc
+
+    return barrier

@@ -1,0 +1,278 @@
+// The driver double's core: the log, initialisation, devices, contexts, entry-point lookup
+// (cuGetProcAddress, which NVIDIA's cuda.bindings resolves every driver function through), and
+// stream capture into graphs that replay what they captured.
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "double.h"
+
+static int log_fd = -1;
+static int initialised;
+static void *self;  // this library, for cuGetProcAddress's lookups
+
+__attribute__((constructor)) static void double_load(void) {
+    const char *path = getenv("DRIVER_DOUBLE_LOG");
+    if (path != NULL && path[0] != '\0') log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    Dl_info info;
+    if (dladdr((void *)double_load, &info) && info.dli_fname != NULL) self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+}
+
+// Test-only: record from now on into the file at `path` (NULL: nowhere), for a process that loaded
+// the double before it knew where its records should go.
+DOUBLE_API int doubleLogTo(const char *path) {
+    int fd = path == NULL ? -1 : open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (path != NULL && fd < 0) return -1;
+    if (log_fd >= 0) close(log_fd);
+    log_fd = fd;
+    return 0;
+}
+
+void double_log(const char *entry, const char *format, ...) {
+    if (log_fd < 0) return;
+    char line[65536];
+    int n = snprintf(line, sizeof line, "%s ", entry);
+    va_list args;
+    va_start(args, format);
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, format, args);
+    va_end(args);
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t written = write(log_fd, line, (size_t)n);
+    (void)written;
+}
+
+void double_hex(char *out, const void *bytes, size_t n) {
+    static const char digits[] = "0123456789abcdef";
+    const unsigned char *b = bytes;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+int double_initialised(void) { return initialised; }
+
+DOUBLE_API CUresult cuInit(unsigned int flags) {
+    initialised = 1;
+    double_log("cuInit", "flags=%u", flags);
+    return CUDA_SUCCESS;
+}
+
+// The version the double claims: CUDA 12.8, new enough for every entry point it has.
+DOUBLE_API CUresult cuDriverGetVersion(int *version) {
+    if (version == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *version = 12080;
+    return CUDA_SUCCESS;
+}
+
+// cuGetProcAddress: the double's own function of that name (cuda.bindings asks for every entry
+// point it uses this way). Versioned names (foo_v2) are tried first, as the driver maps a request
+// to the newest variant at or below the version asked for.
+static CUresult proc_address(const char *symbol, void **pfn, int *status) {
+    if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    char versioned[256];
+    void *found = NULL;
+    for (int v = 3; v >= 2 && found == NULL; v--) {
+        snprintf(versioned, sizeof versioned, "%s_v%d", symbol, v);
+        if (self != NULL) found = dlsym(self, versioned);
+    }
+    if (found == NULL && self != NULL) found = dlsym(self, symbol);
+    *pfn = found;
+    if (status != NULL) *status = found != NULL ? 0 : 1;  // CU_GET_PROC_ADDRESS_SUCCESS / _SYMBOL_NOT_FOUND
+    double_log("cuGetProcAddress", "symbol=%s found=%d", symbol, found != NULL);
+    return found != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+DOUBLE_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+    (void)version, (void)flags;
+    return proc_address(symbol, pfn, status);
+}
+
+DOUBLE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    (void)version, (void)flags;
+    return proc_address(symbol, pfn, NULL);
+}
+
+DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
+    if (name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+        case CUDA_SUCCESS: *name = "CUDA_SUCCESS"; break;
+        case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
+        case CUDA_ERROR_NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
+        case CUDA_ERROR_INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case CUDA_ERROR_INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
+        case CUDA_ERROR_NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
+        case CUDA_ERROR_NOT_SUPPORTED: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
+        default: *name = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuGetErrorString(CUresult error, const char **text) { return cuGetErrorName(error, text); }
+
+// -- devices: one, an sm_90 GPU ----------------------------------------------------------------
+DOUBLE_API CUresult cuDeviceGetCount(int *count) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    *count = 1;
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal != 0) return CUDA_ERROR_INVALID_VALUE;
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (device != 0 || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)length, "gpucomm driver double (sm_90)");
+    return CUDA_SUCCESS;
+}
+
+// Attributes by cuda.h's numbering; the ones not listed read 0.
+DOUBLE_API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (device != 0 || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+        case 1: *value = 1024; break;  // MAX_THREADS_PER_BLOCK
+        case 8: *value = 49152; break;  // MAX_SHARED_MEMORY_PER_BLOCK
+        case 10: *value = 32; break;  // WARP_SIZE
+        case 16: *value = 132; break;  // MULTIPROCESSOR_COUNT
+        case 75: *value = 9; break;  // COMPUTE_CAPABILITY_MAJOR
+        case 76: *value = 0; break;  // COMPUTE_CAPABILITY_MINOR
+        case 97: *value = 232448; break;  // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        default:
+            if (!double_attribute(attribute, value)) *value = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+// -- contexts: the primary context of device 0 -------------------------------------------------
+struct DoubleContext {
+    int device;
+};
+static struct DoubleContext primary = {0};
+static __thread CUcontext current;
+
+DOUBLE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (device != 0) return CUDA_ERROR_INVALID_VALUE;
+    *context = &primary;
+    double_log("cuDevicePrimaryCtxRetain", "device=%d", device);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+    return device == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+DOUBLE_API CUresult cuCtxGetCurrent(CUcontext *context) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    *context = current;
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuCtxSetCurrent(CUcontext context) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    current = context;
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuCtxGetDevice(CUdevice *device) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = current->device;
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuCtxSynchronize(void) { return initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
+
+// -- stream capture: a graph keeps the lines of the launches captured into it ----------------------
+enum { CAPTURES = 16, GRAPH_LAUNCHES = 64 };
+
+struct DoubleGraph {
+    int launches;
+    char *lines[GRAPH_LAUNCHES];
+};
+
+static struct {
+    CUstream stream;
+    CUgraph graph;
+} captures[CAPTURES];
+
+CUgraph double_capturing(CUstream stream) {
+    for (int i = 0; i < CAPTURES; i++)
+        if (captures[i].graph != NULL && captures[i].stream == stream) return captures[i].graph;
+    return NULL;
+}
+
+void double_graph_add(CUgraph graph, const char *line) {
+    if (graph->launches < GRAPH_LAUNCHES) graph->lines[graph->launches++] = strdup(line);
+}
+
+DOUBLE_API CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (double_capturing(stream) != NULL) return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < CAPTURES; i++) {
+        if (captures[i].graph == NULL) {
+            captures[i].stream = stream;
+            captures[i].graph = calloc(1, sizeof(struct DoubleGraph));
+            double_log("cuStreamBeginCapture", "stream=%#llx mode=%d", (unsigned long long)(uintptr_t)stream, mode);
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+DOUBLE_API CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+    for (int i = 0; i < CAPTURES; i++) {
+        if (captures[i].graph != NULL && captures[i].stream == stream) {
+            *graph = captures[i].graph;
+            captures[i].graph = NULL;
+            double_log("cuStreamEndCapture", "stream=%#llx launches=%d", (unsigned long long)(uintptr_t)stream, (*graph)->launches);
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+DOUBLE_API CUresult cuStreamIsCapturing(CUstream stream, int *status) {
+    *status = double_capturing(stream) != NULL;  // CU_STREAM_CAPTURE_STATUS_NONE / _ACTIVE
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    (void)flags;
+    *exec = graph;  // the double's executable graph is the graph itself
+    return CUDA_SUCCESS;
+}
+
+// Replaying a graph logs each captured launch again, as it was captured, with the stream replayed on.
+DOUBLE_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < exec->launches; i++)
+        double_log("cuGraphLaunch", "stream=%#llx %s", (unsigned long long)(uintptr_t)stream, exec->lines[i]);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuGraphDestroy(CUgraph graph) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < graph->launches; i++) free(graph->lines[i]);
+    free(graph);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    (void)exec;  // destroyed with its graph
+    return CUDA_SUCCESS;
+}

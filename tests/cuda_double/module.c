@@ -1,0 +1,207 @@
+// The driver double's modules, functions and launches: what a launcher hands the driver, recorded.
+//
+// A module keeps a copy of its image; a function is found by name only where the image holds that
+// name (a cubin's string table does), so a launcher that asks for a kernel its cubin lacks fails
+// here as on a GPU. Launches are recorded, never run: name, grid, block, shared memory, stream and
+// the parameter bytes. Parameters passed as one buffer (cuLaunchKernel's `extra`,
+// CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) are recorded as given; parameters passed as an array of
+// pointers (`kernelParams`) can be read only with their sizes, which a test hands the double with
+// doubleSetParamInfo (the real driver reads them from the cubin) and cuFuncGetParamInfo answers.
+
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "double.h"
+
+enum { NAME_BYTES = 256, MAX_PARAMS = 64, KNOWN_LAYOUTS = 64, PARAM_BYTES = 4096 };
+
+struct DoubleModule {
+    size_t bytes;
+    unsigned char *image;
+};
+
+struct DoubleFunction {
+    char name[NAME_BYTES];
+    CUmodule module;
+};
+
+// Parameter layouts the test declared, by kernel name.
+static struct {
+    char name[NAME_BYTES];
+    int count;
+    size_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
+} layouts[KNOWN_LAYOUTS];
+
+static unsigned long long launches;
+
+// The image's size: an ELF cubin says it in its header; anything else is read as PTX text (NUL-ended).
+static size_t image_bytes(const unsigned char *image) {
+    if (memcmp(image, "\177ELF", 4) == 0 && image[4] == 2) {  // ELFCLASS64
+        uint64_t shoff;
+        uint16_t shentsize, shnum;
+        memcpy(&shoff, image + 0x28, 8);
+        memcpy(&shentsize, image + 0x3A, 2);
+        memcpy(&shnum, image + 0x3C, 2);
+        return (size_t)(shoff + (uint64_t)shentsize * shnum);
+    }
+    return strlen((const char *)image) + 1;
+}
+
+DOUBLE_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = image_bytes(image);
+    CUmodule m = malloc(sizeof *m);
+    m->bytes = bytes;
+    m->image = malloc(bytes);
+    memcpy(m->image, image, bytes);
+    *module = m;
+    double_log("cuModuleLoadData", "module=%#llx bytes=%zu elf=%d", (unsigned long long)(uintptr_t)m, bytes, memcmp(image, "\177ELF", 4) == 0);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuModuleUnload(CUmodule module) {
+    if (module == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    double_log("cuModuleUnload", "module=%#llx", (unsigned long long)(uintptr_t)module);
+    free(module->image);
+    free(module);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (module == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    size_t length = strlen(name);
+    // A cubin's string table ends the name with a NUL; PTX text names it in `.entry name(`.
+    int elf = memcmp(module->image, "\177ELF", 4) == 0;
+    if (length >= NAME_BYTES || memmem(module->image, module->bytes, name, length + (size_t)elf) == NULL) {
+        double_log("cuModuleGetFunction", "module=%#llx name=%s found=0", (unsigned long long)(uintptr_t)module, name);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    CUfunction f = calloc(1, sizeof *f);
+    memcpy(f->name, name, length + 1);
+    f->module = module;
+    *function = f;
+    double_log("cuModuleGetFunction", "module=%#llx name=%s found=1 function=%#llx", (unsigned long long)(uintptr_t)module, name,
+               (unsigned long long)(uintptr_t)f);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuFuncSetAttribute(CUfunction function, int attribute, int value) {
+    if (function == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    double_log("cuFuncSetAttribute", "name=%s attribute=%d value=%d", function->name, attribute, value);
+    return CUDA_SUCCESS;
+}
+
+// NUM_REGS (4), LOCAL_SIZE_BYTES (3) read 0; MAX_THREADS_PER_BLOCK (0) 1024, as Triton's loader asks.
+DOUBLE_API CUresult cuFuncGetAttribute(int *value, int attribute, CUfunction function) {
+    if (function == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    *value = attribute == 0 ? 1024 : 0;
+    return CUDA_SUCCESS;
+}
+
+// Test-only: the parameters of kernels named `name`, as the cubin would give them to the driver.
+DOUBLE_API int doubleSetParamInfo(const char *name, int count, const size_t *offsets, const size_t *sizes) {
+    if (count > MAX_PARAMS || strlen(name) >= NAME_BYTES) return -1;
+    for (int i = 0; i < KNOWN_LAYOUTS; i++) {
+        if (layouts[i].name[0] == '\0' || strcmp(layouts[i].name, name) == 0) {
+            strcpy(layouts[i].name, name);
+            layouts[i].count = count;
+            memcpy(layouts[i].offsets, offsets, sizeof(size_t) * (size_t)count);
+            memcpy(layouts[i].sizes, sizes, sizeof(size_t) * (size_t)count);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+// Test- and bench-only: launches recorded so far by this process (counted with or without a log).
+DOUBLE_API unsigned long long doubleLaunches(void) { return launches; }
+
+static int layout_of(const char *name) {
+    for (int i = 0; i < KNOWN_LAYOUTS; i++)
+        if (layouts[i].name[0] != '\0' && strcmp(layouts[i].name, name) == 0) return i;
+    return -1;
+}
+
+DOUBLE_API CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t *offset, size_t *size) {
+    if (function == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    int known = layout_of(function->name);
+    if (known < 0) return CUDA_ERROR_NOT_SUPPORTED;  // the double has not been told this kernel's parameters
+    if (index >= (size_t)layouts[known].count) return CUDA_ERROR_INVALID_VALUE;
+    *offset = layouts[known].offsets[index];
+    *size = layouts[known].sizes[index];
+    return CUDA_SUCCESS;
+}
+
+// cuLaunchKernel's `extra` keys (cuda.h).
+#define LAUNCH_PARAM_END ((void *)0)
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+
+// The parameter bytes of a launch, hex-encoded into out; the form they came in, or NULL if unreadable.
+static const char *param_bytes(char *out, CUfunction f, void **params, void **extra) {
+    if (extra != NULL) {
+        const void *buffer = NULL;
+        size_t bytes = 0;
+        int sized = 0;
+        for (int i = 0; extra[i] != LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+            else if (extra[i] == LAUNCH_PARAM_BUFFER_SIZE) bytes = *(size_t *)extra[i + 1], sized = 1;
+            else return NULL;
+        }
+        if (buffer == NULL || !sized || bytes > PARAM_BYTES || params != NULL) return NULL;
+        double_hex(out, buffer, bytes);
+        return "buffer";
+    }
+    int known = layout_of(f->name);
+    if (params == NULL || known < 0) return NULL;
+    unsigned char packed[PARAM_BYTES] = {0};
+    size_t end = 0;
+    for (int i = 0; i < layouts[known].count; i++) {
+        size_t at = layouts[known].offsets[i], n = layouts[known].sizes[i];
+        if (at + n > PARAM_BYTES) return NULL;
+        memcpy(packed + at, params[i], n);
+        if (at + n > end) end = at + n;
+    }
+    double_hex(out, packed, end);
+    return "pointers";
+}
+
+static CUresult record_launch(const char *entry, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                              unsigned shared, CUstream stream, void **params, void **extra) {
+    if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+    static char hex[2 * PARAM_BYTES + 1];
+    const char *form = param_bytes(hex, f, params, extra);
+    if (form == NULL) return CUDA_ERROR_INVALID_VALUE;
+    launches++;
+    char line[2 * PARAM_BYTES + 512];
+    CUgraph graph = double_capturing(stream);
+    snprintf(line, sizeof line, "name=%s grid=%u,%u,%u block=%u,%u,%u shared=%u stream=%#llx captured=%d form=%s params=%s", f->name, gx, gy, gz, bx,
+             by, bz, shared, (unsigned long long)(uintptr_t)stream, graph != NULL, form, hex);
+    if (graph != NULL) double_graph_add(graph, line);
+    double_log(entry, "%s", line);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                   CUstream stream, void **params, void **extra) {
+    return record_launch("cuLaunchKernel", f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+// cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig); attributes are not read.
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+
+DOUBLE_API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    return record_launch("cuLaunchKernelEx", f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes,
+                         c->hStream, params, extra);
+}
