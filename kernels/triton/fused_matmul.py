@@ -4,10 +4,12 @@ One kernel does both (``ag_matmul_kernel``), then a one-program kernel advances 
 
 - programs ``[0, G)`` push: program g copies chunk g of this rank's shard (rows
   ``[g*m//G, (g+1)*m//G)``) into every peer's gathered buffer (half e % 2 of a symmetric buffer
-  of ``world`` shards, at this rank's place), the next ranks first, then announces ``e + 1`` on
-  channel g to every rank. They never wait. Each shard crosses NVLink once, as in an all_gather.
-- programs ``[G, G + tiles)`` compute output tiles, this rank's own shard first, then the next
-  ranks' in ring order: a tile of this rank's rows reads its shard and waits for nothing; a tile
+  of ``world`` shards, at this rank's place), rank + 1 first, then rank + 2, ..., then announces
+  ``e + 1`` on channel g to every rank. They never wait. Each shard crosses NVLink once, as in
+  an all_gather.
+- programs ``[G, G + tiles)`` compute output tiles, this rank's own shard first, then rank - 1's,
+  rank - 2's, ... (the order their pushes reach it): a tile of this rank's rows reads its shard
+  and waits for nothing; a tile
   of shard p's rows waits only for the chunks of p that hold them (``gl.wait`` on channel g for
   rank p), then reads them from the local gathered buffer. The own shard's tiles compute while
   the peers' pushes arrive, and each shard's tiles start as soon as its chunks are in.
@@ -44,8 +46,10 @@ from gpucomm._kernels.triton.clock import INTERPRETED
 
 __all__ = ["ag_matmul_kernel", "advance_kernel", "prepare", "CHUNKS"]
 
-# Chunks of a shard, each with its own flag: a tile waits only for the rows it reads.
-CHUNKS = 4
+# Chunks of a shard, each pushed by a program of its own with a flag of its own (a tile waits
+# only for the rows it reads): 16 programs, the share of the SMs the model assumes saturates
+# NVLink (docs/performance.md), at most the channels of the device API.
+CHUNKS = 16
 _NUM_WARPS = 4
 _LANES = 32 * _NUM_WARPS
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -63,7 +67,7 @@ def _push(ctx, g, e, a_addr, stage_addr, stage_half, m, k, G: tl.constexpr, COPY
     src = a_addr.to(tl.pointer_type(COPY))
     mine = (stage_addr + (e & 1) * stage_half + tl.cast(me, tl.int64) * m * k * ELEM).to(tl.pointer_type(COPY))
     for step in range(1, P):
-        dst = gl.translate(mine, (me + step) % P, ctx)  # the next ranks first: their tiles want it soonest
+        dst = gl.translate(mine, (me + step) % P, ctx)  # rank me + 1 first: its tiles want this shard first
         for s in range(lo, hi, BLOCK):
             offs = s + tl.arange(0, BLOCK)
             tl.store(dst + offs, tl.load(src + offs, mask=offs < hi), mask=offs < hi)
@@ -76,7 +80,8 @@ def _tile(
     G: tl.constexpr, DTYPE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, ALIGNED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
 ):
-    """Output tile t: this rank's own shard's tiles first, then the next ranks'."""
+    """Output tile t: this rank's own shard's tiles first, then the previous ranks', in the
+    order their pushes arrive."""
     tiles_n = tl.cdiv(n, BLOCK_N)
     tiles_m = tl.cdiv(m, BLOCK_M)  # per shard
     order = t // (tiles_m * tiles_n)
@@ -84,7 +89,7 @@ def _tile(
     tn = t % tiles_n
     P = gl.world(ctx)
     me = gl.rank(ctx)
-    p = (me + order) % P
+    p = (me - order + P) % P  # rank me - 1 pushes to this rank first, me - 2 next, ...
     row0 = tm * BLOCK_M
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
