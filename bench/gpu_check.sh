@@ -112,10 +112,12 @@ symmetric)
     ;;
 fused)
     # gpucomm.fused and the one-shot written with gpucomm.language on CUDA tensors at 2 ranks: the
-    # CPU tests' comparisons on the GPU first (bits of the fused norm, the matmul within tolerance,
-    # the one-shot against the program kernel's), then the timed pairs (bench/fused.py): fused
-    # AR+residual+RMSNorm at 1, 32 and 256 tokens of 8192 bf16, all_gather_matmul of 512 x 8192
-    # shards times 8192 x 3584, the one-shot at 4, 4096 and 32768 elements; fused against unfused.
+    # CPU tests' comparisons on the GPU first (bits of the fused norm, the matmul within tolerance),
+    # then the timed pairs of bench/fused.py, each checked (fused AR+residual+RMSNorm at 1, 32 and
+    # 256 tokens of 8192 bf16 against all_reduce + residual_rmsnorm, bit for bit; all_gather_matmul
+    # of 512 x 8192 shards times 8192 x 3584 against all_gather + matmul; the one-shot written with
+    # the API against the program kernel's at 4, 4096 and 32768 elements, bit for bit), then the
+    # tutorial as written.
     step fused_tests 240 python3 -m pytest tests/gpu/test_fused_gpu.py -q -p no:cacheprovider -x
     step fused_np2 240 python3 -m gpucomm._bench.fused --nproc 2 --device cuda --json "$work/fused_np2.json"
     step tutorial_np2 90 python3 -m torch.distributed.run --nproc-per-node 2 docs/tutorials/one_shot_all_reduce.py
