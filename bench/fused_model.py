@@ -10,6 +10,10 @@
                                                out and the new residual written; the weight
        share   = min(1, grid / saturating_grid), grid = min(T, channels)
 
+   The two-shot form (each rank reduces 1/P of the rows and publishes their sums, then every
+   rank normalises every row): 2 syncs per piece, link = 2 (P - 1)/P n (x's rows of its own
+   rows, the others' sums), local ~ 7 n, grid = min(ceil(T / P), channels).
+
    Unfused: gpucomm's best program-kernel all_reduce for n bytes (bench/model.py's count and
    predict), then the norm kernel: launch + 4 n / hbm_bw (read the sum and the residual, write
    out and the new residual). Eager adds the host's Python per call: one call against two.
@@ -53,6 +57,7 @@ LLAMA70B_AG = {"tokens": 8192, "k": 8192, "n": 7168}
 PUSH_PROGRAMS = 16
 SMS = 132
 STAGE_HALF_MAX = 4 << 20  # gpucomm.engine._STAGE_HALF_MAX
+TWO_SHOT_MIN_BYTES = 1 << 20  # gpucomm.fused's choice (set from this model's crossover)
 CHANNELS = 32  # gpucomm.channels on an H100 with one rank per GPU: min(32, 132 // 4)
 
 
@@ -85,13 +90,20 @@ def rmsnorm_rows(args: argparse.Namespace, hidden: int = HIDDEN, tokens: tuple[i
         link, local = (P - 1) * n, 6 * n + 2 * hidden
         share = min(1.0, grid / args.saturating_grid)
         fused = args.launch_us + pieces * args.sync_us + max(link / (args.link_gbs * 1e3 * share), (local + link) / (args.hbm_gbs * 1e3))
+        pieces2 = pieces
+        link2 = 2 * (P - 1) * n // P
+        share2 = min(1.0, min(-(-T // P), CHANNELS) / args.saturating_grid)
+        fused2 = args.launch_us + 2 * pieces2 * args.sync_us + max(link2 / (args.link_gbs * 1e3 * share2), (local + n + link2) / (args.hbm_gbs * 1e3))
+        # What gpucomm.fused's algo="auto" runs (gpucomm/fused/_norm.py: TWO_SHOT_MIN_BYTES).
+        picked = fused2 if n >= TWO_SHOT_MIN_BYTES and T >= P else fused
         half = model._half_bytes(args.workspace_bytes)
         ar = min(model.predict(model.count(a, n, P, half), args) for a in ("oneshot", "twoshot"))
         norm = args.launch_us + 4 * n / (args.hbm_gbs * 1e3)
         rows.append({
             "tokens": T, "hidden": hidden, "bytes": n, "pieces": pieces, "grid": grid,
-            "fused_us": round(fused, 2), "unfused_us": round(ar + norm, 2),
-            "fused_eager_us": round(fused + args.host_us, 2), "unfused_eager_us": round(ar + norm + 2 * args.host_us, 2),
+            "fused_us": round(fused, 2), "fused_twoshot_us": round(fused2, 2), "unfused_us": round(ar + norm, 2),
+            "fused_auto_us": round(picked, 2), "fused_eager_us": round(picked + args.host_us, 2),
+            "unfused_eager_us": round(ar + norm + 2 * args.host_us, 2),
         })  # fmt: skip
     return rows
 
@@ -132,15 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     norm = rmsnorm_rows(args)
     print(f"all_reduce_residual_rmsnorm, hidden {HIDDEN}, bf16, {args.world} ranks (predicted, us)")
-    print(f"{'tokens':>7} {'pieces':>6} {'fused':>8} {'unfused':>8} {'fused eager':>12} {'unfused eager':>14}")
+    print(f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} {'fused eager':>12} {'unfused eager':>14}")
     for r in norm:
-        print(f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:8.1f} {r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} {r['unfused_eager_us']:14.1f}")
+        print(f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} {r['fused_auto_us']:10.1f} "
+              f"{r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} {r['unfused_eager_us']:14.1f}")
+    sweep = rmsnorm_rows(args, tokens=tuple(2**i for i in range(10)))
+    # From a row per rank on, where two-shot stays ahead at every larger count.
+    ahead = [r["tokens"] >= args.world and all(q["fused_twoshot_us"] < q["fused_us"] for q in sweep if q["tokens"] >= r["tokens"]) for r in sweep]
+    crossover = next((r["tokens"] for r, a in zip(sweep, ahead) if a), None)
+    print(f"two-shot ahead of one-shot from {crossover} tokens of {HIDDEN} (predicted)")
     ag = ag_matmul(args, **LLAMA70B_AG)
     print(f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, times {ag['k']} x {ag['n']} (predicted):")
     print(f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; fused {ag['fused_us']} us; "
           f"hidden fraction of the gather {ag['hidden_fraction']:.0%}")
     if args.json:
-        write_json(args.json, run_settings(args), rmsnorm=norm, all_gather_matmul=ag)
+        write_json(args.json, run_settings(args), rmsnorm=norm, rmsnorm_sweep=sweep, twoshot_from_tokens=crossover, all_gather_matmul=ag)
     return 0
 
 

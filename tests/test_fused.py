@@ -19,8 +19,8 @@ import pytest
 from spawn import run_ranks
 
 INTERPRET = {"TRITON_INTERPRET": "1"}
-# 16 KiB of data area: 3 KiB stage halves, so that 5 rows of 200 fp32 take two pieces and an
-# all_gather_matmul shard of 40 x 24 fp32 takes a heap buffer.
+# 16 KiB of data area: 3 KiB stage halves, so that 5 rows of 200 fp32 take two pieces (9 rows,
+# three), and all_gather_matmul's shards of 40 x 24 take a heap buffer.
 WORKSPACE = "16K"
 _TOL = {"torch.float32": 1e-5, "torch.float16": 2e-3, "torch.bfloat16": 1.6e-2}
 
@@ -38,7 +38,7 @@ def fused_against_unfused(rank: int, world_size: int, seed: int, device: str = "
     problems = []
     case = 0
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for rows, hidden in ((1, 24), (5, 200)):
+        for rows, hidden, algo in ((1, 24, "auto"), (5, 200, "oneshot"), (9, 200, "twoshot")):
             case += 1
             g = torch.Generator().manual_seed(seed * 1000 + case)
             xs = [torch.randn(rows, hidden, generator=g).to(dtype) for _ in range(world_size)]
@@ -46,8 +46,8 @@ def fused_against_unfused(rank: int, world_size: int, seed: int, device: str = "
             weight = (1 + torch.randn(hidden, generator=g) / 4).to(dtype)
             x = xs[rank].clone().to(dev)
             residual, weight = residual.to(dev), weight.to(dev)
-            out, new_residual = gf.all_reduce_residual_rmsnorm(x, residual, weight, 1e-5)
-            where = f"{dtype} {rows}x{hidden}"
+            out, new_residual = gf.all_reduce_residual_rmsnorm(x, residual, weight, 1e-5, algo=algo)
+            where = f"{dtype} {rows}x{hidden} {algo}"
             if not torch.equal(x.cpu(), xs[rank]):
                 problems.append(f"{where}: x changed")
             s = x.clone()

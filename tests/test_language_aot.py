@@ -53,6 +53,8 @@ def _variants() -> dict[str, tuple]:
         {**norm, "COPY": tl.int16, "LANES": 32 * fused_norm.num_warps(8192)},
         fused_norm.num_warps(8192),
     )  # fmt: skip
+    kernel, signature, constexprs, warps = variants["ar_residual_rmsnorm-bfloat16"]
+    variants["ar_residual_rmsnorm_twoshot-bfloat16"] = (fused_norm.ar_residual_rmsnorm_twoshot_kernel, signature, constexprs, warps)
     variants["residual_rmsnorm-bfloat16"] = (
         fused_norm.residual_rmsnorm_kernel,
         {"s_addr": "i64", "res_addr": "i64", "w_addr": "i64", "out_addr": "i64", "new_res_addr": "i64", "T": "i32", "H": "i32", "eps": "fp32"},
@@ -128,7 +130,7 @@ def _seen(ptx: dict, name: str) -> list[str]:
     return seen
 
 
-WAITING = ["oneshot-0-bfloat16", "oneshot-4-float32", "oneshot-3-float32", "ar_residual_rmsnorm-bfloat16", "ag_matmul-bfloat16-G1", "user-ring_put", "tutorial"]
+WAITING = ["oneshot-0-bfloat16", "oneshot-4-float32", "oneshot-3-float32", "ar_residual_rmsnorm-bfloat16", "ar_residual_rmsnorm_twoshot-bfloat16", "ag_matmul-bfloat16-G1", "user-ring_put", "tutorial"]
 
 
 @pytest.mark.parametrize("name", WAITING)
@@ -148,7 +150,9 @@ def test_signals_release_at_system_scope(ptx, name: str) -> None:
     assert _has(seen, "atom", "release", "sys", "exch"), seen
 
 
-@pytest.mark.parametrize("name", ["oneshot-0-bfloat16", "oneshot-4-float32", "ar_residual_rmsnorm-bfloat16", "residual_rmsnorm-bfloat16"])
+@pytest.mark.parametrize(
+    "name", ["oneshot-0-bfloat16", "oneshot-4-float32", "ar_residual_rmsnorm-bfloat16", "ar_residual_rmsnorm_twoshot-bfloat16", "residual_rmsnorm-bfloat16"]
+)
 def test_peer_loads_keep_their_16_byte_vectors(ptx, name: str) -> None:
     # gl.translate promises 16-byte distances, so loads through a translated base stay vectors.
     seen = _seen(ptx, name)
@@ -165,7 +169,7 @@ def test_the_matmul_pipelines_16_byte_tile_copies_into_tensor_core_mmas(ptx) -> 
 
 
 def test_rmsnorm_divides_and_roots_as_ieee(ptx) -> None:
-    for name in ("ar_residual_rmsnorm-bfloat16", "residual_rmsnorm-bfloat16"):
+    for name in ("ar_residual_rmsnorm-bfloat16", "ar_residual_rmsnorm_twoshot-bfloat16", "residual_rmsnorm-bfloat16"):
         seen = _seen(ptx, name)
         assert [i for i in seen if i.startswith("div.") and i.endswith("f32")] == ["div.rn.f32"], seen
 

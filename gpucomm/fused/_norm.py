@@ -8,7 +8,12 @@ import torch
 
 from gpucomm.fused._group import check_float, communicator, context
 
-__all__ = ["all_reduce_residual_rmsnorm", "residual_rmsnorm"]
+__all__ = ["all_reduce_residual_rmsnorm", "residual_rmsnorm", "TWO_SHOT_MIN_BYTES"]
+
+# From this size of x the two-shot form runs (algo="auto"): the model (bench/fused_model.py,
+# 8 x H100, docs/performance.md) predicts it ahead of the one-shot from 64 tokens of 8192 bf16
+# (1 MiB) on; below, the one-shot's single barrier wins. Predicted, not measured.
+TWO_SHOT_MIN_BYTES = 1 << 20
 
 
 def _check(fn: str, x: object, residual: object, weight: object, eps: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -29,11 +34,11 @@ def _check(fn: str, x: object, residual: object, weight: object, eps: object) ->
 
 
 def all_reduce_residual_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, group: object = None
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, group: object = None, algo: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reduce ``x`` over the group's ranks, add ``residual``, RMS-normalise with ``weight``: one
-    kernel per call (per piece of rows that fits the stage: one for up to 96 rows of 8192 bf16
-    at the default workspace).
+    kernel per call (one piece of rows for up to 256 tokens of 8192 bf16 on a GPU's default
+    workspace; a barrier more per stage half beyond).
 
     All ranks in the group must call this simultaneously, with the same shapes and dtype.
 
@@ -48,6 +53,11 @@ def all_reduce_residual_rmsnorm(
         weight: (hidden,), x's dtype.
         eps: added to the mean square before the square root.
         group: the group (None: the default group).
+        algo: ``"oneshot"`` (every rank reduces every row: one barrier), ``"twoshot"`` (each
+            rank reduces 1/P of the rows and publishes their sums, then normalises every row:
+            two barriers, the two-shot all_reduce's NVLink bytes, 2/7 of the one-shot's at 8
+            ranks), or ``"auto"``: two-shot from :data:`TWO_SHOT_MIN_BYTES` of x with at least
+            one row per rank. The same bits either way.
 
     Returns:
         ``(out, new_residual)``, both x's shape and dtype: ``new_residual = all_reduce(x) +
@@ -64,19 +74,27 @@ def all_reduce_residual_rmsnorm(
     """
     fn = "all_reduce_residual_rmsnorm"
     x2, res2, weight, eps = _check(fn, x, residual, weight, eps)
+    if algo not in ("auto", "oneshot", "twoshot"):
+        raise ValueError(f"gpucomm.fused.{fn}: algo must be 'auto', 'oneshot' or 'twoshot', got {algo!r}")
     comm = communicator(group, fn)
     ctx = context(comm, x, fn)
     T, H = x2.shape
-    rows = ctx.stage_half_bytes // max(1, H * x.element_size())
-    if rows == 0:
-        raise ValueError(f"gpucomm.fused.{fn}: a row of {H} x {x.dtype} does not fit a stage half of {ctx.stage_half_bytes} bytes; raise GPUCOMM_WORKSPACE_BYTES")
+    nbytes = x2.numel() * x2.element_size()
+    two_shot = algo == "twoshot" or (algo == "auto" and nbytes >= TWO_SHOT_MIN_BYTES and T >= ctx.world_size)
+    row_bytes = H * x.element_size()
+    if row_bytes > ctx.stage_half_bytes:
+        raise ValueError(
+            f"gpucomm.fused.{fn}: a row of {H} x {x.dtype} ({row_bytes} bytes) does not fit a stage half of "
+            f"{ctx.stage_half_bytes} bytes; raise GPUCOMM_WORKSPACE_BYTES"
+        )
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     if T == 0:
         return out, new_residual
     from gpucomm._kernels.triton import fused_norm
 
-    channels = max(1, min(T, ctx.channels))
-    launch = fused_norm.prepare_fused(ctx, x2, res2, weight, out.view(-1, H), new_residual.view(-1, H), eps, channels)
+    # Two-shot: a channel takes P rows at a time (one per rank); one-shot: one row at a time.
+    channels = max(1, min(-(-T // ctx.world_size) if two_shot else T, ctx.channels))
+    launch = fused_norm.prepare_fused(ctx, x2, res2, weight, out.view(-1, H), new_residual.view(-1, H), eps, channels, two_shot)
     ctx.launch(fn, launch)
     return out, new_residual
 

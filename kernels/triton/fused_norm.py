@@ -26,7 +26,10 @@ import triton.language as tl
 import gpucomm.language as gl
 from gpucomm._kernels.triton._common import as_pointer, bf16_bits_to_f32, combine, f32_to_bf16_bits, load_acc, store_rounded
 
-__all__ = ["ar_residual_rmsnorm_kernel", "residual_rmsnorm_kernel", "prepare_fused", "residual_rmsnorm", "num_warps"]
+__all__ = [
+    "ar_residual_rmsnorm_kernel", "ar_residual_rmsnorm_twoshot_kernel", "residual_rmsnorm_kernel", "prepare_fused", "residual_rmsnorm",
+    "rows_per_piece", "num_warps",
+]  # fmt: skip
 
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _COPY_ELEMS = {4: tl.int32, 2: tl.int16}
@@ -52,7 +55,8 @@ def _round_trip(acc, DTYPE: tl.constexpr):
 @triton.jit
 def _norm_row(s, row, res_addr, w_addr, out_addr, new_res_addr, H, eps, DTYPE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_H: tl.constexpr):
     """Row ``row``: the residual add and RMSNorm of the module docstring, from ``s`` (fp32,
-    already DTYPE values), into ``out`` and the new residual."""
+    already DTYPE values), into ``out`` and the new residual. Returns both in fp32 (the new
+    residual already a DTYPE value, out before its rounding), for a copy elsewhere."""
     cols = tl.arange(0, BLOCK_H)
     live = cols < H
     at = tl.cast(row, tl.int64) * H * (DTYPE.primitive_bitwidth // 8)
@@ -62,7 +66,9 @@ def _norm_row(s, row, res_addr, w_addr, out_addr, new_res_addr, H, eps, DTYPE: t
     mean = tl.math.div_rn(tl.sum(h * h, axis=0), tl.cast(H, tl.float32))
     rstd = tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))
     w = load_acc(w_addr, cols, live, DTYPE, ALIGNED)
-    store_rounded(out_addr + at, cols, h * rstd * w, live, DTYPE, ALIGNED)
+    y = h * rstd * w
+    store_rounded(out_addr + at, cols, y, live, DTYPE, ALIGNED)
+    return h, y
 
 
 @triton.jit(do_not_specialize=["T", "H", "eps"])
@@ -123,25 +129,101 @@ def ar_residual_rmsnorm_kernel(
     gl.store_epoch(ctx, e)
 
 
+@triton.jit
+def _fold_row(ctx, staged, at, cols, live, P, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Row bytes ``at`` of every rank's stage, folded in rank order from rank 0 in fp32 and
+    rounded once to DTYPE (all_reduce's bits), widened back."""
+    acc = load_acc(gl.translate(staged, 0, ctx).to(tl.int64) + at, cols, live, DTYPE, ALIGNED)
+    for p in range(1, P):
+        acc = combine(acc, load_acc(gl.translate(staged, p, ctx).to(tl.int64) + at, cols, live, DTYPE, ALIGNED), 0)
+    return _round_trip(acc, DTYPE)
+
+
+@triton.jit(do_not_specialize=["T", "H", "eps", "rows_per_piece"])
+def ar_residual_rmsnorm_twoshot_kernel(
+    ctx,  # the DeviceContext's table
+    x_addr, res_addr, w_addr, out_addr, new_res_addr,  # as ar_residual_rmsnorm_kernel's
+    T, H, eps,
+    rows_per_piece,  # rows a stage half holds
+    DTYPE: tl.constexpr,
+    COPY: tl.constexpr,  # the integer type of DTYPE's size: copies move bits
+    ALIGNED: tl.constexpr,  # every address and a row's bytes are multiples of 16
+    BLOCK_H: tl.constexpr,  # power of two >= H
+    LANES: tl.constexpr,  # threads of a block: 32 * num_warps
+):
+    """The two-shot form: row r of a piece belongs to rank r % P (which reduces it) and to
+    channel (r // P) % C (on every rank, in every phase). Per piece: copy the channel's rows in,
+    barrier; reduce this rank's rows (rank order, rounded once: all_reduce's bits) and publish
+    the sums in the stage's other half; barrier; every rank normalises every row of the channel
+    from its sum, its own or its owner's. Over NVLink each rank reads (P - 1)/P of x's rows and
+    (P - 1)/P of the sums: the two-shot all_reduce's bytes, and the same bits as the one-shot."""
+    ch = tl.program_id(0)
+    channels = tl.num_programs(0)
+    P = gl.world(ctx)
+    me = gl.rank(ctx)
+    ELEM: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    if ALIGNED:  # rows of whole 16-byte vectors: masks by vector, so loads and stores are vectors
+        H = tl.multiple_of(H // (16 // ELEM) * (16 // ELEM), 16 // ELEM)
+    cols = tl.arange(0, BLOCK_H)
+    live = cols < H
+    row_bytes = tl.cast(H, tl.int64) * ELEM
+    e = gl.epoch(ctx, ch)
+    for first in range(0, T, rows_per_piece):
+        rows = tl.minimum(rows_per_piece, T - first)
+        # 1. This channel's rows of x into the stage (half e % 2), for their owners to read.
+        mine = gl.stage(ctx, e, COPY)
+        src = as_pointer(x_addr + first * row_bytes, COPY, ALIGNED)
+        for block in range(ch * P, rows, channels * P):
+            for r in range(block, tl.minimum(block + P, rows)):
+                at = tl.cast(r, tl.int64) * H
+                tl.store(mine + at + cols, tl.load(src + at + cols, mask=live), mask=live)
+        e, ok = gl.barrier(ctx, ch, e, LANES)
+        # 2. This rank's rows: every rank's x folded, the sum published in half (e + 1) % 2.
+        staged = gl.stage(ctx, e - 1, DTYPE)
+        sums = gl.stage(ctx, e, DTYPE).to(tl.int64)
+        if ok:
+            for r in range(ch * P + me, rows, channels * P):
+                at = tl.cast(r, tl.int64) * row_bytes
+                store_rounded(sums + at, cols, _fold_row(ctx, staged, at, cols, live, P, DTYPE, ALIGNED), live, DTYPE, ALIGNED)
+        e, arrived = gl.barrier(ctx, ch, e, LANES)
+        ok = ok & arrived
+        # 3. Every row of the channel normalised from its sum, read from its owner's stage.
+        if ok:
+            published = gl.stage(ctx, e - 1, DTYPE)
+            for block in range(ch * P, rows, channels * P):
+                for r in range(block, tl.minimum(block + P, rows)):
+                    at = tl.cast(r, tl.int64) * row_bytes
+                    s = load_acc(gl.translate(published, r % P, ctx).to(tl.int64) + at, cols, live, DTYPE, ALIGNED)
+                    _norm_row(s, first + r, res_addr, w_addr, out_addr, new_res_addr, H, eps, DTYPE, ALIGNED, BLOCK_H)
+    gl.store_epoch(ctx, e)
+
+
 def _aligned(*tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors) and tensors[0].shape[-1] * tensors[0].element_size() % 16 == 0
 
 
 def prepare_fused(
     ctx: object, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, new_residual: torch.Tensor,
-    eps: float, channels: int,
+    eps: float, channels: int, two_shot: bool,
 ) -> Callable[[], None]:
-    """The launch of :func:`ar_residual_rmsnorm_kernel` on these [T, H] tensors (checked by the
-    caller) on ``channels`` programs with the context ``ctx``."""
+    """The launch of :func:`ar_residual_rmsnorm_kernel` (or its two-shot form) on these [T, H]
+    tensors (checked by the caller) on ``channels`` programs with the context ``ctx``."""
     T, H = x.shape
     warps = num_warps(H)
+    kernel = ar_residual_rmsnorm_twoshot_kernel if two_shot else ar_residual_rmsnorm_kernel
     return functools.partial(
-        ar_residual_rmsnorm_kernel[(channels,)],
+        kernel[(channels,)],
         ctx.table, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), new_residual.data_ptr(),
-        T, H, float(eps), ctx.stage_half_bytes // (H * x.element_size()),
+        T, H, float(eps), rows_per_piece(ctx.stage_half_bytes, H * x.element_size(), two_shot),
         DTYPE=_TL[x.dtype], COPY=_COPY_ELEMS[x.element_size()], ALIGNED=_aligned(x, residual, weight, out, new_residual),
         BLOCK_H=triton.next_power_of_2(H), LANES=32 * warps, num_warps=warps,
     )  # fmt: skip
+
+
+def rows_per_piece(stage_half_bytes: int, row_bytes: int, two_shot: bool) -> int:
+    """Rows of a piece: a stage half holds their x rows (and, two-shot, the other half their
+    sums)."""
+    return stage_half_bytes // row_bytes
 
 
 def residual_rmsnorm(s: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, new_residual: torch.Tensor, eps: float, programs: int) -> None:
