@@ -139,6 +139,7 @@ def _never_arrives(rank: int, world_size: int, timeout: float) -> dict:
     comm.all_reduce(t)
     seen["all_reduce"] = t.tolist() == [float(sum(range(1, world_size + 1)))] * 10
     comm.device_context().recover()  # every rank
+    world.barrier()  # both ranks launch the next call together: the group's timeout is short
     x.fill_(rank + 1)
     tutorial["all_reduce"](x, out, comm)
     seen["after_recover"] = out.tolist() == [float(sum(range(1, world_size + 1)))] * 64
@@ -148,11 +149,11 @@ def _never_arrives(rank: int, world_size: int, timeout: float) -> dict:
 
 
 def test_a_rank_that_never_arrives_is_named_within_the_deadline_and_the_communicator_goes_on() -> None:
-    timeout = 2.0
+    timeout = 4.0
     results = run_ranks(_never_arrives, 2, timeout, env=INTERPRET, timeout=240)
     seen = results[0]
     assert seen["missing"] == [1] and seen["op"] == "one_shot_all_reduce" and seen["rank"] == 0, seen
-    assert timeout * 0.9 <= seen["elapsed"] <= timeout + 3, seen
+    assert timeout * 0.9 <= seen["elapsed"] <= timeout + 5, seen
     assert "waiting for rank(s) [1]" in seen["text"], seen
     assert seen["again"], seen
     assert all(r["all_reduce"] and r["after_recover"] for r in results), results
