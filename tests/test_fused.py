@@ -145,6 +145,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         (ValueError, "residual must have x's shape", lambda: gf.all_reduce_residual_rmsnorm(x, torch.ones(3, 8), w)),
         (ValueError, "weight must have x's last dimension 8", lambda: gf.all_reduce_residual_rmsnorm(x, x, torch.ones(4))),
         (ValueError, "eps must be a non-negative float", lambda: gf.all_reduce_residual_rmsnorm(x, x, w, -1.0)),
+        (ValueError, "algo must be 'auto', 'oneshot' or 'twoshot'", lambda: gf.all_reduce_residual_rmsnorm(x, x, w, algo="ring")),
         (ValueError, "must be contiguous", lambda: gf.all_reduce_residual_rmsnorm(x.t(), x.t(), torch.ones(2))),
         (ValueError, "b must have a_shard's 8 columns", lambda: gf.all_gather_matmul(x, torch.ones(4, 3))),
         (ValueError, "a_shard must have 2 dimension(s)", lambda: gf.all_gather_matmul(w, torch.ones(8, 3))),
