@@ -12,7 +12,9 @@ alternating order round after round:
 - with ``--multimem``: ``symmetric_multimem`` (GPUCOMM_ALGO=multimem).
 
 Each rank times each call alone (wall clock; on a GPU after a synchronize); a series' figure
-at a size is the median call of each round, the median over rounds, the slowest rank's. The op
+in a round is the slowest rank's median call, and at a size the median over rounds; a ratio
+is taken round by round (the series of a pair ran one after the other) and its median and range
+over the rounds are given. The op
 is AVG, so the values stay where they started (every rank's tensor holds its rank + 1 before
 the first call); each series' result is checked at the end of every size.
 
@@ -135,17 +137,26 @@ def main(argv: list[str] | None = None) -> int:
     series = list(per_rank[0]["rounds"])
     rows = []
     for nbytes in sizes:
-        row = {"bytes": nbytes}
+        row: dict = {"bytes": nbytes}
+        # A round's figure of a series: the slowest rank's median call in that round.
+        per_round = {
+            name: [max(per_rank[r]["rounds"][name][str(nbytes)][i] for r in per_rank) for i in range(args.rounds)] for name in series
+        }
         for name in series:
-            # The slowest rank's median over rounds of its round medians.
-            row[name] = round(max(statistics.median(per_rank[r]["rounds"][name][str(nbytes)]) for r in per_rank) * 1e6, 1)
-        row["symmetric/ordinary"] = round(row["symmetric"] / row["ordinary"], 3)
-        row["symmetric_2shot/ordinary_2shot"] = round(row["symmetric_2shot"] / row["ordinary_2shot"], 3)
+            row[name] = round(statistics.median(per_round[name]) * 1e6, 1)
+        # Ratios round by round (the two series of a pair ran next to each other), then their median
+        # and spread: what the machine's other load does to both cancels within a round.
+        for a, b in (("symmetric", "ordinary"), ("symmetric_2shot", "ordinary_2shot")):
+            ratios = sorted(x / y for x, y in zip(per_round[a], per_round[b]))
+            row[f"{a}/{b}"] = round(statistics.median(ratios), 3)
+            row[f"{a}/{b} range"] = [round(ratios[0], 3), round(ratios[-1], 3)]
         rows.append(row)
-    print(f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "  sym/ord  sym2/ord2   (us per call, slowest rank)")
+    print(f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "      sym/ord (range)      sym2/ord2 (range)   (us per call, slowest rank)")
     for row in rows:
         cells = " ".join(f"{row[s]:18.1f}" for s in series)
-        print(f"{row['bytes']:>10} {cells}  {row['symmetric/ordinary']:7.3f}  {row['symmetric_2shot/ordinary_2shot']:9.3f}")
+        a, b = "symmetric/ordinary", "symmetric_2shot/ordinary_2shot"
+        print(f"{row['bytes']:>10} {cells}  {row[a]:6.3f} ({row[a + ' range'][0]:.2f}-{row[a + ' range'][1]:.2f})"
+              f"  {row[b]:6.3f} ({row[b + ' range'][0]:.2f}-{row[b + ' range'][1]:.2f})")
     print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
     if args.json:
         write_json(args.json, run_settings(args), rows=rows, wrong=wrong, no_multimem=no_multimem)

@@ -55,6 +55,15 @@ class Config:
     async_error_handling: str = "raise"  # a failure the watchdog finds: raise at the next call, or abort
     status_signal: str = ""  # a signal name (SIGUSR1, ...) that makes a rank print gpucomm.status(); "" = off
 
+    def workspace_bytes_for(self, device_type: str) -> int:
+        """Data bytes of a workspace on ``device_type`` ("cpu", "cuda"): the knob, or the device's
+        default where it is unset (``workspace_bytes`` is -1)."""
+        return self.workspace_bytes if self.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device_type]
+
+    def heap_bytes_for(self, device_type: str) -> int:
+        """Bytes of a symmetric heap on ``device_type``: the knob, or the device's default."""
+        return self.heap_bytes if self.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device_type]
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
         """Read ``GPUCOMM_<NAME>`` for every field, then apply keyword overrides (None = unset)."""

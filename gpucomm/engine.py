@@ -17,9 +17,11 @@ Layout of one rank's workspace::
 
 The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
 ``gpucomm.empty``: a collective on one of them reads the peers' copies where they are, with no
-copy into the halves (``allreduce.twoshot_symmetric``). The device stage is the device API's
-(``gpucomm.language.stage``): kernels written with it stage their data there, never where a
-program's peers may still read.
+copy into the halves (``allreduce.twoshot_symmetric``, :mod:`gpucomm.algorithms.symmetric`,
+:mod:`gpucomm.multimem`). It ends the data area on the CPU, and on a GPU without the driver's
+virtual-memory API; otherwise it is an allocation of its own (gpucomm.transport.heap_open).
+The device stage is the device API's (``gpucomm.language.stage``): kernels written with it
+stage their data there, never where a program's peers may still read.
 
 Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
 epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
@@ -40,7 +43,6 @@ import torch
 from gpucomm import log
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select, symmetric
 from gpucomm.channels import launch_channels, layout_channels
-from gpucomm.config import DEFAULT_HEAP_BYTES, DEFAULT_WORKSPACE_BYTES
 from gpucomm.errors import UnsupportedError
 from gpucomm.language import layout as device_layout
 from gpucomm.language.context import DeviceContext
@@ -129,9 +131,8 @@ class Engine:
         self.transport = transport
         self.device = device
         self.kernels = get_kernels(kernels, device)
-        data_bytes = comm.config.workspace_bytes if comm.config.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device.type]
-        heap_bytes = comm.config.heap_bytes if comm.config.heap_bytes >= 0 else DEFAULT_HEAP_BYTES[device.type]
-        heap_bytes = heap_bytes // _ALIGN * _ALIGN
+        data_bytes = comm.config.workspace_bytes_for(device.type)
+        heap_bytes = comm.config.heap_bytes_for(device.type) // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
         # The device API's stage (gpucomm.language.stage), after the halves: its own, so that
@@ -156,7 +157,7 @@ class Engine:
         # has it; otherwise (and on the CPU) from the end of the workspace's data area.
         agreed = lambda mine: agree(comm.store, heap_prefix + "kind/", self.rank, self.world_size, comm.timeout, mine)  # noqa: E731
         self.heap_kind, why = heap_kind(device, agreed) if heap_bytes else ("none", "")
-        if why:
+        if why and self.rank == 0:  # one line per node, at init
             log.logger.warning(f"gpucomm[rank {comm.rank}]: the symmetric heap is a region of the CUDA IPC workspace (cudaIpcGetMemHandle), not virtual-memory mapped: {why}")
         in_workspace = heap_bytes if self.heap_kind == "workspace" else 0
         self.workspace = open_workspace(
@@ -179,12 +180,15 @@ class Engine:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
+        self.heap: SymmetricHeap | None = None
         try:
             self.heap, mc_base, mc_reason = self._open_heap(comm, heap_bytes, heap_prefix)
             self.multimem = self._open_multimem(mc_base, mc_reason)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
+            if self.heap is not None:
+                self.heap.close()
             self.workspace.close()
             raise
 
@@ -231,8 +235,8 @@ class Engine:
             from gpucomm._kernels.triton.clock import INTERPRETED
 
             reason = "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
-        if reason and self.device.type == "cuda":
-            log.logger.info(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce: {reason}")
+        if reason and self.device.type == "cuda" and self.heap is not None and self.rank == 0:  # one line per node, at init
+            log.logger.warning(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce here: {reason}")
         return MultimemAllReduce(self.heap, mc_base, reason, self.channels, self.timeout)
 
     def _make_executor(self) -> object:
@@ -303,6 +307,13 @@ class Engine:
         finally:
             self._programs.clear()
             if self.heap is not None:
+                if self.heap.kind == "workspace" and self.device.type == "cuda" and self.heap.live_blocks:
+                    warnings.warn(
+                        f"gpucomm: {self.heap.live_blocks} symmetric tensor(s) of this communicator are still alive on "
+                        f"{self.device}; their memory (the CUDA IPC workspace) is freed now: do not use them any more",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
                 self.heap.close()
             self.workspace.close()
 

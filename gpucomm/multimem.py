@@ -10,7 +10,9 @@ barrier. Where it runs:
 - on the CPU under the Triton interpreter, where the multicast view of the shared-memory heap
   stands in for the switch (every rank's copy read in rank order, every copy written).
 
-Elsewhere :attr:`MultimemAllReduce.reason` says in one line why not. Which calls take it:
+Elsewhere :attr:`MultimemAllReduce.reason` says in one line why not. Its barriers count calls and
+carry no fingerprint: ranks that disagree about the call (one runs multimem, another a program)
+end in CommTimeoutError at the deadline, not in CommMismatchError. Which calls take it:
 GPUCOMM_ALGO=multimem (a float SUM then leaves the deterministic contract: the switch's fold
 order is unknown), or, on a GPU, ``auto`` for the calls whose result does not depend on the
 order of the fold (integer SUM, MIN and MAX): docs/algorithms.md.

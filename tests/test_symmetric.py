@@ -33,21 +33,29 @@ def _values(seed: int, rank: int, n: int, dtype: object) -> object:
 def _symmetric_like(t: object) -> object:
     import gpucomm
 
-    s = gpucomm.empty(t.shape, dtype=t.dtype)  # type: ignore[attr-defined]
+    s = gpucomm.empty(t.shape, dtype=t.dtype, device=t.device)  # type: ignore[attr-defined]
     s.copy_(t)
     return s
 
 
-def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes: tuple, dtypes: tuple) -> list[str]:
+def _every_collective(
+    rank: int, world_size: int, seed: int, kernels: str, sizes: tuple, dtypes: tuple, device: str = "cpu"
+) -> list[str]:
     """Each collective twice, on ordinary tensors and on symmetric ones holding the same
-    values; returns the cases whose bytes differ (and the in-place checks that fail)."""
+    values; returns the cases whose bytes differ (and the in-place checks that fail).
+    ``device``: cpu (the shm workspace) or cuda (tests/gpu: the cuda_ipc one)."""
     import torch
 
     import gpucomm
     from gpucomm.program import Slot, _operands
     from gpucomm.reduce_op import ReduceOp
 
-    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes="48K", heap_bytes="8M", timeout=60)
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = f"cuda:{torch.cuda.current_device()}"
+    transport = "shm" if device == "cpu" else "cuda_ipc"
+    where = torch.device(device).type
+    gpucomm.init_process_group(transport=transport, kernels=kernels, workspace_bytes="48K", heap_bytes="8M", timeout=120)
     comm = gpucomm.get_default_communicator()
     forced = {algo: comm.new_subgroup(list(range(world_size)), algo=algo) for algo in ALL_REDUCE_ALGOS}
     P = world_size
@@ -59,18 +67,18 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
 
     for n in sizes:
         for dtype in dtypes:
-            x = _values(seed, rank, n, dtype)
+            x = _values(seed, rank, n, dtype).to(device)
             tag = f"{n} x {dtype}"
             for algo, sub in forced.items():
                 for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
-                    plain, sym = x.clone(), sub.empty(n, dtype=dtype)
+                    plain, sym = x.clone(), sub.empty(n, dtype=dtype, device=device)
                     sym.copy_(x)
                     sub.all_reduce(plain, op)
                     sub.all_reduce(sym, op)
                     same(f"all_reduce {algo} {op.name} {tag}", sym, plain)
                 if algo == "twoshot" and n:
-                    engine = sub._engines["cpu"]
-                    fields = (dtype, n, "MAX", "twoshot", "symmetric", sub.heap("cpu").offset(sym))
+                    engine = sub._engines[where]
+                    fields = (dtype, n, "MAX", "twoshot", "symmetric", sub.heap(where).offset(sym))
                     program = next((p for k, p in engine._programs.items() if k[1] == fields), None)
                     slots = [] if program is None else [o for i in program.instructions for o in _operands(i) if isinstance(o, Slot)]
                     if program is None or slots or program.syncs != 3:
@@ -91,23 +99,23 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
             comm.reduce(plain, root, ReduceOp.SUM)
             comm.reduce(sym, root, ReduceOp.SUM)
             same(f"reduce {tag}", sym, plain)
-            out_plain = torch.zeros(P * n, dtype=dtype)
+            out_plain = torch.zeros(P * n, dtype=dtype, device=device)
             out_sym = _symmetric_like(out_plain)
             comm.all_gather_into_tensor(out_plain, x)
             comm.all_gather_into_tensor(out_sym, _symmetric_like(x))
             same(f"all_gather_into_tensor {tag}", out_sym, out_plain)
-            big = torch.cat([_values(seed + 1, rank, n, dtype) for _ in range(P)]) if n else torch.zeros(0, dtype=dtype)
-            out_plain, out_sym = torch.zeros(n, dtype=dtype), _symmetric_like(torch.zeros(n, dtype=dtype))
+            big = torch.cat([_values(seed + 1, rank, n, dtype) for _ in range(P)]).to(device) if n else torch.zeros(0, dtype=dtype, device=device)
+            out_plain, out_sym = torch.zeros(n, dtype=dtype, device=device), _symmetric_like(torch.zeros(n, dtype=dtype, device=device))
             comm.reduce_scatter_tensor(out_plain, big, ReduceOp.SUM)
             comm.reduce_scatter_tensor(out_sym, _symmetric_like(big), ReduceOp.SUM)
             same(f"reduce_scatter_tensor {tag}", out_sym, out_plain)
-            outs_plain = [torch.zeros(n, dtype=dtype) for _ in range(P)]
+            outs_plain = [torch.zeros(n, dtype=dtype, device=device) for _ in range(P)]
             outs_sym = [_symmetric_like(t) for t in outs_plain]
             comm.all_gather(outs_plain, x)
             comm.all_gather(outs_sym, _symmetric_like(x))
             for p in range(P):
                 same(f"all_gather [{p}] {tag}", outs_sym[p], outs_plain[p])
-            a2a_plain, a2a_sym = torch.zeros(P * n, dtype=dtype), _symmetric_like(torch.zeros(P * n, dtype=dtype))
+            a2a_plain, a2a_sym = torch.zeros(P * n, dtype=dtype, device=device), _symmetric_like(torch.zeros(P * n, dtype=dtype, device=device))
             comm.all_to_all_single(a2a_plain, big)
             comm.all_to_all_single(a2a_sym, _symmetric_like(big))
             same(f"all_to_all_single {tag}", a2a_sym, a2a_plain)
@@ -121,7 +129,7 @@ def _every_collective(rank: int, world_size: int, seed: int, kernels: str, sizes
                     comm.recv(sym, 0)
                 same(f"send/recv {tag}", sym, plain)
     if max(sizes) * 2 > 18 << 10:  # a size above one half of the 48K workspace: in place under auto
-        engine = comm._engines["cpu"]
+        engine = comm._engines[where]
         in_place = {key[0] for key in engine._programs if "symmetric" in key[1]}
         expected = {"broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"}
         if not expected <= in_place:
@@ -281,7 +289,6 @@ def test_pool_allocator_is_deterministic_first_fit() -> None:
 
 
 def _pool(rank: int, world_size: int) -> list[str]:
-    import torch
 
     import gpucomm
 

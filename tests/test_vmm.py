@@ -48,6 +48,16 @@ barrier("written")
 seen = [ctypes.c_int64.from_address(base + 64).value for base in heap.bases]
 assert seen == [1000 + p for p in range(world)], seen
 assert ctypes.c_int64.from_address(heap.bases[rank]).value == 0  # zeroed at creation
+if order == "engine":  # the engine's path (gpucomm.transport.heap_open): every rank on the double's one GPU
+    from gpucomm.transport import heap_open
+    heap.release()
+    agreed = lambda mine: heap_open.agree(store, "engine/kind/", rank, world, 30, mine)
+    print("kind:", heap_open.heap_kind(torch.device("cuda", 0), agreed))
+    mapping, mc, release, why = heap_open.open_vmm_parts(store, "engine/", rank, world, 0, nbytes, 30)
+    print("multicast:", mc, "why:", why)
+    release()
+    exchange.close()
+    sys.exit(0)
 if order == "kept":
     mc = vmm.bind_multicast(exchange, barrier, rank, world, heap)
     barrier("used")
@@ -152,3 +162,16 @@ def test_the_double_refuses_a_bind_before_every_device_is_added(tmp_path) -> Non
     assert "bind before add: 800" in outs[1][1]  # CUDA_ERROR_NOT_PERMITTED
     refused = [c for c in calls if c.entry == "cuMulticastBindMem" and c.get("refused") == "1"]
     assert refused and refused[0]["added"] in ("0", "1")
+
+
+def test_the_engines_path_shares_the_heap_and_names_why_there_is_no_multicast(tmp_path) -> None:
+    """heap_open, as the engine opens a GPU's heap: VMM agreed on by every rank, the heap shared,
+    and, with every rank on one GPU, no multicast object and the reason every rank gets."""
+    outs, calls = _run(tmp_path, "engine")
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        assert "kind: ('vmm', '')" in out, out
+        assert "multicast: None why: rank 0: ranks share a GPU (devices [0, 0])" in out, out
+    assert not [c for c in calls if c.entry.startswith("cuMulticast")]
+    # Two heaps per rank (the test's own, then the engine path's), each imported by the other rank.
+    assert len([c for c in calls if c.entry == "cuMemImportFromShareableHandle"]) == 2 * WORLD

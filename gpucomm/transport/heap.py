@@ -27,8 +27,10 @@ storage: they keep the block alive, and a contiguous slice is itself symmetric (
 the same on every rank that slices alike, and collectives check that it is).
 
 Closing: :meth:`SymmetricHeap.close` is part of its communicator's close. Memory that tensors
-still use stays mapped until they are gone (the owners keep the mapping alive); the heap never
-unmaps memory a live tensor points into.
+still use stays mapped until they are gone: the owners keep the mapping alive (the shared-memory
+segment on the CPU, the virtual-memory mapping on a GPU). The one exception is a GPU heap in the
+CUDA IPC workspace (where the virtual-memory API is missing): the workspace frees its memory at
+close, so its symmetric tensors must be gone by then (the engine warns if they are not).
 """
 
 from __future__ import annotations

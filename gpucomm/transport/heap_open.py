@@ -14,6 +14,7 @@ Every choice that must be the same on every rank is agreed through the store
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 
 import torch
 
@@ -21,7 +22,7 @@ from gpucomm.errors import CommTimeoutError
 from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.transport.workspace import Workspace
 
-__all__ = ["agree", "heap_kind", "heap_in_workspace", "vmm_heap"]
+__all__ = ["agree", "heap_kind", "heap_in_workspace", "vmm_heap", "open_vmm_parts"]
 
 
 def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list[str]:
@@ -38,7 +39,7 @@ def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float
     return [store.get(key).decode() for key in keys]
 
 
-def heap_kind(device: torch.device, agreed: callable) -> tuple[str, str]:
+def heap_kind(device: torch.device, agreed: Callable[[str], list[str]]) -> tuple[str, str]:
     """("vmm", "") where every rank's GPU gives the heap from the virtual-memory API, else
     ("workspace", why not). ``agreed(mine)`` returns every rank's string (:func:`agree`)."""
     if device.type != "cuda":
@@ -67,10 +68,27 @@ def vmm_heap(
 ) -> tuple[SymmetricHeap, int, str]:
     """The heap from the virtual-memory API, its multicast address (0 without one) and the
     reason there is none ("" when there is)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    mapping, multicast, release, why = open_vmm_parts(store, prefix, rank, world_size, index, nbytes, timeout)
+    try:
+        heap = SymmetricHeap(
+            rank, world_size, device, mapping.bases, mapping.size, agree_alloc, release=release, kind="vmm", reserve=reserve,
+        )
+    except BaseException:
+        release()
+        raise
+    return heap, 0 if multicast is None else multicast.address, why
+
+
+def open_vmm_parts(
+    store: object, prefix: str, rank: int, world_size: int, index: int, nbytes: int, timeout: float
+) -> tuple[object, object, Callable[[], None], str]:
+    """The driver side of :func:`vmm_heap` (no torch tensor made: the driver double runs it):
+    every rank's heap mapped, the multicast object where every rank's GPU takes one (else None
+    and the first rank's reason), and the release of both."""
     from gpucomm.transport import vmm
     from gpucomm.transport.fdpass import FdExchange
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
     exchange = FdExchange(prefix, rank, world_size, timeout)
     mapping = multicast = None
     try:
@@ -96,7 +114,4 @@ def vmm_heap(
             mapping.release()
             exchange.close()
 
-    heap = SymmetricHeap(
-        rank, world_size, device, mapping.bases, mapping.size, agree_alloc, release=release, kind="vmm", reserve=reserve,
-    )
-    return heap, 0 if multicast is None else multicast.address, why
+    return mapping, multicast, release, why

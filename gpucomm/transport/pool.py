@@ -79,7 +79,7 @@ class SymmetricPool:
         differ = [r for r, s in enumerate(seen) if s != mine]
         if differ:
             raise CommMismatchError(
-                f"gpucomm.mem_pool: the ranks' pools differ (live segments, bytes, hash: "
+                "gpucomm.mem_pool: the ranks' pools differ (live segments, bytes, hash: "
                 + ", ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
                 + "): tensors allocated from it are not at the same offsets on every rank; allocate the same tensors in the same order",
                 op="mem_pool", epoch=None, rank=self.heap.rank, peers=differ,
