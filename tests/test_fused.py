@@ -25,7 +25,7 @@ WORKSPACE = "16K"
 _TOL = {"torch.float32": 1e-5, "torch.float16": 2e-3, "torch.bfloat16": 1.6e-2}
 
 
-def fused_against_unfused(rank: int, world_size: int, seed: int, device: str = "cpu") -> list[str]:
+def fused_against_unfused(rank: int, world_size: int, seed: int, device: str = "cpu", dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")) -> list[str]:
     """One rank's comparisons (tests/gpu/test_fused_gpu.py runs them on CUDA tensors)."""
     import torch
 
@@ -37,7 +37,7 @@ def fused_against_unfused(rank: int, world_size: int, seed: int, device: str = "
     dev = torch.device("cpu") if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
     problems = []
     case = 0
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for dtype in [getattr(torch, name) for name in dtypes]:
         for rows, hidden, algo in ((1, 24, "auto"), (5, 200, "oneshot"), (9, 200, "twoshot")):
             case += 1
             g = torch.Generator().manual_seed(seed * 1000 + case)
@@ -79,7 +79,9 @@ def fused_against_unfused(rank: int, world_size: int, seed: int, device: str = "
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_fused_ops_against_the_unfused_calls(world_size: int) -> None:
     seed = random.randrange(1 << 30)
-    results = run_ranks(fused_against_unfused, world_size, seed, env=INTERPRET, timeout=600)
+    # Every dtype at 2 ranks; bf16, the decoders' dtype, at 4 (the interpreter is slow).
+    dtypes = ("bfloat16", "float16", "float32") if world_size == 2 else ("bfloat16",)
+    results = run_ranks(fused_against_unfused, world_size, seed, "cpu", dtypes, env=INTERPRET, timeout=600)
     assert results == [[]] * world_size, f"seed {seed}: {results}"
 
 
