@@ -6,6 +6,7 @@
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
 #   bash bench/gpu_check.sh symmetric # all_reduce of symmetric tensors (gpucomm.empty) against ordinary ones, multimem on and off
+#   bash bench/gpu_check.sh fused     # gpucomm.fused against the unfused calls (checked, timed), the device API's tests
 #   bash bench/gpu_check.sh tests     # tests/gpu
 #   bash bench/gpu_check.sh sanitize-memcheck   # every collective at 2 ranks under compute-sanitizer,
 #   bash bench/gpu_check.sh sanitize-racecheck  # one-shot and two-shot all_reduce forced, Triton and
@@ -23,7 +24,7 @@
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|symmetric|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
+part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -113,6 +114,18 @@ symmetric)
     done
     step symmetric_multimem_np2 150 python3 -m gpucomm._bench.symmetric --nproc 2 --device cuda --kernels triton --multimem --json "$work/symmetric_multimem_np2.json"
     ;;
+fused)
+    # gpucomm.fused and the one-shot written with gpucomm.language on CUDA tensors at 2 ranks: the
+    # CPU tests' comparisons on the GPU first (bits of the fused norm, the matmul within tolerance),
+    # then the timed pairs of bench/fused.py, each checked (fused AR+residual+RMSNorm at 1, 32 and
+    # 256 tokens of 8192 bf16 against all_reduce + residual_rmsnorm, bit for bit; all_gather_matmul
+    # of 512 x 8192 shards times 8192 x 3584 against all_gather + matmul; the one-shot written with
+    # the API against the program kernel's at 4, 4096 and 32768 elements, bit for bit), then the
+    # tutorial as written.
+    step fused_tests 240 python3 -m pytest tests/gpu/test_fused_gpu.py -q -p no:cacheprovider -x
+    step fused_np2 240 python3 -m gpucomm._bench.fused --nproc 2 --device cuda --json "$work/fused_np2.json"
+    step tutorial_np2 90 python3 -m torch.distributed.run --nproc-per-node 2 docs/tutorials/one_shot_all_reduce.py
+    ;;
 tests)
     step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
     ;;
@@ -145,7 +158,7 @@ cpuhost-default|cpuhost-1)
     done
     ;;
 *)
-    echo "unknown part: $part (bench2|bench4|latency|symmetric|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
+    echo "unknown part: $part (bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac

@@ -76,6 +76,7 @@ from gpucomm.reduce_op import ReduceOp
 from gpucomm.work import Work
 
 from gpucomm import backend as _backend  # noqa: E402, F401  registers "gpucomm" with torch.distributed
+from gpucomm import fused, language  # noqa: E402, F401  gpucomm.fused.*, gpucomm.language (no Triton imported yet)
 
 # A gpucomm group is a Communicator: the name torch.distributed gives its groups' type.
 ProcessGroup = Communicator

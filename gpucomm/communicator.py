@@ -32,6 +32,7 @@ from gpucomm.engine import Engine
 from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.fallback import GlooFallback
 from gpucomm.flight import FlightLog, FlightRecord, group_label
+from gpucomm.language.context import DeviceContext
 from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
 from gpucomm.progress import Progress, Queued
@@ -531,6 +532,24 @@ class Communicator:
             except GpucommError as err:
                 self._broken = err
                 raise
+
+    def device_context(self, device: object = None) -> DeviceContext:
+        """The context that kernels written with :mod:`gpucomm.language` take (one per device
+        type, built on first use): this rank, the world size, every rank's flag bank and the
+        bases of the symmetric memory, the stage, the error records and the timeout.
+
+        ``device`` (default: this rank's GPU where there is one, else the CPU) picks the
+        workspace: CUDA tensors' (CUDA IPC), or CPU tensors' (shared memory, where kernels run
+        under ``TRITON_INTERPRET=1``). A timeout inside such a kernel fails the context, not the
+        communicator: see :class:`gpucomm.language.DeviceContext`.
+        """
+        fn = "device_context"
+        self._check_usable(fn)
+        kind = torch.device(device).type if device is not None else "cuda" if self.device is not None else "cpu"
+        engine = self._engines.get(kind)
+        if engine is None:
+            raise UnsupportedError(f"gpucomm.{fn}: no device API for {kind} tensors of this communicator: gloo serves them (no workspace)")
+        return engine.device_context(fn)
 
     def graph_safe(self) -> bool:
         """Whether collectives on CUDA tensors of this communicator can be captured in a CUDA

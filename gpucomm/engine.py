@@ -7,16 +7,21 @@ the inter-node group of hierarchical collectives.
 
 Layout of one rank's workspace::
 
-    flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state]
+    flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state |
+            device API: bank (slots x P) | device state]
            sync flag c * P + p is channel c's flag written by rank p; state is
-           [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner
-    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | symmetric heap]
+           [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner;
+           the device API (gpucomm.language) has a bank and state of its own, which the
+           program kernel never touches (gpucomm/language/layout.py)
+    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2 | symmetric heap]
 
 The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
 ``gpucomm.empty``: a collective on one of them reads the peers' copies where they are, with no
 copy into the halves (``allreduce.twoshot_symmetric``, :mod:`gpucomm.algorithms.symmetric`,
 :mod:`gpucomm.multimem`). It ends the data area on the CPU, and on a GPU without the driver's
 virtual-memory API; otherwise it is an allocation of its own (gpucomm.transport.heap_open).
+The device stage is the device API's (``gpucomm.language.stage``): kernels written with it
+stage their data there, never where a program's peers may still read.
 
 Executors: the program kernel (Triton, or CUDA C++) runs a program in one launch with the
 epochs on the device and every wait inside the kernel (:mod:`gpucomm.device_executor`); the
@@ -37,8 +42,10 @@ import torch
 
 from gpucomm import log
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select, symmetric
-from gpucomm.channels import layout_channels
+from gpucomm.channels import launch_channels, layout_channels
 from gpucomm.errors import UnsupportedError
+from gpucomm.language import layout as device_layout
+from gpucomm.language.context import DeviceContext
 from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
 from gpucomm.capture import capturing
@@ -56,6 +63,10 @@ __all__ = ["Engine", "Topology", "FlagLayout"]
 
 _ALIGN = 256  # every half starts 256-byte aligned: full 16-byte vectors for the kernels
 _P2P_SHARE = 4  # the mailboxes take 1/_P2P_SHARE of the data area
+# A half of the device API's stage holds 256 tokens of hidden 8192 in bf16 (4 MiB), the largest
+# all_reduce_residual_rmsnorm of tensor-parallel decoding, in one piece; larger buffers (an
+# all_gather_matmul's shards) come from the symmetric heap.
+_STAGE_HALF_MAX = 4 << 20
 # Programs kept per communicator, one per call shape (the buffers' addresses are not part of
 # it: executors bind a program to the addresses of a call). A training loop calls a few shapes.
 _PROGRAM_CACHE = 256
@@ -93,7 +104,10 @@ class FlagLayout:
         self.p2p_ready = channels * world_size
         self.p2p_done = self.p2p_ready + world_size
         self.state = self.p2p_done + world_size  # poison, then the epoch of every channel
-        self.count = self.state + 1 + channels
+        # The device API's own words (gpucomm.language.layout): its errors poison only them.
+        self.device_bank = self.state + 1 + channels
+        self.device_state = self.device_bank + device_layout.bank_words(world_size)
+        self.count = self.device_state + device_layout.state_words()
 
     def sync_flag(self, channel: int, writer: int) -> int:
         return channel * self.world_size + writer
@@ -121,6 +135,10 @@ class Engine:
         heap_bytes = comm.config.heap_bytes_for(device.type) // _ALIGN * _ALIGN
         self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
         self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
+        # The device API's stage (gpucomm.language.stage), after the halves: its own, so that
+        # kernels written with the API never write where a program's peers may still read.
+        # Half a program's half, at most _STAGE_HALF_MAX: what one-shot kernels serve is small.
+        self.stage_half_bytes = min(self.half_bytes // 2, _STAGE_HALF_MAX) // _ALIGN * _ALIGN
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
         # each at least (two fp64 elements, one 16-byte vector).
         if self.half_bytes // self.world_size < 16:
@@ -148,12 +166,13 @@ class Engine:
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes + in_workspace,
+            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes + in_workspace,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
         )
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
+        self._device_context: DeviceContext | None = None  # gpucomm.language's, built on first use
         # On a GPU a blocking call launches on the caller's current stream; an asynchronous one
         # on a stream of this communicator's own, after the caller's (as ProcessGroupNCCL's);
         # ``order`` keeps the programs in call order across those streams. Futures complete on a
@@ -200,7 +219,7 @@ class Engine:
         agree_alloc = StoreAgreement(comm.store, prefix, self.rank, self.world_size, comm.timeout)
         if self.heap_kind == "vmm":
             return vmm_heap(comm.store, prefix, self.rank, self.world_size, self.device, nbytes, agree_alloc, SIGNAL_PAD_BYTES, comm.timeout)
-        start = self.p2p_bytes + 2 * self.half_bytes
+        start = self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes
         heap = heap_in_workspace(self.workspace, start, nbytes, agree_alloc, SIGNAL_PAD_BYTES)
         if self.device.type == "cuda":
             return heap, 0, "the heap is a region of the CUDA IPC workspace, which no multicast object can bind"
@@ -264,7 +283,24 @@ class Engine:
         self.order.to_caller()
         return copy
 
+    def device_context(self, fn: str = "device_context") -> DeviceContext:
+        """The context of kernels written with :mod:`gpucomm.language` on this workspace."""
+        if self._device_context is None:
+            if self.topology.hierarchical:
+                raise UnsupportedError(f"gpucomm.{fn}: the device API serves the ranks of one node; this communicator's span nodes")
+            # The heap is a region of its own: inside the workspace on the CPU (the same
+            # distances), its own mapping where the driver's virtual memory makes it.
+            self._device_context = DeviceContext(self, self._agree_max, [] if self.heap is None else [self.heap])
+        return self._device_context
+
+    def _agree_max(self, value: int) -> int:
+        """The largest ``value`` of every rank: a one-shot all_reduce (MAX) on this workspace."""
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self.all_reduce(t, ReduceOp.MAX, algo="oneshot")
+        return int(t[0])
+
     def close(self) -> None:
+        self._device_context = None
         try:
             if self.inter is not None:
                 self.inter.close()
@@ -362,12 +398,46 @@ class Engine:
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
         if algo == "hierarchical":
             hierarchical.all_reduce(self, tensor, op)
+        elif algo == "oneshot_lang":
+            self._all_reduce_lang(tensor, op)
         elif algo == "multimem" or self._multimem_by_default(tensor, op, algo):
             self.multimem.run(tensor, op)
         else:
             fields, build = self._all_reduce_plan(tensor, op, algo)
             self.run("all_reduce", fields, [Region.of(tensor)], build)
         return self.completed()
+
+    def _all_reduce_lang(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the
+        program kernel's one-shot, bit for bit, as one launch of a kernel of the device API."""
+        self._lang_launch(tensor, op, ordered=False)()
+
+    def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp, ordered: bool) -> Callable[[], None]:
+        """The launch of :meth:`_all_reduce_lang` on ``tensor``'s buffer, its checks around it;
+        ``ordered``: first order the caller's stream after this communicator's launches (the
+        repeated call's path, :mod:`gpucomm.repeat`; the full path's caller does it)."""
+        if self.kernels.name != "triton":
+            raise UnsupportedError(f"gpucomm.all_reduce: GPUCOMM_ALGO=oneshot_lang runs a Triton kernel; GPUCOMM_KERNELS={self.kernels.name} runs none")
+        from gpucomm._kernels.triton import oneshot
+
+        ctx = self.device_context("all_reduce")
+        # The grid follows the size as the program kernel's does (gpucomm.channels), within the
+        # channel slots of the device API.
+        nbytes = min(tensor.numel() * tensor.element_size(), ctx.stage_half_bytes)
+        channels = launch_channels(nbytes, min(self.channels, device_layout.CHANNEL_SLOTS))
+        launch = oneshot.prepare(ctx, tensor.data_ptr(), tensor.numel(), tensor.dtype, int(op), self.world_size, channels)
+        check, on_cpu = ctx.check, self.stream is None
+        to_caller = self.order.to_caller if ordered and self.order is not None else None
+
+        def run() -> None:
+            check("all_reduce")
+            if to_caller is not None:
+                to_caller()
+            launch()
+            if on_cpu:
+                check("all_reduce")  # the launch has run: its errors are there now
+
+        return run
 
     def _multimem_by_default(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> bool:
         """``auto`` takes the multimem path on a GPU for a symmetric tensor whose fold is exact
@@ -407,6 +477,8 @@ class Engine:
     def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
+        if algo == "oneshot_lang":
+            return self._lang_launch(tensor, op, ordered=True)
         if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
             launch = self.multimem.bind(tensor, op)
             if self.stream is None:

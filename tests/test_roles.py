@@ -15,6 +15,7 @@ def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
     from gpucomm.algorithms import hierarchical, p2p
     from gpucomm.device_executor import DeviceEngine, DeviceExecutor
     from gpucomm.host_executor import HostEngine, HostExecutor, Mail
+    from gpucomm.language.context import DeviceWorkspace, SymmetricRegion
     from gpucomm.repeat import Repeatable
 
     gpucomm.init_process_group(transport="shm", kernels=kernels)
@@ -25,6 +26,7 @@ def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
         (comm, roles.Ranks), (comm, roles.Group),
         (engine, roles.NodeWorkspace), (engine, role), (engine, p2p.MailEngine), (engine, hierarchical.NodeEngine),
         (engine, Repeatable), (engine.flags, roles.FlagWords), (engine.mail, Mail), (engine.topology, hierarchical.Placement),
+        (engine, DeviceWorkspace), (engine.heap, SymmetricRegion),
     ]  # fmt: skip
     unfilled = [f"{type(obj).__name__} as {role.__name__}" for obj, role in fillers if not isinstance(obj, role)]
     if not isinstance(engine.executor, executor):

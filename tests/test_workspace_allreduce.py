@@ -64,6 +64,12 @@ def test_all_reduce_on_the_workspace(world_size: int, algo: str, kernels: str) -
     assert served and all(expected in line for line in served), served[:3]
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_all_reduce_written_with_the_device_api(world_size: int) -> None:
+    # gpucomm.language's first user: the one-shot of kernels/triton/oneshot.py, the same matrix.
+    test_all_reduce_on_the_workspace(world_size, "oneshot_lang", "triton")
+
+
 def _die_or_wait(rank: int, world_size: int, victim: int, timeout: float) -> float:
     import os
     import signal

@@ -32,7 +32,7 @@ __all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "choose", "forced_algo", 
 
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem"),
+    "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem", "oneshot_lang"),
     "broadcast": ("direct", "tree"),
     "reduce": ("direct", "tree"),
     "all_gather": ("direct", "ring"),

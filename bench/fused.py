@@ -1,0 +1,160 @@
+"""gpucomm.fused against the unfused sequence of calls, side by side (and the one-shot all_reduce
+written with gpucomm.language against the program kernel's).
+
+Three pairs, measured in alternating order round after round, each checked:
+
+- ``rmsnorm T``: ``all_reduce_residual_rmsnorm`` of T tokens of ``--hidden`` (bf16) against
+  ``all_reduce`` + ``residual_rmsnorm``; the outputs must be equal bit for bit;
+- ``ag_matmul``: ``all_gather_matmul`` of an (m, k) shard times (k, n) against
+  ``all_gather_into_tensor`` + ``torch.matmul``; within bf16 matmul tolerance;
+- ``oneshot n``: ``GPUCOMM_ALGO=oneshot_lang`` against ``oneshot`` (bf16 SUM); equal bit for bit.
+
+Each rank times each call alone (wall clock; on a GPU after a synchronize); a figure is the
+median call of each round, the median over rounds, the slowest rank's. ``--device cpu`` runs the
+same under ``TRITON_INTERPRET=1`` (a check that it works, not a speed: the interpreter).
+
+Example::
+
+    python -m gpucomm._bench.fused --nproc 2 --device cuda --json fused.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+from .hostinfo import run_settings, write_json
+from .ranks import spawn_ranks
+
+__all__ = ["main"]
+
+
+def _rank(rank: int, world: int, port: int, device: str, args: dict, results: multiprocessing.Queue) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: this process's first import
+    import torch
+
+    import gpucomm
+    import gpucomm.fused as gf
+
+    transport = "shm" if device == "cpu" else "cuda_ipc"
+    gpucomm.init_process_group(transport=transport, kernels="triton", algo="oneshot", timeout=600)
+    comm = gpucomm.get_default_communicator()
+    lang = comm.new_subgroup(list(range(world)), algo="oneshot_lang")
+    on_gpu = device != "cpu"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    dev = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    bf16 = torch.bfloat16
+    H = args["hidden"]
+    pairs: dict[str, dict[str, object]] = {}
+    wrong: list[str] = []
+
+    for T in args["tokens"]:
+        x = torch.randn(T, H, generator=gen).to(bf16).to(dev)
+        res = torch.randn(T, H, generator=gen).to(bf16).to(dev)
+        w = torch.randn(H, generator=torch.Generator().manual_seed(7)).to(bf16).to(dev)
+
+        def fused(x=x, res=res, w=w):
+            return gf.all_reduce_residual_rmsnorm(x, res, w, 1e-6)
+
+        def unfused(x=x, res=res, w=w):
+            s = x.clone()
+            comm.all_reduce(s)
+            return gf.residual_rmsnorm(s, res, w, 1e-6)
+
+        pairs[f"rmsnorm {T}"] = {"fused": fused, "unfused": unfused, "check": "bits"}
+    m, k, n = args["m"], args["k"], args["n"]
+    a = (torch.randn(m, k, generator=gen) / k**0.5).to(bf16).to(dev)
+    b = torch.randn(k, n, generator=gen).to(bf16).to(dev)
+    gathered = torch.empty(world * m, k, dtype=bf16, device=dev)
+
+    def ag_unfused():
+        comm.all_gather_into_tensor(gathered, a)
+        return torch.matmul(gathered, b)
+
+    pairs["ag_matmul"] = {"fused": lambda: gf.all_gather_matmul(a, b), "unfused": ag_unfused, "check": "close"}
+    for count in args["oneshot"]:
+        t0 = torch.randn(count, generator=gen).to(bf16).to(dev)
+        t_lang, t_prog = t0.clone(), t0.clone()
+
+        def one_lang(t=t_lang, t0=t0):
+            t.copy_(t0)
+            lang.all_reduce(t)
+            return t
+
+        def one_prog(t=t_prog, t0=t0):
+            t.copy_(t0)
+            comm.all_reduce(t)
+            return t
+
+        pairs[f"oneshot {count}"] = {"fused": one_lang, "unfused": one_prog, "check": "bits"}
+
+    times: dict[str, dict[str, list[float]]] = {name: {"fused": [], "unfused": []} for name in pairs}
+    for name, pair in pairs.items():
+        got = {kind: pair[kind]() for kind in ("fused", "unfused")}  # warm-up (compiles) and the check
+        sync()
+        f, u = got["fused"], got["unfused"]
+        if pair["check"] == "bits":
+            same = all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(f if isinstance(f, tuple) else (f,), u if isinstance(u, tuple) else (u,)))
+        else:
+            same = torch.allclose(f.float(), u.float(), rtol=2e-2, atol=2e-2 * (k**0.5))
+        if not same:
+            wrong.append(f"{name}: fused and unfused differ")
+        for r in range(args["rounds"]):
+            for kind in ("fused", "unfused") if r % 2 == 0 else ("unfused", "fused"):
+                comm.barrier()
+                calls = []
+                for _ in range(args["calls"]):
+                    start = time.perf_counter()
+                    pair[kind]()
+                    sync()
+                    calls.append(time.perf_counter() - start)
+                times[name][kind].append(statistics.median(calls))
+    lang.close()
+    gpucomm.destroy_process_group()
+    results.put((rank, {"times": times, "wrong": wrong}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--hidden", type=int, default=8192)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--m", type=int, default=512, help="rows of a shard")
+    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--n", type=int, default=3584)
+    parser.add_argument("--oneshot", type=int, nargs="+", default=[4, 4096, 32768], help="elements of the one-shot pairs")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    per_rank = spawn_ranks(_rank, args.nproc, args.device, vars(args), timeout=1800)
+    wrong = [w for r in sorted(per_rank) for w in per_rank[r]["wrong"]]
+    rows = []
+    for name in per_rank[0]["times"]:
+        row = {"pair": name}
+        for kind in ("fused", "unfused"):
+            row[f"{kind}_us"] = round(max(statistics.median(per_rank[r]["times"][name][kind]) for r in per_rank) * 1e6, 1)
+        row["fused/unfused"] = round(row["fused_us"] / row["unfused_us"], 3)
+        rows.append(row)
+    print(f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   (oneshot: language / program kernel; slowest rank)")
+    for row in rows:
+        print(f"{row['pair']:>16} {row['fused_us']:10.1f} {row['unfused_us']:11.1f} {row['fused/unfused']:7.3f}")
+    print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
+    if args.json:
+        write_json(args.json, run_settings(args), rows=rows, wrong=wrong)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
