@@ -6,6 +6,8 @@
 from torch.distributed import Backend, FileStore, HashStore, PrefixStore, Store, TCPStore
 
 from gpucomm.api import (
+    split_group,
+    shrink_group,
     GroupMember,
     P2POp,
     all_gather,
@@ -72,18 +74,19 @@ from gpucomm.objects import (
     send_object_list,
 )
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.surface import *  # noqa: F403  torch.distributed's other names (gpucomm.surface.__all__)
+from gpucomm.surface import __all__ as _surface_names
 from gpucomm.work import Work
 
 from gpucomm import backend as _backend  # noqa: E402, F401  registers "gpucomm" with torch.distributed
 
-# A gpucomm group is a Communicator: the name torch.distributed gives its groups' type.
-ProcessGroup = Communicator
+# gpucomm.surface binds ``rendezvous`` to torch's function of that name, over the attribute of
+# the submodule gpucomm.rendezvous, which stays importable by its path (from gpucomm.rendezvous import ...).
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Communicator",
-    "ProcessGroup",
     "ReduceOp",
     "Work",
     "GroupMember",
@@ -151,4 +154,7 @@ __all__ = [
     "scatter_object_list",
     "send_object_list",
     "recv_object_list",
+    "split_group",
+    "shrink_group",
+    *_surface_names,
 ]
