@@ -56,6 +56,7 @@ from gpucomm.api import (
     supports_complex,
 )
 from gpucomm.communicator import Communicator
+from gpucomm.env import collect_env
 from gpucomm.errors import (
     CommBrokenError,
     CommMismatchError,
@@ -156,5 +157,6 @@ __all__ = [
     "recv_object_list",
     "split_group",
     "shrink_group",
+    "collect_env",
     *_surface_names,
 ]
