@@ -56,7 +56,6 @@ from gpucomm.api import (
     supports_complex,
 )
 from gpucomm.communicator import Communicator
-from gpucomm.env import collect_env
 from gpucomm.errors import (
     CommBrokenError,
     CommMismatchError,
@@ -85,6 +84,16 @@ from gpucomm import backend as _backend  # noqa: E402, F401  registers "gpucomm"
 # the submodule gpucomm.rendezvous, which stays importable by its path (from gpucomm.rendezvous import ...).
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # gpucomm.collect_env comes from gpucomm.env on first use, not at import: `python -m
+    # gpucomm.env` runs that module as __main__, which the package must not have imported first.
+    if name == "collect_env":
+        from gpucomm.env import collect_env
+
+        return collect_env
+    raise AttributeError(f"module 'gpucomm' has no attribute {name!r}")
 
 __all__ = [
     "Communicator",

@@ -162,7 +162,16 @@ def _new_calls(c: Checks, rank: int, P: int) -> None:
     dist.barrier()
 
 
-def _two_ranks(rank: int, world_size: int) -> dict:
+def _file_pair(url: str, **kwargs):
+    """A rendezvous handler of a scheme of this test's own: a FileStore at the URL's path."""
+    from urllib.parse import parse_qs, urlparse
+
+    parsed = urlparse(url)
+    query = {k: int(v[0]) for k, v in parse_qs(parsed.query).items()}
+    yield tdist.FileStore(parsed.path, query["world_size"]), query["rank"], query["world_size"]
+
+
+def _two_ranks(rank: int, world_size: int, tmp: str) -> dict:
     c = Checks(rank)
     res: dict = {}
     try:
@@ -208,6 +217,11 @@ def _two_ranks(rank: int, world_size: int) -> dict:
     c.expect((sub == dist.GroupMember.NON_GROUP_MEMBER) == (rank == 0), f"new_group([1]) on rank {rank}: {sub!r}")
     dist.destroy_process_group()
     c.expect(not tdist.is_initialized() and not dist.is_initialized(), "after gpucomm's destroy")
+    # init_method of a scheme registered with (torch's) register_rendezvous_handler
+    dist.register_rendezvous_handler("oneworldtest", _file_pair)
+    dist.init_process_group(init_method=f"oneworldtest://{tmp}/store")
+    _reduces_over(c, dist.group.WORLD, [0, 1], rank, "a registered rendezvous scheme")
+    dist.destroy_process_group()
     res["failures"], res["count"] = c.failures, c.count
     return res
 
@@ -224,8 +238,8 @@ ENV = {"OMP_NUM_THREADS": "1", "GPUCOMM_TIMEOUT": "120"}
 
 
 @pytest.fixture(scope="module")
-def two() -> list[dict]:
-    return run_ranks(_two_ranks, 2, env=ENV, timeout=300)
+def two(tmp_path_factory) -> list[dict]:
+    return run_ranks(_two_ranks, 2, str(tmp_path_factory.mktemp("one_world")), env=ENV, timeout=300)
 
 
 def test_every_check_passes_at_2_ranks(two) -> None:
