@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GroupMember, group
 
-from gpucomm.backend import BACKEND_NAME, Lent, Options, ProcessGroupGpucomm
+from gpucomm.backend import BACKEND_NAME, Lent, Options
 from gpucomm.communicator import Communicator, release_all
 from gpucomm.config import Config
 from gpucomm.errors import GpucommError, NotInitializedError, UnsupportedError
