@@ -313,9 +313,12 @@ def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -
 
 def _start_backends(names: list[str], store: dist.Store, rank, world, device, s: Settings,
                     skipped: list[dict]) -> list[Backend]:
-    """Start every backend at once, each on its own store prefix, so that rounds can alternate."""
+    """Start every backend at once, each on its own store prefix, so that rounds can alternate.
+
+    torch's backends first: torch's default group is gpucomm's once gpucomm has one (one world),
+    and torch refuses a second; gpucomm's default group stands beside a gloo or NCCL one."""
     started = []
-    for name in names:
+    for name in sorted(names, key=lambda n: n == "gpucomm"):
         prefixed = dist.PrefixStore(f"bench/{name}", store)
         knobs = s.knobs if name == "gpucomm" else {}
         try:
@@ -325,7 +328,7 @@ def _start_backends(names: list[str], store: dist.Store, rank, world, device, s:
                 raise
             # A peer that cannot start here is reported, not allowed to sink the backend under test.
             skipped.append({"backend": name, "reason": f"init failed: {type(err).__name__}: {err}"})
-    return started
+    return sorted(started, key=lambda b: names.index(b.name))
 
 
 def run_rank(s: Settings) -> int:

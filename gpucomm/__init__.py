@@ -6,6 +6,8 @@
 from torch.distributed import Backend, FileStore, HashStore, PrefixStore, Store, TCPStore
 
 from gpucomm.api import (
+    split_group,
+    shrink_group,
     GroupMember,
     P2POp,
     all_gather,
@@ -73,19 +75,30 @@ from gpucomm.objects import (
     send_object_list,
 )
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.surface import *  # noqa: F403  torch.distributed's other names (gpucomm.surface.__all__)
+from gpucomm.surface import __all__ as _surface_names
 from gpucomm.work import Work
 
 from gpucomm import backend as _backend  # noqa: E402, F401  registers "gpucomm" with torch.distributed
 from gpucomm import fused, language  # noqa: E402, F401  gpucomm.fused.*, gpucomm.language (no Triton imported yet)
 
-# A gpucomm group is a Communicator: the name torch.distributed gives its groups' type.
-ProcessGroup = Communicator
+# gpucomm.surface binds ``rendezvous`` to torch's function of that name, over the attribute of
+# the submodule gpucomm.rendezvous, which stays importable by its path (from gpucomm.rendezvous import ...).
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # gpucomm.collect_env comes from gpucomm.env on first use, not at import: `python -m
+    # gpucomm.env` runs that module as __main__, which the package must not have imported first.
+    if name == "collect_env":
+        from gpucomm.env import collect_env
+
+        return collect_env
+    raise AttributeError(f"module 'gpucomm' has no attribute {name!r}")
+
 __all__ = [
     "Communicator",
-    "ProcessGroup",
     "ReduceOp",
     "Work",
     "GroupMember",
@@ -154,4 +167,8 @@ __all__ = [
     "scatter_object_list",
     "send_object_list",
     "recv_object_list",
+    "split_group",
+    "shrink_group",
+    "collect_env",
+    *_surface_names,
 ]

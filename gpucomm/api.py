@@ -3,10 +3,20 @@
 Swapping ``import torch.distributed as dist`` for ``import gpucomm as dist`` keeps a script
 working: same names, same signatures and positional order (``tests/test_api_surface.py``
 compares them with ``inspect.signature``), same rank conventions (``src``/``dst`` are global
-ranks; ``group_src``/``group_dst`` are ranks within ``group``). Groups are
-:class:`gpucomm.Communicator` objects; a torch process group of the ``gpucomm`` backend is
-accepted too. Where gpucomm cannot do what an argument asks, the error says what to use instead.
-The object collectives live in :mod:`gpucomm.objects`.
+ranks; ``group_src``/``group_dst`` are ranks within ``group``). Where gpucomm cannot do what an
+argument asks, the error says what to use instead. The object collectives live in
+:mod:`gpucomm.objects`, the rest of torch.distributed's names in :mod:`gpucomm.surface`.
+
+**One world with torch's.** gpucomm's default group *is* torch.distributed's: ``init_process_group``
+here builds gpucomm's Communicator, then makes torch's default group of the ``gpucomm`` backend
+around it (gpucomm.backend); ``torch.distributed.init_process_group("gpucomm")`` makes the same
+thing from torch's side. Every group either API hands out is a torch ``ProcessGroup`` of that
+backend (``group.WORLD``, ``new_group``, ``new_subgroups``, ``split_group``, a DeviceMesh's), which
+DDP, FSDP2 and DTensor take and whose Communicator serves gpucomm's calls; so both APIs see the
+same groups, ranks and collectives, in one order. A bare :class:`gpucomm.Communicator` is accepted
+as a group too. gpucomm's calls find the default group's Communicator through one cached
+reference, checked for ``closed`` (a destroy from torch's side closes it), so the hot path costs
+what it did before.
 """
 
 from __future__ import annotations
@@ -18,7 +28,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed import GroupMember, group
 
+from gpucomm.backend import BACKEND_NAME, Lent, Options
 from gpucomm.communicator import Communicator, release_all
 from gpucomm.config import Config
 from gpucomm.errors import GpucommError, NotInitializedError, UnsupportedError
@@ -49,6 +61,8 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
+    "split_group",
+    "shrink_group",
     "group",
     "GroupMember",
     "P2POp",
@@ -77,37 +91,22 @@ __all__ = [
     "supports_complex",
 ]
 
-BACKEND_NAME = "gpucomm"
 # torch.distributed's backend names, and what gpucomm serves each with: None = gpucomm's own
 # paths (the workspace for CUDA tensors, gloo or GPUCOMM_TRANSPORT for CPU ones), "gloo" = every
 # tensor of that device through gloo.
 _DEVICE_BACKENDS = {"gpucomm": None, "nccl": None, "gloo": "gloo"}
 _DEVICES = ("cpu", "cuda")
-
-
-class _WorldMeta(type):
-    """``group.WORLD`` / ``GroupMember.WORLD``: the default group once initialized, as in torch."""
-
-    @property
-    def WORLD(cls) -> Communicator | None:  # noqa: N802 (torch's name)
-        return _State.world
-
-
-class group(metaclass=_WorldMeta):  # noqa: N801 (torch's name)
-    """``group.WORLD`` is the default group (None before ``init_process_group``)."""
-
-
-class GroupMember(metaclass=_WorldMeta):
-    """``GroupMember.WORLD`` is the default group; ``GroupMember.NON_GROUP_MEMBER`` is what
-    :func:`new_group` returns on ranks outside the group."""
-
-    NON_GROUP_MEMBER = object()
+_NON_MEMBER = GroupMember.NON_GROUP_MEMBER  # torch's: an int (-100), compared with ==
 
 
 class _State:
+    # The Communicator of torch's default group, when that group is gpucomm's: a cache that
+    # _world() checks (closed: torch destroyed it) and refills from torch's default group.
+    # ``beside``: torch's default group was another backend's at init, and gpucomm's default
+    # group stands beside it (``groups``: the subgroups made on it, closed with it).
     world: Communicator | None = None
+    beside: bool = False
     groups: list[Communicator] = []
-    backend: str = BACKEND_NAME
 
 
 def _transport_for(backend: str | None, fn: str) -> str | None:
@@ -166,8 +165,6 @@ def _seconds(timeout: object, fn: str) -> float | None:
 
 
 def _knobs_of(pg_options: object, fn: str) -> dict[str, object]:
-    from gpucomm.backend import Options
-
     if pg_options is None:
         return {}
     if not isinstance(pg_options, Options):
@@ -218,7 +215,7 @@ def init_process_group(
         dist.destroy_process_group()
     """
     fn = "init_process_group"
-    if _State.world is not None:
+    if _current_world() is not None:
         raise GpucommError("gpucomm.init_process_group: already initialized; call destroy_process_group() first")
     if not isinstance(group_name, str):
         raise TypeError(f"gpucomm.{fn}: group_name must be a str, got {type(group_name).__name__}")
@@ -231,7 +228,7 @@ def init_process_group(
         settings["transport"] = transport
     config = Config.from_env(timeout=_seconds(timeout, fn), **settings)
     rdv = rendezvous(init_method, None if rank == -1 else rank, None if world_size == -1 else world_size, store, config.timeout)
-    _State.world = Communicator(
+    comm = Communicator(
         rdv.store,
         rdv.rank,
         rdv.world_size,
@@ -241,25 +238,63 @@ def init_process_group(
         local_world_size=rdv.local_world_size,
         device=device,
     )
-    _State.backend = "gloo" if config.transport == "gloo" else BACKEND_NAME
+    if dist.is_initialized():
+        # torch's default group is another backend's (the script initialized torch first, with
+        # gloo or NCCL): torch keeps it, and gpucomm's default group stands beside it, as the
+        # script asked; gpucomm's calls and groups are gpucomm's own (Communicators).
+        _State.world, _State.beside, _State.groups = comm, True, []
+        return
+    lent = Lent(comm, Options(**{k: v for k, v in settings.items() if k in Options.__dataclass_fields__}))
+    try:
+        # torch's default group wraps this Communicator (gpucomm.backend.Lent), on the same store:
+        # torch keys its groups under "default_pg/" there, gpucomm under its drawn prefix.
+        # device_id stays with gpucomm (the group's bound_device_id stays None: gpucomm.backend).
+        dist.init_process_group(
+            BACKEND_NAME, store=rdv.store, rank=rdv.rank, world_size=rdv.world_size, timeout=datetime.timedelta(seconds=config.timeout), pg_options=lent
+        )
+    except BaseException:
+        comm.close()
+        raise
+    _State.world, _State.beside = comm, False
 
 
 def destroy_process_group(group: object = None) -> None:
-    """Close ``group``, or the default group and every subgroup when ``group`` is None."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    """Destroy ``group``, or, when ``group`` is None (or the default group), every group and the
+    default one: torch.distributed's world and gpucomm's are one, so this is torch's
+    ``destroy_process_group`` too (and torch's destroys gpucomm's groups). A gpucomm default
+    group beside torch's of another backend goes alone, with its subgroups."""
+    if _is_non_member(group):
         return
-    if group is not None and group is not _State.world:
+    world = _current_world()
+    if _State.beside and world is not None:
+        if group is None or group is world:
+            groups, _State.world, _State.groups, _State.beside = _State.groups, None, [], False
+            for comm in groups:
+                comm.close()
+            world.close()
+            return
         comm = _as_communicator(group, "destroy_process_group")
         comm.close()
         if comm in _State.groups:
             _State.groups.remove(comm)
         return
-    world, groups = _State.world, _State.groups
-    _State.world, _State.groups = None, []
-    for comm in groups:
-        comm.close()
-    if world is not None:
-        world.close()
+    if group is None or group is world or group is dist.group.WORLD:
+        _State.world = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if world is not None:
+            world.close()  # closed already when torch's default group was its wrapper
+        return
+    if isinstance(group, Communicator):
+        group.close()  # a Communicator made by the object API: not one of torch's groups
+        return
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"gpucomm.destroy_process_group: group must be a process group or None, got {type(group).__name__}")
+    dist.destroy_process_group(group)
+
+
+def _is_non_member(group: object) -> bool:
+    return type(group) is int and group == _NON_MEMBER
 
 
 @atexit.register
@@ -277,7 +312,8 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return _State.world is not None
+    """Whether the default group exists and is gpucomm's (made by either API)."""
+    return _current_world() is not None
 
 
 def is_gloo_available() -> bool:
@@ -315,31 +351,70 @@ def status(group: object = None) -> NodeStatus:
     return comm.status()
 
 
-def _world(fn: str) -> Communicator:
-    if _State.world is None:
-        raise NotInitializedError(f"gpucomm.{fn}: call gpucomm.init_process_group() first")
+def _current_world() -> Communicator | None:
+    """The default group's Communicator, or None: the cached one while it is open, else the one
+    of torch's default group when that is gpucomm's (``torch.distributed.init_process_group("gpucomm")``,
+    or a re-init from torch's side)."""
+    world = _State.world
+    if world is not None and not world.closed:
+        return world
+    _State.world = None
+    if dist.is_initialized():
+        comm = getattr(dist.group.WORLD, "communicator", None)
+        if isinstance(comm, Communicator) and not comm.closed:
+            _State.world = comm
     return _State.world
 
 
+def _world(fn: str) -> Communicator:
+    world = _State.world
+    if world is not None and not world.closed:  # the hot path: one load, one flag
+        return world
+    world = _current_world()
+    if world is not None:
+        return world
+    if dist.is_initialized():
+        raise NotInitializedError(
+            f"gpucomm.{fn}: torch.distributed's default group has backend {dist.get_backend()!r}, not gpucomm's; "
+            "initialize with gpucomm.init_process_group() or torch.distributed.init_process_group('gpucomm')"
+        )
+    raise NotInitializedError(f"gpucomm.{fn}: call gpucomm.init_process_group() first")
+
+
 def _as_communicator(group: object, fn: str) -> Communicator:
-    """A gpucomm group: a Communicator, or a torch process group of the gpucomm backend."""
-    if isinstance(group, Communicator):
-        return group
+    """A gpucomm group: a torch process group of the gpucomm backend, or a Communicator (and,
+    beside torch's default group of another backend, that group: gpucomm's default one)."""
     comm = getattr(group, "communicator", None)
     if isinstance(comm, Communicator):
         return comm
+    if isinstance(group, Communicator):
+        return group
+    if _State.beside and group is dist.group.WORLD and _State.world is not None:
+        return _State.world
+    if isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"gpucomm.{fn}: group is a torch process group of backend {_backend_name(group)!r}; gpucomm serves the groups "
+            "of its own backend (gpucomm.new_group(), or torch.distributed.new_group() once the default group is gpucomm's)"
+        )
     raise TypeError(
         f"gpucomm.{fn}: group must be a group from gpucomm.new_group() (or a torch process group of the "
         f"'gpucomm' backend) or None, got {type(group).__name__}"
     )
 
 
+def _backend_name(group: dist.ProcessGroup) -> str:
+    try:
+        return str(dist.get_backend(group))
+    except (ValueError, RuntimeError):
+        return group.name()
+
+
 def _group(group: object, fn: str) -> Communicator | None:
     """The communicator for ``group``; None (with torch.distributed's warning) outside it."""
-    world = _world(fn)
     if group is None:
-        return world
-    if group is GroupMember.NON_GROUP_MEMBER:
+        return _world(fn)
+    if _is_non_member(group):
+        _world(fn)
         warnings.warn(f"gpucomm.{fn}: this rank is not part of the group; the call does nothing", stacklevel=3)
         return None
     return _as_communicator(group, fn)
@@ -410,32 +485,63 @@ def new_group(
     device_id: torch.device | None = None,
     sort_ranks: bool = True,
 ) -> object:
-    """A subgroup of the default group. Every rank of the default group must call it, in the same order.
+    """A subgroup of the default group: a torch ``ProcessGroup`` of the gpucomm backend, which
+    torch's components take (DDP's ``process_group=``, FSDP2, DTensor) and gpucomm's calls serve
+    with its Communicator (a child of the default group's: same device, knobs, flight record).
 
-    ``timeout`` (a timedelta or seconds) applies to the subgroup's calls; ``backend`` ("gloo",
-    "nccl", "gpucomm", None) and ``pg_options`` (a :class:`gpucomm.backend.Options`) set its
-    knobs; ``sort_ranks=False`` numbers its members in the order of ``ranks``. Returns
-    ``GroupMember.NON_GROUP_MEMBER`` on the other ranks.
+    Every rank of the default group calls it, in the same order; with
+    ``use_local_synchronization=True`` only the members do (torch's rule; others get None).
+    ``timeout`` (a timedelta or seconds; default: the default group's) applies to the subgroup's
+    calls; ``backend`` ("gloo", "nccl", "gpucomm", None) and ``pg_options`` (a
+    :class:`gpucomm.backend.Options`) set its knobs; ``sort_ranks=False`` numbers its members in
+    the order of ``ranks``. Returns ``GroupMember.NON_GROUP_MEMBER`` on the other ranks.
     """
     fn = "new_group"
     world = _world(fn)
-    if use_local_synchronization:
-        raise UnsupportedError(
-            "gpucomm.new_group: use_local_synchronization=True is not supported: gpucomm's new_group is "
-            "collective over the default group; call it on every rank (use_local_synchronization=False)"
-        )
     if device_id is not None and _device_for(device_id, fn) != world.device:
         raise ValueError(f"gpucomm.{fn}: device_id {device_id} differs from this rank's device {world.device}; subgroups use it")
-    members = list(range(world.world_size)) if ranks is None else list(ranks)
-    knobs = _knobs_of(pg_options, fn)
-    transport = _transport_for(backend, fn)
-    if transport is not None:
-        knobs["transport"] = transport
-    comm = world.new_subgroup(members, _seconds(timeout, fn), sort=sort_ranks, **knobs)
+    seconds = _seconds(timeout, fn)
+    if _State.beside:
+        members = list(range(world.world_size)) if ranks is None else list(ranks)
+        return _beside_group(world, members, seconds, _options_for(backend, pg_options, fn), use_local_synchronization, sort_ranks, fn)
+    return dist.new_group(
+        ranks=None if ranks is None else list(ranks),
+        timeout=None if seconds is None else datetime.timedelta(seconds=seconds),
+        backend=BACKEND_NAME,
+        pg_options=_options_for(backend, pg_options, fn),
+        use_local_synchronization=use_local_synchronization,
+        group_desc=group_desc,
+        sort_ranks=sort_ranks,
+    )
+
+
+def _beside_group(parent: Communicator, members: list[int], seconds: float | None, options: Options | None, local: bool, sort: bool, fn: str) -> object:
+    """A subgroup of a gpucomm default group that stands beside torch's: a Communicator of its
+    own (torch's world has no gpucomm group to register it under), made over ``parent``."""
+    if local:
+        raise UnsupportedError(
+            f"gpucomm.{fn}: use_local_synchronization=True needs gpucomm's default group to be torch's; beside torch's "
+            f"default group of another backend, gpucomm's groups are made by every rank of the parent (use_local_synchronization=False)"
+        )
+    outside = [r for r in members if r not in parent.global_ranks]
+    if outside:
+        raise ValueError(f"gpucomm.{fn}: rank(s) {outside} are not in the parent group (ranks {parent.global_ranks})")
+    knobs = {} if options is None else options.knobs()
+    comm = parent.new_subgroup([parent.global_ranks.index(r) for r in members], seconds, sort=sort, **knobs)
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
     _State.groups.append(comm)
     return comm
+
+
+def _options_for(backend: str | None, pg_options: object, fn: str) -> Options | None:
+    """The gpucomm backend's options for a group that a torch backend string and gpucomm's
+    ``pg_options`` ask for (None: the default group's knobs)."""
+    knobs = _knobs_of(pg_options, fn)
+    transport = _transport_for(backend, fn)
+    if transport is not None:
+        knobs["transport"] = transport
+    return Options(**knobs) if knobs else None  # type: ignore[arg-type]
 
 
 def new_subgroups(
@@ -446,16 +552,19 @@ def new_subgroups(
     pg_options: object = None,
     group_desc: str | None = None,
 ) -> tuple[object, list[object]]:
-    """Split the default group (or ``group``; every member calls it) into consecutive subgroups
-    of ``group_size`` ranks (default: the ranks of one node); returns this rank's subgroup and
-    all of them (``GroupMember.NON_GROUP_MEMBER`` for those this rank is not in)."""
+    """Split the default group (every rank calls it), or ``group`` (every member calls it), into
+    consecutive subgroups of ``group_size`` ranks (default: the ranks of one node, where torch's
+    default is the CUDA devices of one); returns this rank's subgroup and all of them
+    (``GroupMember.NON_GROUP_MEMBER`` for those this rank is not in)."""
     fn = "new_subgroups"
-    parent = _world(fn) if group is None else _as_communicator(group, fn)
+    world = _world(fn)
+    parent = world if group is None else _as_communicator(group, fn)
     size = parent.local_world_size if group_size is None else group_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1 or parent.world_size % size:
         raise ValueError(f"gpucomm.{fn}: group_size must be a positive divisor of the group's size {parent.world_size}, got {group_size!r}")
     ranks = parent.global_ranks
-    return _subgroups(parent, [ranks[i : i + size] for i in range(0, len(ranks), size)], timeout, backend, pg_options, fn)
+    lists = [ranks[i : i + size] for i in range(0, len(ranks), size)]
+    return _subgroups(parent, lists, timeout, backend, pg_options, group_desc, parent is not world, fn)
 
 
 def new_subgroups_by_enumeration(
@@ -468,11 +577,17 @@ def new_subgroups_by_enumeration(
     """One subgroup per list of global ranks (disjoint lists; every rank calls it); returns this
     rank's subgroup (None if it is in none) and all of them."""
     fn = "new_subgroups_by_enumeration"
-    return _subgroups(_world(fn), [list(r) for r in ranks_per_subgroup_list], timeout, backend, pg_options, fn)
+    if not ranks_per_subgroup_list:
+        raise ValueError(f"gpucomm.{fn}: ranks_per_subgroup_list cannot be empty")
+    return _subgroups(_world(fn), [list(r) for r in ranks_per_subgroup_list], timeout, backend, pg_options, group_desc, False, fn)
 
 
-def _subgroups(parent: Communicator, lists: list[list[int]], timeout: object, backend: str | None, pg_options: object, fn: str) -> tuple[object, list[object]]:
-    """Subgroups of ``parent`` (collective over it), one per list of global ranks."""
+def _subgroups(
+    parent: Communicator, lists: list[list[int]], timeout: object, backend: str | None, pg_options: object, group_desc: str | None, local: bool, fn: str
+) -> tuple[object, list[object]]:
+    """One group per list of global ranks of ``parent``: made by every rank of the default group,
+    or (``local``) by the members of each list only, which is what lets a subgroup's members
+    split it without the other ranks."""
     seen: set[int] = set()
     for ranks in lists:
         outside = set(ranks) - set(parent.global_ranks)
@@ -481,23 +596,111 @@ def _subgroups(parent: Communicator, lists: list[list[int]], timeout: object, ba
         if seen & set(ranks):
             raise ValueError(f"gpucomm.{fn}: rank(s) {sorted(seen & set(ranks))} appear in more than one subgroup")
         seen |= set(ranks)
-    knobs = _knobs_of(pg_options, fn)
-    transport = _transport_for(backend, fn)
-    if transport is not None:
-        knobs["transport"] = transport
     me = parent.global_ranks[parent.rank]
     mine: object = None
     groups: list[object] = []
     for ranks in lists:
-        comm = parent.new_subgroup([parent.global_ranks.index(r) for r in ranks], _seconds(timeout, fn), **knobs)
-        if comm is None:
+        if _State.beside:  # collective over the parent, every list: Communicators of its own
+            made = _beside_group(parent, ranks, _seconds(timeout, fn), _options_for(backend, pg_options, fn), False, True, fn)
+        elif local and me not in ranks:
             groups.append(GroupMember.NON_GROUP_MEMBER)
             continue
-        _State.groups.append(comm)
-        groups.append(comm)
+        else:
+            made = new_group(ranks, timeout, backend, pg_options, use_local_synchronization=local, group_desc=group_desc)
+        groups.append(made)
         if me in ranks:
-            mine = comm
+            mine = made
     return mine, groups
+
+
+def split_group(
+    parent_pg: object = None,
+    split_ranks: list | None = None,
+    timeout: datetime.timedelta | None = None,
+    pg_options: object = None,
+    group_desc: str | None = None,
+    backend: str | None = None,
+) -> object:
+    """torch's ``split_group`` on gpucomm's groups: every member of ``parent_pg`` (default: the
+    default group) calls it with the same ``split_ranks``, disjoint lists of *group* ranks of the
+    parent; returns the group of the list this rank is in, None if it is in none.
+
+    torch splits only NCCL communicators (``ncclCommSplit``); gpucomm makes each list's group as
+    a child of the default group's Communicator: with every rank when the parent is the default
+    group, else with the list's members alone, under torch's hashed name (the list's ranks and
+    the number of groups the rank knows: the members must have made the same groups so far, as
+    with torch's own split). ``backend`` and ``pg_options`` set its knobs as for :func:`new_group`.
+    """
+    fn = "split_group"
+    parent = _world(fn) if parent_pg is None else _as_communicator(parent_pg, fn)
+    if not split_ranks or not all(isinstance(r, (list, tuple)) for r in split_ranks):
+        raise ValueError(f"gpucomm.{fn}: split_ranks must be a non-empty list of lists of group ranks, got {split_ranks!r}")
+    seen: set[int] = set()
+    for ranks in split_ranks:
+        if not ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(f"gpucomm.{fn}: each split must be non-empty, without duplicates, got {list(ranks)}")
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < parent.world_size]
+        if bad:
+            raise ValueError(f"gpucomm.{fn}: split ranks are group ranks of the parent, in [0, {parent.world_size}), got {bad}")
+        if seen & set(ranks):
+            raise ValueError(f"gpucomm.{fn}: group rank(s) {sorted(seen & set(ranks))} appear in more than one split")
+        seen |= set(ranks)
+    if _State.beside:  # every member of the parent makes every split's group, over the parent
+        made = [_beside_group(parent, [parent.global_ranks[r] for r in ranks], _seconds(timeout, fn), _options_for(backend, pg_options, fn), False, True, fn) for ranks in split_ranks]
+        return next((g for g in made if isinstance(g, Communicator)), None)
+    world = _world(fn)
+    if parent is world:
+        # Every rank makes every split, in order, under torch's sequential names; a hashed name
+        # (torch's for groups made by their members alone) counts the groups each rank knows,
+        # which differ between ranks as soon as one is outside some group.
+        made = [new_group([parent.global_ranks[r] for r in ranks], timeout, backend, pg_options, group_desc=group_desc) for ranks in split_ranks]
+        return next((g for g, ranks in zip(made, split_ranks) if parent.rank in ranks), None)
+    mine = next((sorted(ranks) for ranks in split_ranks if parent.rank in ranks), None)
+    if mine is None:
+        return None
+    members = [parent.global_ranks[r] for r in mine]
+    return new_group(members, timeout, backend, pg_options, use_local_synchronization=True, group_desc=group_desc)
+
+
+def shrink_group(ranks_to_exclude: list[int], group: object = None, shrink_flags: int = 0, pg_options: object = None) -> object:
+    """torch's ``shrink_group`` on a gpucomm subgroup: a new group of ``group``'s members but
+    ``ranks_to_exclude`` (group ranks). Only the remaining members call it, as in torch.
+
+    ``shrink_flags``: torch's ``SHRINK_DEFAULT`` (0) or ``SHRINK_ABORT`` (1); gpucomm has nothing
+    to abort first (a collective stuck on an excluded rank ends by its timeout), so both make
+    the group the same way. The default group cannot be shrunk yet (torch replaces it, and every
+    other group, with NCCL's shrunk communicator): destroy_process_group() and init again with
+    the remaining ranks.
+    """
+    fn = "shrink_group"
+    world = _world(fn)
+    parent = world if group is None else _as_communicator(group, fn)
+    if parent is world:
+        raise UnsupportedError(
+            f"gpucomm.{fn}: the default group cannot be shrunk (torch replaces it and destroys every other group); "
+            "shrink a subgroup, or destroy_process_group() and init again with the remaining ranks"
+        )
+    if shrink_flags not in (0, 1):
+        raise ValueError(f"gpucomm.{fn}: shrink_flags must be SHRINK_DEFAULT (0) or SHRINK_ABORT (1), got {shrink_flags!r}")
+    if not isinstance(ranks_to_exclude, list) or not ranks_to_exclude or len(set(ranks_to_exclude)) != len(ranks_to_exclude):
+        raise ValueError(f"gpucomm.{fn}: ranks_to_exclude must be a non-empty list of distinct group ranks, got {ranks_to_exclude!r}")
+    bad = [r for r in ranks_to_exclude if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < parent.world_size]
+    if bad:
+        raise ValueError(f"gpucomm.{fn}: ranks_to_exclude are group ranks in [0, {parent.world_size}), got {bad}")
+    if parent.rank in ranks_to_exclude:
+        raise RuntimeError(f"gpucomm.{fn}: group rank {parent.rank} is excluded and must not call shrink_group (torch's rule)")
+    if len(ranks_to_exclude) == parent.world_size:
+        raise ValueError(f"gpucomm.{fn}: ranks_to_exclude leaves no rank of the group's {parent.world_size}")
+    members = [g for r, g in enumerate(parent.global_ranks) if r not in ranks_to_exclude]
+    if _State.beside:
+        raise UnsupportedError(
+            f"gpucomm.{fn}: shrinking needs gpucomm's default group to be torch's (the remaining ranks make the new group "
+            "alone); beside torch's default group of another backend, make it with new_group on every rank"
+        )
+    if pg_options is None:  # torch's rule: the new group inherits the parent's options
+        pg_options = Options(**{name: getattr(parent.config, name) for name in Options.__dataclass_fields__})
+    timeout = datetime.timedelta(seconds=parent.timeout)
+    return new_group(members, timeout, None, pg_options, use_local_synchronization=True, sort_ranks=False)
 
 
 # -- collectives ------------------------------------------------------------------------------

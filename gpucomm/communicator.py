@@ -269,19 +269,31 @@ class Communicator:
         self._subgroups += 1
         if self.rank not in ranks:
             return None
-        sub_rank = ranks.index(self.rank)
+        global_ranks = [self.global_ranks[r] for r in ranks]
+        return self.subgroup(self.store, f"{self.prefix}g{self._subgroups}/", ranks.index(self.rank), global_ranks, timeout, **knobs)
+
+    def subgroup(self, store: dist.Store, prefix: str, rank: int, global_ranks: Sequence[int], timeout: float | None = None, **knobs: object) -> Communicator:
+        """A subgroup of this communicator's ranks whose members agreed on ``store`` and
+        ``prefix`` already (torch's name of the group: gpucomm.backend); collective over its
+        members only. It keeps this communicator's device, node layout, knobs (but ``timeout``
+        and ``knobs``) and flight record."""
         return Communicator(
-            self.store,
-            sub_rank,
-            len(ranks),
-            prefix=f"{self.prefix}g{self._subgroups}/",
+            store,
+            rank,
+            len(global_ranks),
+            prefix=prefix,
             config=dataclasses.replace(self.config, **knobs, **({} if timeout is None else {"timeout": timeout})),
             local_rank=self.local_rank,
             local_world_size=self.local_world_size,  # nodes are global_rank // local_world_size
-            global_ranks=[self.global_ranks[r] for r in ranks],
+            global_ranks=list(global_ranks),
             device=self.device,
             flight=self._flight.record,
         )
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (or the process is exiting)."""
+        return self._closed
 
     # -- symmetric tensors --------------------------------------------------------------------
     def empty(self, *size: object, dtype: torch.dtype | None = None, device: object = None) -> torch.Tensor:

@@ -1,8 +1,15 @@
 """``gpucomm-demo``: spawn local ranks, run every collective on each path this host has, check
 each result against a float64 reference, and print a table.
 
-    gpucomm-demo --nproc 4            # CPU: gpucomm's gloo path, and the shm workspace path with torch kernels
-    gpucomm-demo --nproc 2 --size 1M  # on a GPU host the CUDA workspace path is added
+    gpucomm-demo --nproc 4            # CPU: gpucomm's gloo path, the shm workspace path with torch
+                                      # kernels, and the Triton program kernel under the interpreter
+    gpucomm-demo --nproc 2 --size 1M  # on a GPU host: the CUDA workspace path on the Triton kernels
+
+Without a GPU the Triton rows run gpucomm's GPU kernel (one launch of the program kernel per
+collective, waiting for its peers inside the kernel) under Triton's interpreter, on the
+shared-memory workspace, across the same processes: each collective once, marked
+``interpreted`` (their time is the interpreter's, not a GPU's). TRITON_INTERPRET=1 is set in
+each rank's process before anything imports triton; the gloo and torch-kernel rows do not use it.
 """
 
 from __future__ import annotations
@@ -37,12 +44,15 @@ REFERENCES = {
 }
 
 
-def _paths() -> list[tuple[str, dict[str, str], str]]:
-    """(label, knobs, tensor device) for every path this host can run; "gloo" is gpucomm's own
-    gloo path (gpucomm's Communicator over a gloo group), not torch.distributed's gloo backend."""
-    paths = [("gloo", {"transport": "gloo"}, "cpu"), ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu")]
-    if torch.cuda.is_available():
-        paths.append(("cuda_ipc", {"transport": "cuda_ipc"}, "cuda"))
+def _paths(gpu: bool) -> list[tuple[str, dict[str, str], str, bool]]:
+    """(label, knobs, tensor device, interpreted) for every path this host can run; "gloo" is
+    gpucomm's own gloo path (gpucomm's Communicator over a gloo group), not torch.distributed's
+    gloo backend."""
+    paths = [("gloo", {"transport": "gloo"}, "cpu", False), ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu", False)]
+    if gpu:
+        paths.append(("cuda+triton", {"transport": "cuda_ipc", "kernels": "triton"}, "cuda", False))
+    else:
+        paths.append(("shm+triton", {"transport": "shm", "kernels": "triton"}, "cpu", True))
     return paths
 
 
@@ -86,19 +96,25 @@ def _cases(rank: int, P: int, n: int, device: str) -> list[tuple[str, Callable[[
     return cases
 
 
-def _rank_main(rank: int, P: int, port: int, n: int, iters: int, queue: multiprocessing.Queue) -> None:
+def _rank_main(rank: int, P: int, port: int, n: int, iters: int, gpu: bool, queue: multiprocessing.Queue) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(P), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(P), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if not gpu:
+        # Before anything imports triton (nothing has yet in this fresh process): the Triton rows
+        # run under the interpreter; the other rows name the torch kernels or gloo.
+        os.environ["TRITON_INTERPRET"] = "1"
     import gpucomm
 
     rows = []
     try:
-        for label, knobs, device in _paths():
+        for label, knobs, device, interpreted in _paths(gpu):
             gpucomm.init_process_group(timeout=120, **knobs)
             for name, call, check in _cases(rank, P, n, device):
+                start = time.perf_counter()
                 call()
+                first = time.perf_counter() - start
                 ok = check()
-                times = []
-                for _ in range(iters):
+                times = [first]
+                for _ in range(0 if interpreted else iters):  # interpreted: each collective once
                     if device == "cuda":
                         torch.cuda.synchronize()
                     start = time.perf_counter()
@@ -106,7 +122,9 @@ def _rank_main(rank: int, P: int, port: int, n: int, iters: int, queue: multipro
                     if device == "cuda":
                         torch.cuda.synchronize()
                     times.append(time.perf_counter() - start)
-                rows.append((label, name, ok and check(), statistics.median(times) * 1e6))
+                if len(times) > 1:
+                    times = times[1:]  # the first call builds the program; time the repeats
+                rows.append((label, name, ok and check(), statistics.median(times) * 1e6, interpreted))
             gpucomm.destroy_process_group()
         queue.put((rank, rows, None))
     except Exception as err:  # noqa: BLE001 - sent to the parent, which prints it and fails
@@ -133,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, args.nproc, port, n, args.iters, queue)) for r in range(args.nproc)]
+    gpu = torch.cuda.is_available()
+    procs = [ctx.Process(target=_rank_main, args=(r, args.nproc, port, n, args.iters, gpu, queue)) for r in range(args.nproc)]
     for p in procs:
         p.start()
     results: dict[int, tuple[list, str | None]] = {}
@@ -153,15 +172,21 @@ def main(argv: list[str] | None = None) -> int:
     missing = sorted(set(range(args.nproc)) - set(results))
     rows0 = results.get(0, ([], None))[0]
     print(f"gpucomm-demo: {args.nproc} ranks, {n} float32 elements per rank, torch {torch.__version__}, "
-          f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU: CPU paths only'}")
+          f"{'CUDA ' + torch.cuda.get_device_name() if gpu else 'no GPU: CPU paths, GPU kernels under the interpreter'}")
     print("each row: one gpucomm collective on float32 inputs, checked on every rank with torch.equal against the")
-    print("reference named; path 'gloo' is gpucomm's gloo path, 'shm+torch' its shared-memory workspace with torch kernels")
-    print(f"{'path':<10} {'collective':<16} {'dtype':<8} {'time (us)':>10}  {'check':<6} reference")
+    print("reference named; path 'gloo' is gpucomm's gloo path, 'shm+torch' its shared-memory workspace with torch kernels,")
+    if gpu:
+        print("'cuda+triton' its CUDA IPC workspace with the Triton program kernel")
+    else:
+        print("'shm+triton' the Triton program kernel (gpucomm's GPU kernel) on the shared-memory workspace under Triton's")
+        print("interpreter (TRITON_INTERPRET=1): each collective once, its time the interpreter's, not a GPU's")
+    print(f"{'path':<12} {'collective':<16} {'dtype':<8} {'time (us)':>12}  {'check':<6} reference")
     all_ok = True
-    for i, (label, name, _, micros) in enumerate(rows0):
+    for i, (label, name, _, micros, interpreted) in enumerate(rows0):
         ok = all(i < len(results[r][0]) and results[r][0][i][2] for r in results)
         all_ok &= ok
-        print(f"{label:<10} {name:<16} {'-' if name == 'barrier' else 'float32':<8} {micros:>10.1f}  {'OK' if ok else 'WRONG':<6} {REFERENCES[name]}")
+        mark = " (interpreted)" if interpreted else ""
+        print(f"{label:<12} {name:<16} {'-' if name == 'barrier' else 'float32':<8} {micros:>12.1f}  {'OK' if ok else 'WRONG':<6} {REFERENCES[name]}{mark}")
     for r, e in sorted(errors.items()):
         print(f"rank {r} failed:\n{e}", file=sys.stderr)
     if missing:

@@ -6,14 +6,19 @@ the environment, a peer or a timeout raises a subclass of :class:`GpucommError`.
 A failed or timed-out collective (:class:`CommTimeoutError`, :class:`CommMismatchError`,
 :class:`CommBrokenError`) is also a ``torch.distributed.DistBackendError``, the type torch raises
 for its own backends' failures, so that code written for torch.distributed (torchelastic,
-fault-tolerant trainers) catches gpucomm's too.
+fault-tolerant trainers) catches gpucomm's too. Every GpucommError is a
+``torch.distributed.DistError`` (torch's base of its distributed errors), and
+:class:`NotInitializedError` a ``ValueError`` too, which is what torch raises for a call before
+``init_process_group`` ("Default process group has not been initialized"). torch's gloo raises
+a bare RuntimeError on a timeout and NCCL's watchdog a DistBackendError: gpucomm's timeout is
+both (DistBackendError is a RuntimeError).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch.distributed import DistBackendError
+from torch.distributed import DistBackendError, DistError
 
 __all__ = [
     "GpucommError",
@@ -26,11 +31,11 @@ __all__ = [
 ]
 
 
-class GpucommError(RuntimeError):
+class GpucommError(DistError):
     """Base class of gpucomm's own runtime errors."""
 
 
-class NotInitializedError(GpucommError):
+class NotInitializedError(GpucommError, ValueError):
     """A collective was called before ``init_process_group`` (or after destroy)."""
 
 

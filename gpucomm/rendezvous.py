@@ -139,11 +139,24 @@ def rendezvous(
             store = dist.FileStore(path, world_size)
             store.set_timeout(datetime.timedelta(seconds=timeout))
         else:
-            raise ValueError(
-                f"gpucomm.{fn}: init_method must be env://, tcp://host:port or file://path, got {init_method!r}"
-            )
+            store, rank, world_size = _registered(init_method, rank, world_size, timeout, fn)
     prefix = _draw_prefix(store, rank, world_size, timeout)
     return Rendezvous(store, prefix, rank, world_size, local_rank, local_world_size)
+
+
+def _registered(init_method: str, rank: int, world_size: int, timeout: float, fn: str) -> tuple[dist.Store, int, int]:
+    """The store, rank and world size of a scheme registered with
+    ``torch.distributed.register_rendezvous_handler`` (``gpucomm.register_rendezvous_handler`` is
+    that function): torch's rendezvous runs the handler."""
+    try:
+        return next(dist.rendezvous(init_method, rank, world_size, timeout=datetime.timedelta(seconds=timeout)))
+    except RuntimeError as err:
+        if "No rendezvous handler" not in str(err):
+            raise
+    raise ValueError(
+        f"gpucomm.{fn}: init_method must be env://, tcp://host:port, file://path or a scheme registered with "
+        f"register_rendezvous_handler, got {init_method!r}"
+    )
 
 
 def _draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float) -> str:

@@ -66,7 +66,9 @@ def _init_forms(rank: int, world_size: int, path: str) -> dict:
         dist.init_process_group(backend, f"file://{path}{i}", datetime.timedelta(seconds=60), world_size, rank, group_name="main")
         t = torch.ones(2)
         dist.all_reduce(t)
-        out[str(backend)] = (t.tolist(), dist.get_backend(), dist.group.WORLD is dist.get_default_communicator())
+        # one world: gpucomm's default group is torch's, wrapping gpucomm's default communicator
+        one_world = dist.group.WORLD is tdist.group.WORLD and dist.group.WORLD.communicator is dist.get_default_communicator()
+        out[str(backend)] = (t.tolist(), dist.get_backend(), one_world)
         dist.destroy_process_group()
     errors = {}
     for label, call in (
@@ -79,14 +81,16 @@ def _init_forms(rank: int, world_size: int, path: str) -> dict:
         except (ValueError, TypeError) as err:
             errors[label] = str(err)
     dist.init_process_group(init_method=f"file://{path}x", rank=rank, world_size=world_size, timeout=60)
-    for label, call in (
-        ("barrier timeout", lambda: dist.barrier(timeout=datetime.timedelta(seconds=5))),
-        ("local sync", lambda: dist.new_group([0], use_local_synchronization=True)),
-    ):
+    for label, call in (("barrier timeout", lambda: dist.barrier(timeout=datetime.timedelta(seconds=5))),):
         try:
             call()
         except dist.UnsupportedError as err:
             errors[label] = str(err)
+    # use_local_synchronization=True: only the members call (torch's rule); the others get None
+    alone = dist.new_group([rank], use_local_synchronization=True)
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=alone)
+    out["local sync"] = (dist.get_process_group_ranks(alone), t.tolist(), dist.new_group([0], use_local_synchronization=True) if rank else "member")
     sub = dist.new_group([1, 0], sort_ranks=False)
     out["unsorted"] = (dist.get_process_group_ranks(sub), dist.get_group_rank(sub, 1), dist.get_global_rank(sub, 1))
     mine, groups = dist.new_subgroups(1)
@@ -106,6 +110,6 @@ def test_init_accepts_torch_backends_and_refuses_the_rest(tmp_path) -> None:
         assert "device_id must be a CUDA device with an index" in errors["cpu device_id"]
         assert "pg_options must be a gpucomm.backend.Options" in errors["pg_options"]
         assert "per-call timeout is not supported" in errors["barrier timeout"] and "monitored_barrier" in errors["barrier timeout"]
-        assert "use_local_synchronization=True is not supported" in errors["local sync"]
+        assert got["local sync"] == ([rank], [rank + 1.0] * 2, None if rank else "member")
         assert got["unsorted"] == ([1, 0], 0, 0)
         assert got["subgroups"] == ([rank], 2)

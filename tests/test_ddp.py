@@ -68,16 +68,20 @@ def _device(rank: int, device_type: str) -> torch.device:
     return device
 
 
-def _train(rank: int, world_size: int, backend: str, init_method: str, seed: int, device: torch.device, steps: int = STEPS, hook=None, state=None) -> dict:
-    """Train the script's model under DDP on a fresh default group; return losses and final parameters."""
+def _train(
+    rank: int, world_size: int, backend: str, init_method: str | None, seed: int, device: torch.device, steps: int = STEPS, hook=None, state=None, group=None
+) -> dict:
+    """Train the script's model under DDP on a fresh default group of ``backend`` (or, with
+    ``group``, on that group of the default group there is); return losses and final parameters."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from gpucomm._bench.ddp_train import make_model, train_steps
 
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    if group is None:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     model = make_model(seed).to(device)
-    ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None, process_group=group)
     built = callable(state)  # a factory: the state is made from the DDP model, after it
     if built:
         state = state(ddp_model)
@@ -105,24 +109,24 @@ def _exact_avg(grads: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (acc / grads.shape[0]).to(dtype).float()
 
 
-def _hook_errors(rank: int, world_size: int, seed: int, device: torch.device) -> dict:
+def _hook_errors(rank: int, world_size: int, seed: int, device: torch.device, gloo) -> dict:
     """Relative L2 error of torch's and gpucomm's compressed hooks against an fp32 all-reduce, on
-    the same gradients; needs torch's default group (gloo) and gpucomm's default communicator.
-    torch's hooks run on CPU tensors (gloo), gpucomm's on ``device``."""
+    the same gradients; torch's hooks run on CPU tensors on the torch ``gloo`` group (their
+    state), gpucomm's on ``device`` on gpucomm's default communicator."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from gpucomm import ddp
 
     grads = _gradients(seed, world_size)
     reference = grads[rank].clone()
-    default_hooks.allreduce_hook(None, _Bucket(reference)).wait()
+    default_hooks.allreduce_hook(gloo, _Bucket(reference)).wait()
     out: dict = {}
     for name, dtype, theirs, ours in (
         ("bf16", torch.bfloat16, default_hooks.bf16_compress_hook, ddp.bf16_compress_hook),
         ("fp16", torch.float16, default_hooks.fp16_compress_hook, ddp.fp16_compress_hook),
     ):
         torch_result = grads[rank].clone()
-        theirs(None, _Bucket(torch_result)).wait()
+        theirs(gloo, _Bucket(torch_result)).wait()
         bucket = grads[rank].to(device, copy=True)  # a copy: grads stays the input of _exact_avg
         returned = ours(ddp.GpucommState(), _Bucket(bucket)).wait()
         assert returned is bucket, f"{name}: the hook's Future must hold the bucket's own buffer"
@@ -195,7 +199,7 @@ def _torch_api_through_backend(rank: int, world_size: int) -> dict:
         got["send_recv"] = first and source == 0 and torch.equal(t, base + 6)
     else:
         got["send_recv"] = True
-    sub = dist.new_group([0, P - 1])  # a subgroup on the gpucomm backend: a Communicator of its own
+    sub = dist.new_group([0, P - 1])  # a subgroup on the gpucomm backend: a child of the default group's Communicator
     t = base + rank
     if rank in (0, P - 1):
         dist.all_reduce(t, group=sub)
@@ -247,14 +251,16 @@ def _matrix(rank: int, world_size: int, tmp: str, seed: int, device_type: str) -
     res["hook_torch_group_log"] = list(lines)
     dist.destroy_process_group()
 
+    # gpucomm's default group is torch's (one world); DDP's own traffic (its set-up broadcast and
+    # checks) goes over a torch gloo group of it, the gradient buckets through gpucomm's hooks.
     gpucomm.init_process_group(init_method=f"file://{tmp}/gpucomm", rank=rank, world_size=world_size)
+    gloo = dist.new_group(backend="gloo")
     for name, hook in (("allreduce", ddp.allreduce_hook), ("bf16", ddp.bf16_compress_hook), ("fp16", ddp.fp16_compress_hook)):
         del lines[:]
-        res[f"hook_{name}"] = _train(rank, world_size, "gloo", f"file://{tmp}/{name}", seed, device, hook=hook, state=ddp.GpucommState())
+        res[f"hook_{name}"] = _train(rank, world_size, "gloo", None, seed, device, hook=hook, state=ddp.GpucommState(), group=gloo)
         res[f"hook_{name}_log"] = list(lines)
         if name == "allreduce":
-            res["errors"] = _hook_errors(rank, world_size, seed, device)  # torch's gloo group is still up here
-        dist.destroy_process_group()
+            res["errors"] = _hook_errors(rank, world_size, seed, device, gloo)
     try:
         ddp.allreduce_hook("not a state", _Bucket(torch.zeros(3)))  # type: ignore[arg-type]
     except TypeError as err:

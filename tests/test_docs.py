@@ -33,7 +33,9 @@ def readme_usage() -> str:
 def _run_scripts(rank: int, world_size: int, scripts: list[str], ports: list[int]) -> int:
     for script, port in zip(scripts, ports):
         os.environ["MASTER_PORT"] = str(port)
-        exec(compile(script, "<example>", "exec"), {"__name__": "__main__"})  # noqa: S102 - the docs' own code
+        # dont_inherit: compiled as the script file it is, without this module's __future__ imports
+        # (a comm hook's annotations must be objects, as DDP reads them)
+        exec(compile(script, "<example>", "exec", dont_inherit=True), {"__name__": "__main__"})  # noqa: S102 - the docs' own code
     return len(scripts)
 
 

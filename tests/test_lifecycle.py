@@ -74,7 +74,12 @@ def test_subgroups_reduce_within_themselves() -> None:
     assert got == [(2.0, 2.0, -1, 4.0), (4.0, 3.0, -1, 4.0), (2.0, 2.0, -1, 4.0), (4.0, 3.0, -1, 4.0)]
 
 
-def _beside_torch(rank: int, world_size: int, torch_first: bool) -> tuple[float, float]:
+def _beside_torch(rank: int, world_size: int, torch_first: bool) -> tuple[float, float, str, object]:
+    """torch.distributed's gloo and gpucomm in one process, in either order.
+
+    torch first: gpucomm's default group stands beside torch's gloo one (gpucomm.api's
+    ``beside``). gpucomm first: torch's default group *is* gpucomm's (one world), so torch
+    refuses a second default group, as it refuses any; a gloo group comes from new_group."""
     import torch.distributed as tdist
 
     import gpucomm
@@ -82,18 +87,34 @@ def _beside_torch(rank: int, world_size: int, torch_first: bool) -> tuple[float,
     if torch_first:
         tdist.init_process_group("gloo")
         gpucomm.init_process_group()
+        gloo = None
+        refused = "-"
+        group_world = torch.tensor([1.0])
+        gpucomm.all_reduce(group_world, group=gpucomm.group.WORLD)  # torch's default group: gpucomm's beside it
     else:
         gpucomm.init_process_group()
-        tdist.init_process_group("gloo")
+        try:
+            tdist.init_process_group("gloo")
+            refused = "no"
+        except ValueError as err:
+            refused = str(err)
+        gloo = tdist.new_group(backend="gloo")
+        group_world = torch.tensor([float(tdist.get_backend() == "gpucomm")])
     a = torch.tensor([float(rank)])
     b = torch.tensor([float(rank)])
     gpucomm.all_reduce(a)
-    tdist.all_reduce(b)
+    tdist.all_reduce(b, group=gloo)
+    backend = tdist.get_backend(gloo)
     gpucomm.destroy_process_group()
-    tdist.destroy_process_group()
-    return a.item(), b.item()
+    if torch_first:
+        tdist.destroy_process_group()
+    return a.item(), b.item(), backend, (refused, group_world.item(), tdist.is_initialized())
 
 
 def test_works_beside_torch_distributed_in_either_order() -> None:
-    assert run_ranks(_beside_torch, 2, True) == [(1.0, 1.0)] * 2
-    assert run_ranks(_beside_torch, 2, False) == [(1.0, 1.0)] * 2
+    assert run_ranks(_beside_torch, 2, True) == [(1.0, 1.0, "gloo", ("-", 2.0, False))] * 2
+    for a, b, backend, (refused, one_world, left) in run_ranks(_beside_torch, 2, False):
+        assert (a, b, backend, one_world, left) == (1.0, 1.0, "gloo", 1.0, False)
+        assert "trying to initialize the default process group twice" in refused, refused
+
+

@@ -43,6 +43,12 @@ def _resolve(name: str, device: torch.device) -> str:
     return name
 
 
+def resolved_name(name: str, device_type: str) -> str:
+    """What kernels ``name`` means for tensors of ``device_type`` here ("auto": triton on CUDA,
+    and on CPU torch, or triton under the interpreter), without building them."""
+    return _resolve(name, torch.device(device_type))
+
+
 def _make(name: str, device: torch.device) -> Kernels:
     if name == "torch":
         from gpucomm.ops.reference import TorchKernels
