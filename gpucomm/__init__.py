@@ -62,6 +62,7 @@ from gpucomm.errors import (
     KernelCompileError,
     NotInitializedError,
     UnsupportedError,
+    WorkspaceUnavailableError,
 )
 from gpucomm.objects import (
     all_gather_object,
@@ -98,6 +99,7 @@ __all__ = [
     "GpucommError",
     "NotInitializedError",
     "UnsupportedError",
+    "WorkspaceUnavailableError",
     "CommTimeoutError",
     "CommMismatchError",
     "CommBrokenError",
