@@ -343,9 +343,14 @@ class Communicator:
             text = str(err)
             if not any(sign in text for sign in _GLOO_PEER_FAILURES):
                 return err
-            missing = [peer] if peer is not None else self._liveness.culprits(seq)
-            failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
+            # Stamped first: a peer still naming culprits reads that this rank failed, and does
+            # not name it if it exits before they are done (gpucomm.liveness).
             self._flight.failed(seq)
+            record = self._flight.record
+            missing = [peer] if peer is not None else self._liveness.culprits(
+                seq, failed_first=lambda r: record.failed_last(self.global_ranks[r])
+            )
+            failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
             self._tell(failure, seq)
             self._broken = failure
             return failure

@@ -356,6 +356,12 @@ class FlightRecord:
     def has(self, rank: int) -> bool:
         return rank in self._views
 
+    def failed_last(self, rank: int) -> bool:
+        """Whether global rank ``rank``'s newest call ended in a failure (False off this node):
+        a rank gone after that left because of a failure, and is not the one that caused it."""
+        record = self.read(rank)
+        return record is not None and bool(record.calls) and record.calls[-1].ended_ns < 0
+
     def read(self, rank: int) -> RankRecord | None:
         """Global rank ``rank``'s record as it is now, or None if it is not on this node."""
         view = self._views.get(rank)
