@@ -516,3 +516,41 @@ def test_cuda_ipc_handle_that_cannot_be_opened_is_agreed_by_every_rank():
         assert seconds < 20, f"rank {rank} took {seconds:.1f} s"
         assert freed == [0x7F0000000000], "each rank frees its own buffer"
         assert closed == ([0x7E0000000000] if rank == 0 else []), "rank 0 unmaps the peer it had opened"
+
+
+# -- space first, then memory ------------------------------------------------------------------
+
+
+def test_a_segment_holds_its_pages_from_creation(monkeypatch):
+    """A segment made with ftruncate alone is sparse: tmpfs finds each page at its first touch,
+    and kills the process with SIGBUS when it has none left. Ours are whole from the start."""
+    prefix = f"reserve/{os.urandom(8).hex()}/"
+    sizes = []
+    original = Handshake.exchange
+
+    def exchange(self, handle):
+        name = json.loads(handle)["name"]
+        st = os.stat(os.path.join(shm_module.SHM_DIR, name))
+        sizes.append((st.st_size, st.st_blocks * 512))
+        return original(self, handle)
+
+    monkeypatch.setattr(Handshake, "exchange", exchange)
+    _in_process(prefix, data_bytes=1 << 20).close()
+    (size, allocated), = sizes
+    assert size == 4096 + (1 << 20) and allocated >= size, sizes
+
+
+def test_every_segment_gpucomm_creates_goes_through_create_segment():
+    """The rule above holds for every segment: no file is created or sized in gpucomm's sources
+    but in create_segment (a segment that grows must reserve its new pages the same way)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for folder, _, files in os.walk(os.path.join(root, "gpucomm")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    for number, line in enumerate(f, 1):
+                        if any(sign in line for sign in ("O_CREAT", "ftruncate(", "shm_open", "SharedMemory(", "memfd_create")):
+                            found.append((os.path.relpath(path, root), line.strip()))
+    assert found == [("gpucomm/transport/shm.py", "fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)")], found
