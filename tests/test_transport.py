@@ -483,7 +483,9 @@ class _FakeRuntime:
         self.closed.append(ptr)
 
     def free(self, ptr):
-        self.freed.append(ptr)
+        # Whether every rank had unmapped its peers by then (freeing a buffer a peer still maps
+        # is undefined behaviour for CUDA IPC).
+        self.freed.append((ptr, self.all_unmapped()))
 
 
 def _rank_cuda_ipc_open_refused(rank, world_size, prefix):
@@ -498,6 +500,7 @@ def _rank_cuda_ipc_open_refused(rank, world_size, prefix):
     cuda_ipc.alias_bytes = lambda base, size, device: torch.empty(size, dtype=torch.uint8)
     torch.cuda.is_available = lambda: True
     store = rank_store(rank, world_size)
+    runtime.all_unmapped = lambda: store.check([f"{prefix}ws_closed/{r}" for r in range(world_size)])
     start = time.monotonic()
     try:
         open_workspace("cuda_ipc", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=64,
@@ -514,7 +517,7 @@ def test_cuda_ipc_handle_that_cannot_be_opened_is_agreed_by_every_rank():
     for rank, (message, seconds, freed, closed) in enumerate(run_ranks(_rank_cuda_ipc_open_refused, 2, prefix, timeout=120)):
         assert "rank 1: cudaIpcOpenMemHandle of rank 0's buffer failed" in message and "--ipc=host" in message, message
         assert seconds < 20, f"rank {rank} took {seconds:.1f} s"
-        assert freed == [0x7F0000000000], "each rank frees its own buffer"
+        assert freed == [(0x7F0000000000, True)], "each rank frees its own buffer, once every rank unmapped its peers"
         assert closed == ([0x7E0000000000] if rank == 0 else []), "rank 0 unmaps the peer it had opened"
 
 

@@ -161,7 +161,9 @@ class _Buffers:
         self.handshake = handshake
         self.own: int | None = None
         self.peers: list[int] = []
-        self.opened = False  # every peer mapped our buffer: they must unmap it before we free it
+        # Our handle went out: peers may map our buffer, and must unmap it before we free it (on
+        # a failed open too: every rank then reaches release, and its barrier, together).
+        self.opened = False
 
     def release(self) -> None:
         runtime = self.cupy.cuda.runtime
@@ -215,6 +217,7 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
             handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: f"cannot make its {size}-byte buffer on device {dev}: {exc}"}))
         header = json.dumps({"pid": os.getpid(), "bus_id": bus, "size": size}).encode("ascii")
         raws = handshake.exchange(header + b"\n" + handle)
+        buffers.opened = True
         try:
             parsed = {peer: _parse_handle(raw, peer, size) for peer, raw in enumerate(raws) if peer != rank}
             with cupy.cuda.Device(dev):
@@ -231,7 +234,6 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
         except GpucommError as exc:
             handshake.fail(exc)
         handshake.opened()
-        buffers.opened = True
     except BaseException:
         views = []
         buffers.release()
