@@ -291,10 +291,12 @@ def _hostile_cases(prefix: str, token: str) -> list[tuple[str, bytes, type[Excep
 
 def _open_against(prefix: str, peer_value: bytes) -> None:
     """Open as rank 0 of 2 with rank 1's handle already (maliciously) in the store, and its word
-    that it opened rank 0's (rank 0 waits for it before it raises: every rank raises together)."""
+    that it opened rank 0's and read rank 0's failure (rank 0 waits for both before it raises:
+    every rank raises together)."""
     store = dist.HashStore()
     store.set(f"{prefix}ws/1", peer_value)
     store.set(f"{prefix}ws_opened/1", b"1")
+    store.set(f"{prefix}ws_opened_read/1", b"1")
     open_workspace("shm", store=store, prefix=prefix, rank=0, world_size=2, data_bytes=64, flag_count=1, device=CPU, timeout=5.0)
 
 
@@ -436,6 +438,41 @@ def test_a_rank_that_cannot_open_makes_every_rank_raise_at_once(failure, error):
         assert left == [], left
     if failure == "unreachable":
         assert issubclass(WorkspaceUnavailableError, UnsupportedError)
+
+
+class _SlowReads(dist.PrefixStore):
+    """A store whose reads of the peers' words after opening take a second: the window in which
+    rank 0, which serves the TCPStore, could have raised and exited."""
+
+    def get(self, key):  # noqa: ANN001, ANN201 - dist.Store's signature
+        if "/ws_opened/" in key:
+            time.sleep(1.0)
+        return super().get(key)
+
+
+def _rank_zero_fails_and_leaves(rank, world_size, prefix):
+    """Rank 0 cannot open rank 1's segment and its process ends as soon as it has raised (no
+    barrier after); rank 1 reads slowly. Rank 1 must still raise the agreed error."""
+    store = rank_store(rank, world_size)
+    if rank == 0:
+        def refuse(*args):
+            raise WorkspaceUnavailableError("shm", {0: "cannot open segment (faked)"}, "a fix")
+
+        shm_module._open_peer = refuse
+        store = dist.PrefixStore("slow/", store)
+    else:
+        store = _SlowReads("slow/", store)
+    try:
+        _open(store, prefix, rank, world_size, timeout=60.0).close()
+    except WorkspaceUnavailableError as err:
+        return str(err)
+    return None
+
+
+def test_rank_0_stays_until_every_rank_has_read_the_failure():
+    prefix = f"leave/{os.urandom(8).hex()}/"
+    for message in run_ranks(_rank_zero_fails_and_leaves, 2, prefix, timeout=120):
+        assert "rank 0: cannot open segment (faked)" in message, message
 
 
 class _FakeRuntimeError(RuntimeError):

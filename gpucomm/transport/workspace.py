@@ -199,8 +199,20 @@ class Handshake:
         values = [self.store.get(f"{self.prefix}{stage}/{r}") for r in range(self.world_size)]
         failures = {r: _failure(value) for r, value in enumerate(values) if value[:1] == _FAILED}
         if failures:
+            self._all_read(stage)
             raise self._agreed(failures)
         return values
+
+    def _all_read(self, stage: str) -> None:
+        """After a failed step, rank 0 stays until every rank has read it: in an env:// job rank
+        0 serves the store, and its process ending (the likely next step after an error) would
+        cut the others' reads short, leaving them a connection error instead of the agreed one."""
+        self.store.set(f"{self.prefix}{stage}_read/{self.rank}", b"1")
+        if self.rank == 0:
+            try:
+                self._wait("workspace open", f"{stage}_read", self.deadline)
+            except CommTimeoutError:
+                pass  # a peer that died after its word: the error is raised all the same
 
     def _agreed(self, failures: dict[int, dict[str, str]]) -> GpucommError:
         """The error every rank raises for ``failures`` (rank -> what it published)."""
