@@ -11,7 +11,7 @@ SIGKILLed. A process killed inside the handshake window leaves its segment; the 
 the same prefix removes segments whose creating process is dead.
 
 **Space first, then memory.** A segment reserves every page when it is created
-(:func:`create_segment`: ``posix_fallocate``), so a /dev/shm too small for it is an error at
+(:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it is an error at
 open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error, and a peer
 segment this rank cannot open (ranks that share a host name but not /dev/shm: containers with
 their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
@@ -34,7 +34,7 @@ import torch
 from gpucomm.errors import CommMismatchError, GpucommError, WorkspaceUnavailableError
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
-__all__ = ["open_shm", "create_segment", "SHM_DIR"]
+__all__ = ["open_shm", "create_segment", "reserve", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 # A well-formed handle is ~80 bytes; anything much longer is not one of ours.
@@ -101,33 +101,44 @@ _NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.ENOENT, errno.EACCES
 
 def create_segment(path: str, size: int, rank: int, ranks: int = 1) -> int:
     """Create ``path`` (mode 0600, exclusive) holding ``size`` zero bytes, every page reserved
-    now; its fd (``rank``: this rank in the open, one of ``ranks`` each making one). Every segment gpucomm creates in /dev/shm comes from here (one that grows
-    reserves its new pages the same way), so that a full tmpfs is an error here, never a SIGBUS
-    at the first touch of a page tmpfs cannot give.
+    now (:func:`reserve`); its fd. ``rank`` is this rank in the open, one of ``ranks`` that each
+    make one. Every segment gpucomm creates in /dev/shm comes from here.
 
     Raises:
         WorkspaceUnavailableError: /dev/shm has no room for it (or is missing, or read-only),
             naming the bytes needed and free; nothing is left behind.
     """
-    created = False
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        created = True
-        try:
-            os.fchmod(fd, 0o600)  # the umask can only narrow the mode; make it exact
-            # A fresh file reads as zeros (every flag starts at 0). ftruncate alone would only set
-            # its size, and tmpfs would look for each page at its first touch.
-            os.posix_fallocate(fd, 0, size)
-        except BaseException:
-            os.close(fd)
-            raise
     except OSError as exc:
-        if created:
-            os.unlink(path)
         if exc.errno not in _NO_ROOM:
             raise
         raise WorkspaceUnavailableError("shm", {rank: _no_room(path, size, ranks, exc)}, _SPACE_ADVICE) from exc
+    try:
+        os.fchmod(fd, 0o600)  # the umask can only narrow the mode; make it exact
+        reserve(fd, path, 0, size, rank, ranks)  # a fresh file reads as zeros: every flag starts at 0
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
     return fd
+
+
+def reserve(fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1) -> None:
+    """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now,
+    extending it if they lie past its end. ``ftruncate`` alone would only set a size, and tmpfs
+    would look for each page at its first touch, killing the process with SIGBUS when it has
+    none left: a segment that grows reserves its new pages here too.
+
+    Raises:
+        WorkspaceUnavailableError: no room for them (``rank`` of ``ranks`` names who asked).
+    """
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, length, ranks, exc)}, _SPACE_ADVICE) from exc
 
 
 def _no_room(path: str, size: int, ranks: int, exc: OSError) -> str:
