@@ -123,10 +123,12 @@ def test_mismatched_calls_raise_on_every_rank(path: str, kind: str) -> None:
 
 
 def _resource_counts() -> tuple[int, int, int]:
+    """(open files, RSS, /dev/shm entries this process made). Only its own entries (their names
+    carry its pid): other test runs on the machine have segments of their own there for a moment."""
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
-    shm = len([n for n in os.listdir("/dev/shm") if n.startswith("gpucomm")])
+    shm = len([n for n in os.listdir("/dev/shm") if n.startswith("gpucomm") and f"_{os.getpid():x}_" in n])
     return fds, rss_pages * os.sysconf("SC_PAGE_SIZE"), shm
 
 
