@@ -243,23 +243,28 @@ class Handshake:
         still opening this rank's buffer when it goes) and raise what every rank raises there:
         the agreed error, or ``error`` itself where it is of the agreed kind (module docstring).
         """
-        stage = "ws_opened" if self.store.check([f"{self.prefix}ws/{self.rank}"]) else "ws"
         own = _kind(error)
         if own == "unavailable":
             reason, advice = error.reasons.get(self.rank, str(error)), error.advice  # type: ignore[attr-defined]
         else:
             reason, advice = (str(error).splitlines() or [type(error).__name__])[0], ""
         value = json.dumps({"kind": own, "reason": reason, "advice": advice})
-        self.store.set(f"{self.prefix}{stage}/{self.rank}", _FAILED + value.encode("utf-8"))
+        try:
+            stage = "ws_opened" if self.store.check([f"{self.prefix}ws/{self.rank}"]) else "ws"
+            self.store.set(f"{self.prefix}{stage}/{self.rank}", _FAILED + value.encode("utf-8"))
+        except RuntimeError as gone:  # the store went with rank 0: no one is left to agree with
+            raise error from gone
+        agreed: GpucommError | None = None
         try:
             self._gather(stage)
         except CommTimeoutError:
             raise
-        except GpucommError as agreed:
-            if own != "unavailable" and _kind(agreed) == own:
-                raise error from None
-            raise agreed from error
-        raise error  # not reached: this rank's own failure is among those gathered
+        except GpucommError as exc:
+            agreed = exc
+        if agreed is None or (own != "unavailable" and _kind(agreed) == own):
+            raise error  # its own words say more than the agreed ones; it is of their kind
+        raise agreed from error
+
     def closed(self) -> None:
         """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers."""
         self.store.set(f"{self.prefix}ws_closed/{self.rank}", b"1")
