@@ -580,6 +580,14 @@ def test_a_segment_holds_its_pages_from_creation(monkeypatch):
     assert size == 4096 + (1 << 20) and allocated >= size, sizes
 
 
+def test_no_dev_shm_at_all_is_the_hosts_reason(tmp_path):
+    """A container without /dev/shm: the host's reason, which every rank agrees on and auto turns
+    into gloo, not an OSError on one rank (a read-only one is the same errno family, EROFS)."""
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(WorkspaceUnavailableError, match=f"cannot create a segment of 4096 bytes in {missing}"):
+        shm_module.create_segment(str(missing / "gpucomm_x"), 4096, 0)
+
+
 def test_every_segment_gpucomm_creates_goes_through_create_segment():
     """The rule above holds for every segment: no file is created or sized in gpucomm's sources
     but in create_segment (a segment that grows must reserve its new pages the same way)."""
