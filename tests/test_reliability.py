@@ -24,6 +24,18 @@ ENV = {"triton": {"TRITON_INTERPRET": "1"}}
 SHARE = {"gloo": 1, "shm": 1, "triton": 10}
 
 
+def _meet(knobs: dict) -> None:
+    """Meet the other ranks once under a generous deadline, then part (as test_hang_story's
+    _meet): the store outlives the group, so a short-deadline group built next starts with every
+    rank there. On a loaded machine a rank's first connect to rank 0's store could outlast a 4 s
+    deadline while rank 0 was still importing (seen once in 40 runs at a load average of 23)."""
+    import gpucomm
+
+    gpucomm.init_process_group(timeout=60, **knobs)
+    gpucomm.barrier()
+    gpucomm.destroy_process_group()
+
+
 def _killed_peer(rank: int, world_size: int, knobs: dict, victim: int, when: str, timeout: float) -> float | None:
     import signal
     import threading
@@ -32,6 +44,7 @@ def _killed_peer(rank: int, world_size: int, knobs: dict, victim: int, when: str
 
     import gpucomm
 
+    _meet(knobs)
     gpucomm.init_process_group(timeout=timeout, **knobs)
     t = torch.ones(1 << 16)
     gpucomm.all_reduce(t)
