@@ -214,7 +214,8 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
                 runtime.deviceSynchronize()  # zeroed before any peer can see the handle
                 handle = bytes(runtime.ipcGetMemHandle(bases[rank]))
         except runtime.CUDARuntimeError as exc:
-            handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: f"cannot make its {size}-byte buffer on device {dev}: {exc}"}))
+            reason = f"cannot make its {size}-byte buffer on device {dev}: {exc}"
+            handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: reason}))
         header = json.dumps({"pid": os.getpid(), "bus_id": bus, "size": size}).encode("ascii")
         raws = handshake.exchange(header + b"\n" + handle)
         buffers.opened = True

@@ -11,8 +11,8 @@ SIGKILLed. A process killed inside the handshake window leaves its segment; the 
 the same prefix removes segments whose creating process is dead.
 
 **Space first, then memory.** A segment reserves every page when it is created
-(:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it is an error at
-open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error, and a peer
+(:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it
+is an error at open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error, and a peer
 segment this rank cannot open (ranks that share a host name but not /dev/shm: containers with
 their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
 rank of the open raises together (:class:`~gpucomm.transport.workspace.Handshake`).
@@ -20,11 +20,11 @@ rank of the open raises together (:class:`~gpucomm.transport.workspace.Handshake
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
 import os
-import errno
 import re
 import secrets
 import stat
@@ -87,8 +87,6 @@ _NO_SHARED_SHM = (
     "The ranks share a host name but not /dev/shm: run them in one container, or give their "
     "containers the host's IPC namespace and /dev/shm (docker run --ipc=host)"
 )
-
-
 # What gives a rank room in /dev/shm: containers get 64 MiB unless told otherwise.
 _SPACE_ADVICE = (
     "Give the container a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
@@ -200,7 +198,7 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
             raise WorkspaceUnavailableError(
                 "shm",
                 {rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"},
-                "run every rank of a node as the same user",
+                "Run every rank of a node as the same user",
             )
         elif st.st_mode & 0o077:
             problem = f"has mode {stat.S_IMODE(st.st_mode):o}, expected 600"

@@ -170,7 +170,9 @@ class Handshake:
     ``transport`` names the workspace in the errors every rank raises together (module docstring).
     """
 
-    def __init__(self, store: torch.distributed.Store, prefix: str, rank: int, world_size: int, timeout: float, transport: str = "shm"):
+    def __init__(
+        self, store: torch.distributed.Store, prefix: str, rank: int, world_size: int, timeout: float, transport: str = "shm"
+    ):
         self.store = store
         self.prefix = prefix
         self.rank = rank
