@@ -65,6 +65,7 @@ from gpucomm.errors import (
     KernelCompileError,
     NotInitializedError,
     UnsupportedError,
+    WorkspaceUnavailableError,
 )
 from gpucomm.objects import (
     all_gather_object,
@@ -113,6 +114,7 @@ __all__ = [
     "GpucommError",
     "NotInitializedError",
     "UnsupportedError",
+    "WorkspaceUnavailableError",
     "CommTimeoutError",
     "CommMismatchError",
     "CommBrokenError",

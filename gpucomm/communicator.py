@@ -29,7 +29,14 @@ import torch.distributed as dist
 from gpucomm import dtypes, log
 from gpucomm.config import Config
 from gpucomm.engine import Engine
-from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import (
+    CommBrokenError,
+    CommMismatchError,
+    CommTimeoutError,
+    GpucommError,
+    UnsupportedError,
+    WorkspaceUnavailableError,
+)
 from gpucomm.fallback import GlooFallback
 from gpucomm.flight import FlightLog, FlightRecord, group_label
 from gpucomm.language.context import DeviceContext
@@ -147,10 +154,18 @@ class Communicator:
             self._flight = FlightLog(flight, group_label(self.global_ranks, self._own_record is not None, world_size))
             if self.config.status_signal and self._own_record is not None:
                 self._signal = StatusSignal(self._flight, self.global_ranks[rank], signal.Signals[self.config.status_signal])
+            fallbacks = []  # (what this host cannot give, why), for the one warning line
             for device_type, (transport, kernels) in self._workspace_plan().items():
-                engine = Engine.create(self, transport, kernels)
+                try:
+                    engine = Engine.create(self, transport, kernels)
+                except WorkspaceUnavailableError as exc:
+                    fallbacks.append(self._fall_back(device_type, exc))
+                    continue
                 if engine is not None:
                     self._engines[device_type] = engine
+            if self._own_record is not None and self._own_record.unshared:
+                fallbacks.append(("the flight record keeps to each rank", self._own_record.unshared))
+            self._warn_fallbacks(fallbacks)
         except BaseException:
             self._close_engines()
             self._close_record()
@@ -184,6 +199,30 @@ class Communicator:
         if self._liveness.one_host():
             plan["cpu"] = ("shm", config.kernels if kernels_run_on_cpu(config.kernels) else "auto")
         return plan
+
+    def _fall_back(self, device_type: str, exc: WorkspaceUnavailableError) -> tuple[str, str]:
+        """The workspace of ``device_type`` cannot be made here, as every rank agreed: under
+        ``GPUCOMM_TRANSPORT=auto`` gloo serves those tensors (what to say of it is returned);
+        a transport asked for by name raises."""
+        if self.config.transport != "auto":
+            raise WorkspaceUnavailableError(
+                exc.transport,
+                exc.reasons,
+                f"{exc.advice}; or leave GPUCOMM_TRANSPORT unset (auto) to serve these tensors through gloo".lstrip("; "),
+            ) from exc
+        said = str(exc).replace("GPUCOMM_WORKSPACE_BYTES", f"GPUCOMM_WORKSPACE_BYTES (now {self.config.workspace_bytes})")
+        return f"{device_type.upper()} tensors go through gloo", said
+
+    def _warn_fallbacks(self, fallbacks: list[tuple[str, str]]) -> None:
+        """One warning line, on every rank, for what this host could not give this communicator
+        (each rank's own log says why its tensors took gloo: ranks' logs are often kept apart).
+        The first reason stands for the rest: on one host they are the same one (a /dev/shm that
+        is full, or not shared)."""
+        if not fallbacks:
+            return
+        label = group_label(self.global_ranks, self._own_record is not None, self.world_size)
+        what = ", and ".join(w for w, _ in fallbacks)
+        log.logger.warning(f"gpucomm[rank {self.global_ranks[self.rank]}]: {label}: {what}: {fallbacks[0][1]}")
 
     def _close_engines(self) -> None:
         engines, self._engines = list(self._engines.values()), {}
@@ -391,9 +430,14 @@ class Communicator:
             text = str(err)
             if not any(sign in text for sign in _GLOO_PEER_FAILURES):
                 return err
-            missing = [peer] if peer is not None else self._liveness.culprits(seq)
-            failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
+            # Stamped first: a peer still naming culprits reads that this rank failed, and does
+            # not name it if it exits before they are done (gpucomm.liveness).
             self._flight.failed(seq)
+            record = self._flight.record
+            missing = [peer] if peer is not None else self._liveness.culprits(
+                seq, failed_first=lambda r: record.failed_last(self.global_ranks[r])
+            )
+            failure = CommTimeoutError(fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}")
             self._tell(failure, seq)
             self._broken = failure
             return failure

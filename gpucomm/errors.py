@@ -16,7 +16,7 @@ both (DistBackendError is a RuntimeError).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from torch.distributed import DistBackendError, DistError
 
@@ -24,6 +24,7 @@ __all__ = [
     "GpucommError",
     "NotInitializedError",
     "UnsupportedError",
+    "WorkspaceUnavailableError",
     "CommTimeoutError",
     "CommMismatchError",
     "CommBrokenError",
@@ -41,6 +42,25 @@ class NotInitializedError(GpucommError, ValueError):
 
 class UnsupportedError(GpucommError):
     """A knob asked for something this host cannot do (e.g. ``GPUCOMM_KERNELS=cuda`` without CUDA)."""
+
+
+class WorkspaceUnavailableError(UnsupportedError):
+    """The symmetric workspace cannot be made for these ranks on this host: a /dev/shm too small
+    for it, ranks that cannot open each other's segments (no shared /dev/shm), CUDA IPC handles
+    that cannot be opened (no shared IPC namespace, no peer access).
+
+    Every rank of the open raises it at the same step (they agree through the store), before any
+    rank uses the workspace. ``transport`` names the workspace ("shm", "cuda_ipc"), ``reasons``
+    maps each rank that could not go on to why; ``advice`` says what would fix it. With
+    ``GPUCOMM_TRANSPORT=auto`` the communicator serves those tensors through gloo instead.
+    """
+
+    def __init__(self, transport: str, reasons: Mapping[int, str], advice: str = "") -> None:
+        self.transport = transport
+        self.reasons = dict(sorted(reasons.items()))
+        self.advice = advice
+        said = "; ".join(f"rank {rank}: {why}" for rank, why in self.reasons.items())
+        super().__init__(f"gpucomm {transport} workspace unavailable: {said}" + (f". {advice}" if advice else ""))
 
 
 class _Story:

@@ -25,7 +25,10 @@ One record per process and root communicator: subgroups write into their parent'
 their own group id, so that a rank of the world group can see that a peer waits in a subgroup.
 Ranks are ranks of the node: all ranks on one host (split by ``GPUCOMM_LOCAL_WORLD_SIZE``
 where it pretends smaller nodes); where ranks span hosts each rank keeps a record of its own,
-and its peers are named by what the store tells (:mod:`gpucomm.liveness`).
+and its peers are named by what the store tells (:mod:`gpucomm.liveness`). The job never dies
+for its flight record: where the node's segments cannot be made or opened (a full /dev/shm,
+ranks that share a host name but not /dev/shm), every rank of the node agrees on it and keeps
+a record of its own in private memory (:attr:`FlightRecord.unshared` says why).
 
 The caller's file:line is the first frame outside gpucomm and torch.distributed. The writer
 (the slot writes, the clock, the walk up the frames) is C (``kernels/host/flight_record.c``,
@@ -38,6 +41,7 @@ site is this instruction) are Python's; :class:`FlightLog` teaches them to the w
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import struct
 import sys
@@ -50,8 +54,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpucomm import native
+from gpucomm.errors import WorkspaceUnavailableError
 from gpucomm.liveness import alive
-from gpucomm.transport import open_workspace
+from gpucomm.transport import Workspace, open_workspace
+from gpucomm.transport.workspace import buffer_layout
 
 if TYPE_CHECKING:
     from gpucomm.work import Work
@@ -192,6 +198,22 @@ class PyRecorder:
         self._sites.clear()
 
 
+def _private_workspace() -> Workspace:
+    """A one-rank workspace over anonymous memory: the record of a rank whose node could not
+    share theirs (no room in /dev/shm, or no /dev/shm in common)."""
+    _, size = buffer_layout(SEGMENT_BYTES, 0)
+    memory = mmap.mmap(-1, size)
+    view = torch.frombuffer(memory, dtype=torch.uint8)
+
+    def release() -> None:
+        try:
+            memory.close()
+        except BufferError:  # a view is still alive: the memory goes with the last one
+            pass
+
+    return Workspace("private", 0, 1, torch.device("cpu"), SEGMENT_BYTES, 0, [view.data_ptr()], [view], release)
+
+
 def recorder(segment: memoryview, teacher: Callable[[types.FrameType], int], ring_at: int = _RING_AT, slots: int = RING) -> object:
     """The writer of ``segment``'s ring: C's ``Recorder`` where it builds, else :class:`PyRecorder`."""
     module = native.load("flight_record")
@@ -251,18 +273,25 @@ class FlightRecord:
             node = [g for g in global_ranks if g // per_node == me // per_node]
         else:  # ranks on several hosts: which share this one is not known here; keep to ourselves
             node = [me]
+        # Why the node's records are not shared (every rank of the node agrees), or "".
+        self.unshared = ""
+        try:
+            self.workspace = open_workspace(
+                "shm",
+                store=store,
+                prefix=f"{prefix}flight/n{node[0]}/",
+                rank=node.index(me),
+                world_size=len(node),
+                data_bytes=SEGMENT_BYTES,
+                flag_count=0,
+                device=torch.device("cpu"),
+                timeout=timeout,
+            )
+        except WorkspaceUnavailableError as exc:
+            self.unshared = str(exc)
+            node = [me]
+            self.workspace = _private_workspace()
         self.ranks = node  # global ranks on this node, in the order of the segments
-        self.workspace = open_workspace(
-            "shm",
-            store=store,
-            prefix=f"{prefix}flight/n{node[0]}/",
-            rank=node.index(me),
-            world_size=len(node),
-            data_bytes=SEGMENT_BYTES,
-            flag_count=0,
-            device=torch.device("cpu"),
-            timeout=timeout,
-        )
         self._mine = memoryview(self.workspace.data(node.index(me)).bytes.numpy())
         self._views = {g: self.workspace.data(i).bytes for i, g in enumerate(node)}
         self._interned: dict[str, int] = {"": 0}
@@ -326,6 +355,12 @@ class FlightRecord:
     # -- reading ----------------------------------------------------------------------------------
     def has(self, rank: int) -> bool:
         return rank in self._views
+
+    def failed_last(self, rank: int) -> bool:
+        """Whether global rank ``rank``'s newest call ended in a failure (False off this node):
+        a rank gone after that left because of a failure, and is not the one that caused it."""
+        record = self.read(rank)
+        return record is not None and bool(record.calls) and record.calls[-1].ended_ns < 0
 
     def read(self, rank: int) -> RankRecord | None:
         """Global rank ``rank``'s record as it is now, or None if it is not on this node."""

@@ -24,6 +24,18 @@ ENV = {"triton": {"TRITON_INTERPRET": "1"}}
 SHARE = {"gloo": 1, "shm": 1, "triton": 10}
 
 
+def _meet(knobs: dict) -> None:
+    """Meet the other ranks once under a generous deadline, then part (as test_hang_story's
+    _meet): the store outlives the group, so a short-deadline group built next starts with every
+    rank there. On a loaded machine a rank's first connect to rank 0's store could outlast a 4 s
+    deadline while rank 0 was still importing (seen once in 40 runs at a load average of 23)."""
+    import gpucomm
+
+    gpucomm.init_process_group(timeout=60, **knobs)
+    gpucomm.barrier()
+    gpucomm.destroy_process_group()
+
+
 def _killed_peer(rank: int, world_size: int, knobs: dict, victim: int, when: str, timeout: float) -> float | None:
     import signal
     import threading
@@ -32,6 +44,7 @@ def _killed_peer(rank: int, world_size: int, knobs: dict, victim: int, when: str
 
     import gpucomm
 
+    _meet(knobs)
     gpucomm.init_process_group(timeout=timeout, **knobs)
     t = torch.ones(1 << 16)
     gpucomm.all_reduce(t)
@@ -123,10 +136,12 @@ def test_mismatched_calls_raise_on_every_rank(path: str, kind: str) -> None:
 
 
 def _resource_counts() -> tuple[int, int, int]:
+    """(open files, RSS, /dev/shm entries this process made). Only its own entries (their names
+    carry its pid): other test runs on the machine have segments of their own there for a moment."""
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
-    shm = len([n for n in os.listdir("/dev/shm") if n.startswith("gpucomm")])
+    shm = len([n for n in os.listdir("/dev/shm") if n.startswith("gpucomm") and f"_{os.getpid():x}_" in n])
     return fds, rss_pages * os.sysconf("SC_PAGE_SIZE"), shm
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from rank_store import rank_store, store_barrier
 from spawn import run_ranks
 
-from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError
+from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError, WorkspaceUnavailableError
 from gpucomm.transport import TRANSPORTS, Workspace, cuda_ipc_available, open_workspace
 from gpucomm.transport import shm as shm_module
 from gpucomm.transport.workspace import Handshake
@@ -290,9 +290,13 @@ def _hostile_cases(prefix: str, token: str) -> list[tuple[str, bytes, type[Excep
 
 
 def _open_against(prefix: str, peer_value: bytes) -> None:
-    """Open as rank 0 of 2 with rank 1's handle already (maliciously) in the store."""
+    """Open as rank 0 of 2 with rank 1's handle already (maliciously) in the store, and its word
+    that it opened rank 0's and read rank 0's failure (rank 0 waits for both before it raises:
+    every rank raises together)."""
     store = dist.HashStore()
     store.set(f"{prefix}ws/1", peer_value)
+    store.set(f"{prefix}ws_opened/1", b"1")
+    store.set(f"{prefix}ws_opened_read/1", b"1")
     open_workspace("shm", store=store, prefix=prefix, rank=0, world_size=2, data_bytes=64, flag_count=1, device=CPU, timeout=5.0)
 
 
@@ -358,7 +362,8 @@ def test_cuda_ipc_reports_why_it_is_unavailable():
     with pytest.raises(Exception, match="cuda_ipc needs CuPy") as info:
         open_workspace("cuda_ipc", store=dist.HashStore(), prefix="x/", rank=0, world_size=1, data_bytes=64,
                        flag_count=1, device=torch.device("cuda", 0), timeout=5.0)
-    assert type(info.value).__name__ == "UnsupportedError"
+    # An UnsupportedError, of the kind every rank raises together (auto falls back to gloo on it).
+    assert type(info.value).__name__ == "WorkspaceUnavailableError"
 
 
 def _cuda_handle(header: object, handle: bytes = bytes(range(64))) -> bytes:
@@ -392,3 +397,208 @@ def test_cuda_ipc_handle_parsing_accepts_a_well_formed_value():
     handle = bytes(range(10, 74))
     header, parsed = _parse_handle(_cuda_handle({"pid": 77, "bus_id": "00000000:3B:00.0", "size": 8192}, handle), 1, 8192)
     assert header == {"pid": 77, "bus_id": "00000000:3B:00.0", "size": 8192} and parsed == handle
+
+
+# -- every rank takes the same decision ------------------------------------------------------------
+
+
+def _rank_one_cannot(rank, world_size, prefix, failure):
+    """Rank 1 cannot open its peers' segments (``failure``: the host's fault, or a peer's handle
+    it refuses); every rank must raise at the same step, in seconds, leaving nothing behind."""
+    store = rank_store(rank, world_size)
+    if rank == 1:
+        if failure == "unreachable":
+            error = WorkspaceUnavailableError("shm", {1: "cannot open segment (faked)"}, "a fix")
+        else:
+            error = CommMismatchError("rank 1's view of a peer's size differs (faked)")
+
+        def refuse(*args):
+            raise error
+
+        shm_module._open_peer = refuse
+    start = time.monotonic()
+    try:
+        _open(store, prefix, rank, world_size, timeout=60.0).close()
+    except GpucommError as err:
+        outcome = type(err).__name__, str(err), time.monotonic() - start
+    else:
+        outcome = None, "", time.monotonic() - start
+    store_barrier(store, f"{prefix}raised", rank, world_size)  # everyone raised: now list /dev/shm
+    left = _segments(prefix)
+    _finish(store, prefix, rank, world_size)
+    return outcome, left
+
+
+@pytest.mark.parametrize("failure, error", [("unreachable", "WorkspaceUnavailableError"), ("mismatch", "CommMismatchError")])
+def test_a_rank_that_cannot_open_makes_every_rank_raise_at_once(failure, error):
+    prefix = f"agree/{os.urandom(8).hex()}/"
+    for rank, ((kind, message, seconds), left) in enumerate(run_ranks(_rank_one_cannot, 3, prefix, failure, timeout=120)):
+        assert kind == error and "rank 1" in message and "(faked)" in message, (rank, kind, message)
+        assert seconds < 20, f"rank {rank} took {seconds:.1f} s: it waited for the timeout instead of agreeing"
+        assert left == [], left
+    if failure == "unreachable":
+        assert issubclass(WorkspaceUnavailableError, UnsupportedError)
+
+
+class _SlowReads(dist.PrefixStore):
+    """A store whose reads of the peers' words after opening take a second: the window in which
+    rank 0, which serves the TCPStore, could have raised and exited."""
+
+    def get(self, key):  # noqa: ANN001, ANN201 - dist.Store's signature
+        if "/ws_opened/" in key:
+            time.sleep(1.0)
+        return super().get(key)
+
+
+def _rank_zero_fails_and_leaves(rank, world_size, prefix):
+    """Rank 0 cannot open rank 1's segment and its process ends as soon as it has raised (no
+    barrier after); rank 1 reads slowly. Rank 1 must still raise the agreed error."""
+    store = rank_store(rank, world_size)
+    if rank == 0:
+        def refuse(*args):
+            raise WorkspaceUnavailableError("shm", {0: "cannot open segment (faked)"}, "a fix")
+
+        shm_module._open_peer = refuse
+        store = dist.PrefixStore("slow/", store)
+    else:
+        store = _SlowReads("slow/", store)
+    try:
+        _open(store, prefix, rank, world_size, timeout=60.0).close()
+    except WorkspaceUnavailableError as err:
+        return str(err)
+    return None
+
+
+def test_rank_0_stays_until_every_rank_has_read_the_failure():
+    prefix = f"leave/{os.urandom(8).hex()}/"
+    for message in run_ranks(_rank_zero_fails_and_leaves, 2, prefix, timeout=120):
+        assert "rank 0: cannot open segment (faked)" in message, message
+
+
+class _FakeRuntimeError(RuntimeError):
+    pass
+
+
+class _FakeRuntime:
+    """The few calls of CuPy's CUDA runtime that open_cuda_ipc makes, on a GPU that is not there;
+    ``refuse_open`` makes cudaIpcOpenMemHandle fail as it does without a shared IPC namespace."""
+
+    CUDARuntimeError = _FakeRuntimeError
+
+    def __init__(self, refuse_open: bool) -> None:
+        self.refuse_open = refuse_open
+        self.freed: list[int] = []
+        self.closed: list[int] = []
+
+    def getDeviceCount(self):  # noqa: N802 - CuPy's names
+        return 1
+
+    def deviceGetPCIBusId(self, dev):  # noqa: N802
+        return "0000:3B:00.0"
+
+    def deviceGetByPCIBusId(self, bus):  # noqa: N802
+        return 0
+
+    def malloc(self, size):
+        return 0x7F0000000000
+
+    def memset(self, ptr, value, size):
+        pass
+
+    def deviceSynchronize(self):  # noqa: N802
+        pass
+
+    def ipcGetMemHandle(self, ptr):  # noqa: N802
+        return bytes(64)
+
+    def ipcOpenMemHandle(self, handle, flags):  # noqa: N802
+        if self.refuse_open:
+            raise _FakeRuntimeError("cudaErrorMapBufferObjectFailed: mapping of buffer object failed")
+        return 0x7E0000000000
+
+    def ipcCloseMemHandle(self, ptr):  # noqa: N802
+        self.closed.append(ptr)
+
+    def free(self, ptr):
+        # Whether every rank had unmapped its peers by then (freeing a buffer a peer still maps
+        # is undefined behaviour for CUDA IPC).
+        self.freed.append((ptr, self.all_unmapped()))
+
+
+def _rank_cuda_ipc_open_refused(rank, world_size, prefix):
+    import contextlib
+    import types
+
+    from gpucomm.transport import cuda_ipc
+
+    runtime = _FakeRuntime(refuse_open=rank == 1)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=lambda dev: contextlib.nullcontext()))
+    cuda_ipc._cupy = lambda: cupy
+    cuda_ipc.alias_bytes = lambda base, size, device: torch.empty(size, dtype=torch.uint8)
+    torch.cuda.is_available = lambda: True
+    store = rank_store(rank, world_size)
+    runtime.all_unmapped = lambda: store.check([f"{prefix}ws_closed/{r}" for r in range(world_size)])
+    start = time.monotonic()
+    try:
+        open_workspace("cuda_ipc", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=64,
+                       flag_count=1, device=torch.device("cuda", 0), timeout=60.0)
+    except WorkspaceUnavailableError as err:
+        outcome = str(err), time.monotonic() - start, runtime.freed, runtime.closed
+    _finish(store, prefix, rank, world_size)
+    return outcome
+
+
+def test_cuda_ipc_handle_that_cannot_be_opened_is_agreed_by_every_rank():
+    """No GPU here: CuPy's runtime is faked, and rank 1's cudaIpcOpenMemHandle fails."""
+    prefix = f"ipc/{os.urandom(8).hex()}/"
+    for rank, (message, seconds, freed, closed) in enumerate(run_ranks(_rank_cuda_ipc_open_refused, 2, prefix, timeout=120)):
+        assert "rank 1: cudaIpcOpenMemHandle of rank 0's buffer failed" in message and "--ipc=host" in message, message
+        assert seconds < 20, f"rank {rank} took {seconds:.1f} s"
+        assert freed == [(0x7F0000000000, True)], "each rank frees its own buffer, once every rank unmapped its peers"
+        assert closed == ([0x7E0000000000] if rank == 0 else []), "rank 0 unmaps the peer it had opened"
+
+
+# -- space first, then memory ------------------------------------------------------------------
+
+
+def test_a_segment_holds_its_pages_from_creation(monkeypatch):
+    """A segment made with ftruncate alone is sparse: tmpfs finds each page at its first touch,
+    and kills the process with SIGBUS when it has none left. Ours are whole from the start."""
+    prefix = f"reserve/{os.urandom(8).hex()}/"
+    sizes = []
+    original = Handshake.exchange
+
+    def exchange(self, handle):
+        name = json.loads(handle)["name"]
+        st = os.stat(os.path.join(shm_module.SHM_DIR, name))
+        sizes.append((st.st_size, st.st_blocks * 512))
+        return original(self, handle)
+
+    monkeypatch.setattr(Handshake, "exchange", exchange)
+    _in_process(prefix, data_bytes=1 << 20).close()
+    (size, allocated), = sizes
+    assert size == 4096 + (1 << 20) and allocated >= size, sizes
+
+
+def test_no_dev_shm_at_all_is_the_hosts_reason(tmp_path):
+    """A container without /dev/shm: the host's reason, which every rank agrees on and auto turns
+    into gloo, not an OSError on one rank (a read-only one is the same errno family, EROFS)."""
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(WorkspaceUnavailableError, match=f"cannot create a segment of 4096 bytes in {missing}"):
+        shm_module.create_segment(str(missing / "gpucomm_x"), 4096, 0)
+
+
+def test_every_segment_gpucomm_creates_goes_through_create_segment():
+    """The rule above holds for every segment: no file is created or sized in gpucomm's sources
+    but in create_segment (a segment that grows must reserve its new pages the same way)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for folder, _, files in os.walk(os.path.join(root, "gpucomm")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    for number, line in enumerate(f, 1):
+                        if any(sign in line for sign in ("O_CREAT", "ftruncate(", "shm_open", "SharedMemory(", "memfd_create")):
+                            found.append((os.path.relpath(path, root), line.strip()))
+    assert found == [("gpucomm/transport/shm.py", "fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)")], found

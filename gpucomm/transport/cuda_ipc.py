@@ -5,6 +5,10 @@ caching allocator: an IPC handle covers a whole allocation, and the caching allo
 several tensors into one), zeroes it, and publishes a JSON header (pid, PCI bus id, size), a
 newline and the 64-byte ``cudaIpcMemHandle_t``. Peers open the handle with lazy peer access.
 Several ranks may share one GPU; a process never opens its own handle (CUDA refuses that).
+A rank that cannot take part (no CuPy, no device memory, a peer's GPU it cannot see or reach, a
+handle ``cudaIpcOpenMemHandle`` refuses: containers without a shared IPC namespace) says so
+through the handshake, and every rank raises
+:class:`~gpucomm.errors.WorkspaceUnavailableError` at the same step.
 ``close()`` is collective: every rank unmaps its peers, then waits at a store barrier before
 freeing its own buffer, so that no peer still maps memory that is freed.
 
@@ -21,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError
+from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError, WorkspaceUnavailableError
 from gpucomm.ops.contract import alias_bytes
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
@@ -35,6 +39,11 @@ IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 # cudaIpcMemLazyEnablePeerAccess (driver_types.h); not every CuPy exports the name.
 _LAZY_ENABLE_PEER_ACCESS = 1
 _MAX_HEADER_BYTES = 256
+# What lets ranks of one node open each other's handles, for the error that says they cannot.
+_IPC_ADVICE = (
+    "Ranks of a node need one IPC namespace (one container, or docker run --ipc=host) and GPUs "
+    "that reach each other; or use GPUCOMM_TRANSPORT=gloo"
+)
 _BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]")
 
 
@@ -133,6 +142,16 @@ def _parse_handle(raw: bytes, peer: int, size: int) -> tuple[dict, bytes]:
     return header, handle
 
 
+def _open_handle(runtime: object, handle: bytes, peer: int, rank: int) -> int:
+    """``peer``'s buffer mapped into this process, or the host's reason why it cannot be."""
+    try:
+        return runtime.ipcOpenMemHandle(handle, _LAZY_ENABLE_PEER_ACCESS)  # type: ignore[attr-defined]
+    except runtime.CUDARuntimeError as exc:  # type: ignore[attr-defined]
+        raise WorkspaceUnavailableError(
+            "cuda_ipc", {rank: f"cudaIpcOpenMemHandle of rank {peer}'s buffer failed: {exc}"}, _IPC_ADVICE
+        ) from exc
+
+
 class _Buffers:
     """This rank's cudaMalloc'd buffer and the peers' opened IPC pointers."""
 
@@ -142,7 +161,9 @@ class _Buffers:
         self.handshake = handshake
         self.own: int | None = None
         self.peers: list[int] = []
-        self.opened = False  # every peer mapped our buffer: they must unmap it before we free it
+        # Our handle went out: peers may map our buffer, and must unmap it before we free it (on
+        # a failed open too: every rank then reaches release, and its barrier, together).
+        self.opened = False
 
     def release(self) -> None:
         runtime = self.cupy.cuda.runtime
@@ -173,36 +194,47 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
     """Allocate, publish and open the cuda_ipc workspace (see the module docstring)."""
     if device.type != "cuda":
         raise ValueError(f"open_workspace: the cuda_ipc transport needs a cuda device, got {device}")
+    rank, world_size = handshake.rank, handshake.world_size
     ok, reason = cuda_ipc_available()
     if not ok:
-        raise UnsupportedError(reason)
+        handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: reason}))  # every peer raises it too, now
     cupy = _cupy()
     runtime = cupy.cuda.runtime
     dev = device.index if device.index is not None else torch.cuda.current_device()
     device = torch.device("cuda", dev)
-    rank, world_size = handshake.rank, handshake.world_size
     _, size = buffer_layout(data_bytes, flag_count)
     buffers = _Buffers(cupy, dev, handshake)
     bases: list[int] = [0] * world_size
     try:
-        with cupy.cuda.Device(dev):
-            bus = runtime.deviceGetPCIBusId(dev)
-            buffers.own = bases[rank] = runtime.malloc(size)
-            runtime.memset(bases[rank], 0, size)  # every flag starts at 0
-            runtime.deviceSynchronize()  # zeroed before any peer can see the handle
-            handle = bytes(runtime.ipcGetMemHandle(bases[rank]))
+        try:
+            with cupy.cuda.Device(dev):
+                bus = runtime.deviceGetPCIBusId(dev)
+                buffers.own = bases[rank] = runtime.malloc(size)
+                runtime.memset(bases[rank], 0, size)  # every flag starts at 0
+                runtime.deviceSynchronize()  # zeroed before any peer can see the handle
+                handle = bytes(runtime.ipcGetMemHandle(bases[rank]))
+        except runtime.CUDARuntimeError as exc:
+            reason = f"cannot make its {size}-byte buffer on device {dev}: {exc}"
+            handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: reason}))
         header = json.dumps({"pid": os.getpid(), "bus_id": bus, "size": size}).encode("ascii")
         raws = handshake.exchange(header + b"\n" + handle)
-        parsed = {peer: _parse_handle(raw, peer, size) for peer, raw in enumerate(raws) if peer != rank}
-        with cupy.cuda.Device(dev):
-            for peer, (peer_header, _) in parsed.items():
-                _check_peer_access(cupy, dev, bus, peer, peer_header["bus_id"])
-            for peer, (_, peer_handle) in parsed.items():
-                bases[peer] = runtime.ipcOpenMemHandle(peer_handle, _LAZY_ENABLE_PEER_ACCESS)
-                buffers.peers.append(bases[peer])
-        views = [alias_bytes(base, size, device) for base in bases]  # each checked to alias, not copy
-        handshake.opened()
         buffers.opened = True
+        try:
+            parsed = {peer: _parse_handle(raw, peer, size) for peer, raw in enumerate(raws) if peer != rank}
+            with cupy.cuda.Device(dev):
+                for peer, (peer_header, _) in parsed.items():
+                    _check_peer_access(cupy, dev, bus, peer, peer_header["bus_id"])
+                for peer, (_, peer_handle) in parsed.items():
+                    bases[peer] = _open_handle(runtime, peer_handle, peer, rank)
+                    buffers.peers.append(bases[peer])
+            views = [alias_bytes(base, size, device) for base in bases]  # each checked to alias, not copy
+        except WorkspaceUnavailableError as exc:  # this host's doing: every rank falls back together
+            handshake.fail(exc)
+        except UnsupportedError as exc:  # a peer's GPU this one cannot see or reach
+            handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: str(exc)}))
+        except GpucommError as exc:
+            handshake.fail(exc)
+        handshake.opened()
     except BaseException:
         views = []
         buffers.release()

@@ -35,8 +35,10 @@ def open_workspace(
 
     Raises:
         CommTimeoutError: a peer did not publish its handle (or did not open) within ``timeout``.
-        UnsupportedError: the transport cannot run here (no CuPy, GPUs without peer access).
-        GpucommError: a peer published a malformed or mismatched handle.
+        WorkspaceUnavailableError: some rank could not make its buffer or open a peer's for a
+            reason of the host's (a full /dev/shm, no shared /dev/shm or IPC namespace, no CuPy,
+            GPUs without peer access): every rank raises it, at the same step.
+        GpucommError: a peer published a malformed or mismatched handle (every rank raises).
     """
     for name, value in (("rank", rank), ("world_size", world_size), ("data_bytes", data_bytes), ("flag_count", flag_count)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -53,7 +55,7 @@ def open_workspace(
     if not timeout > 0:
         raise ValueError(f"open_workspace: timeout must be > 0 seconds, got {timeout!r}")
     device = torch.device(device)
-    handshake = Handshake(store, prefix, rank, world_size, float(timeout))
+    handshake = Handshake(store, prefix, rank, world_size, float(timeout), transport=kind)
     if kind == "shm":
         return open_shm(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device)
     if kind == "cuda_ipc":

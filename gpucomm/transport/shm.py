@@ -9,10 +9,18 @@ Once every rank has mapped every peer (the "opened" barrier) each rank unlinks i
 the mappings keep the memory alive, and nothing is left in /dev/shm even if a process is later
 SIGKILLed. A process killed inside the handshake window leaves its segment; the next open under
 the same prefix removes segments whose creating process is dead.
+
+**Space first, then memory.** A segment reserves every page when it is created
+(:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it
+is an error at open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error, and a peer
+segment this rank cannot open (ranks that share a host name but not /dev/shm: containers with
+their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
+rank of the open raises together (:class:`~gpucomm.transport.workspace.Handshake`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
@@ -23,10 +31,10 @@ import stat
 
 import torch
 
-from gpucomm.errors import CommMismatchError, GpucommError
+from gpucomm.errors import CommMismatchError, GpucommError, WorkspaceUnavailableError
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
-__all__ = ["open_shm", "SHM_DIR"]
+__all__ = ["open_shm", "create_segment", "reserve", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 # A well-formed handle is ~80 bytes; anything much longer is not one of ours.
@@ -72,6 +80,76 @@ def _reap_stale(token: str) -> None:
             pass
 
 
+# Why a rank cannot open a peer's segment when the host, not the segment, is at fault: the
+# name is not in this /dev/shm (another mount or IPC namespace), or another user owns it.
+_UNREACHABLE = (errno.ENOENT, errno.EACCES, errno.EPERM)
+_NO_SHARED_SHM = (
+    "The ranks share a host name but not /dev/shm: run them in one container, or give their "
+    "containers the host's IPC namespace and /dev/shm (docker run --ipc=host)"
+)
+# What gives a rank room in /dev/shm: containers get 64 MiB unless told otherwise.
+_SPACE_ADVICE = (
+    "Give the container a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
+    "medium Memory mounted at /dev/shm) or lower GPUCOMM_WORKSPACE_BYTES"
+)
+# Why this rank cannot create its own segment when the host is at fault: no room (or no inode)
+# left, no /dev/shm at all, or one this user cannot write.
+_NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def create_segment(path: str, size: int, rank: int, ranks: int = 1) -> int:
+    """Create ``path`` (mode 0600, exclusive) holding ``size`` zero bytes, every page reserved
+    now (:func:`reserve`); its fd. ``rank`` is this rank in the open, one of ``ranks`` that each
+    make one. Every segment gpucomm creates in /dev/shm comes from here.
+
+    Raises:
+        WorkspaceUnavailableError: /dev/shm has no room for it (or is missing, or read-only),
+            naming the bytes needed and free; nothing is left behind.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, size, ranks, exc)}, _SPACE_ADVICE) from exc
+    try:
+        os.fchmod(fd, 0o600)  # the umask can only narrow the mode; make it exact
+        reserve(fd, path, 0, size, rank, ranks)  # a fresh file reads as zeros: every flag starts at 0
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
+
+
+def reserve(fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1) -> None:
+    """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now,
+    extending it if they lie past its end. ``ftruncate`` alone would only set a size, and tmpfs
+    would look for each page at its first touch, killing the process with SIGBUS when it has
+    none left: a segment that grows reserves its new pages here too.
+
+    Raises:
+        WorkspaceUnavailableError: no room for them (``rank`` of ``ranks`` names who asked).
+    """
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, length, ranks, exc)}, _SPACE_ADVICE) from exc
+
+
+def _no_room(path: str, size: int, ranks: int, exc: OSError) -> str:
+    folder = os.path.dirname(path)
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return f"cannot create a segment of {size} bytes in {folder}: {exc.strerror}"
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    need = f"this rank's segment needs {size} bytes" + (f" ({ranks} ranks here need {ranks * size})" if ranks > 1 else "")
+    return f"{folder} has {free} bytes free of {total}, and {need} ({exc.strerror})"
+
+
 def _map(fd: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
     mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     # Through a memoryview: the tensor holds it, and it holds an export of the mapping, so that
@@ -103,20 +181,28 @@ def _parse_handle(raw: bytes, peer: int, token: str, size: int) -> str:
     return name
 
 
-def _open_peer(name: str, peer: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
+def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, torch.Tensor]:
+    """Map ``peer``'s segment ``name`` into this process (this rank is ``rank``)."""
     path = os.path.join(SHM_DIR, name)
     try:
         # O_NOFOLLOW: a symlink planted under a valid name is refused, not followed.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise GpucommError(f"gpucomm shm workspace: cannot open segment {path} of rank {peer}: {exc}") from exc
+        message = f"cannot open segment {path} of rank {peer}: {exc.strerror}"
+        if exc.errno in _UNREACHABLE:
+            raise WorkspaceUnavailableError("shm", {rank: message}, _NO_SHARED_SHM) from exc
+        raise GpucommError(f"gpucomm shm workspace: {message}") from exc
     try:
         st = os.fstat(fd)
         problem = None
         if not stat.S_ISREG(st.st_mode):
             problem = "is not a regular file"
         elif st.st_uid != os.getuid():
-            problem = f"is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"
+            raise WorkspaceUnavailableError(
+                "shm",
+                {rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"},
+                "Run every rank of a node as the same user",
+            )
         elif st.st_mode & 0o077:
             problem = f"has mode {stat.S_IMODE(st.st_mode):o}, expected 600"
         elif st.st_size != size:
@@ -168,21 +254,25 @@ def open_shm(handshake: Handshake, *, data_bytes: int, flag_count: int, device: 
     views: list[torch.Tensor | None] = [None] * world_size
     try:
         path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = create_segment(path, size, rank, world_size)
+        except WorkspaceUnavailableError as exc:
+            handshake.fail(exc)  # every peer raises it too, now, not at its timeout
         segments.own_path = path
         try:
-            os.fchmod(fd, 0o600)  # the umask can only narrow the mode; make it exact
-            os.ftruncate(fd, size)  # a fresh file reads as zeros: every flag starts at 0
             mm, views[rank] = _map(fd, size)
             segments.maps.append(mm)
         finally:
             os.close(fd)
         handles = handshake.exchange(json.dumps({"name": name, "size": size}).encode("ascii"))
-        names = [_parse_handle(raw, peer, token, size) if peer != rank else name for peer, raw in enumerate(handles)]
-        for peer, peer_name in enumerate(names):
-            if peer != rank:
-                mm, views[peer] = _open_peer(peer_name, peer, size)
-                segments.maps.append(mm)
+        try:
+            names = [_parse_handle(raw, peer, token, size) if peer != rank else name for peer, raw in enumerate(handles)]
+            for peer, peer_name in enumerate(names):
+                if peer != rank:
+                    mm, views[peer] = _open_peer(peer_name, peer, size, rank)
+                    segments.maps.append(mm)
+        except GpucommError as exc:
+            handshake.fail(exc)
         handshake.opened()
         segments.unlink_own()
     except BaseException:

@@ -11,17 +11,27 @@ The handshake runs over a ``torch.distributed.Store``, every key under ``prefix`
 ``{prefix}ws_opened/{rank}`` and waits for everyone's (``cuda_ipc`` adds a ``ws_closed`` barrier
 at close). The prefix must be unique per open (per
 group and generation): a reused prefix would read the handles of an earlier open.
+
+**Every rank takes the same decision.** A rank that cannot make its buffer (a full /dev/shm, no
+device memory) publishes why in place of its handle; one that cannot open a peer's (no shared
+/dev/shm, no shared IPC namespace, a malformed handle) publishes why in place of its "opened".
+Then it raises at once, and every peer, which reads the same keys, raises at the same step
+(:class:`~gpucomm.errors.WorkspaceUnavailableError` where every reason is the host's,
+:class:`~gpucomm.errors.CommMismatchError` or :class:`~gpucomm.errors.GpucommError` otherwise)
+instead of waiting out the timeout. No rank uses the workspace before every rank said "opened".
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import torch
 
-from gpucomm.errors import CommTimeoutError, GpucommError
+from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, WorkspaceUnavailableError
 from gpucomm.ops.contract import Region
 
 __all__ = ["Workspace", "Handshake", "FLAG_AREA_ALIGN", "DATA_ALIGN", "buffer_layout"]
@@ -149,15 +159,26 @@ def _check_range(fn: str, start_name: str, start: int, count_name: str, count: i
         )
 
 
-class Handshake:
-    """The store protocol of one workspace open: publish, gather, barrier under one deadline."""
+# First byte of a failure published in place of a handle or an "opened": no handle starts with
+# it (both transports' handles start with a JSON object).
+_FAILED = b"\0"
 
-    def __init__(self, store: torch.distributed.Store, prefix: str, rank: int, world_size: int, timeout: float):
+
+class Handshake:
+    """The store protocol of one workspace open: publish, gather, barrier under one deadline.
+
+    ``transport`` names the workspace in the errors every rank raises together (module docstring).
+    """
+
+    def __init__(
+        self, store: torch.distributed.Store, prefix: str, rank: int, world_size: int, timeout: float, transport: str = "shm"
+    ):
         self.store = store
         self.prefix = prefix
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
+        self.transport = transport
         self.deadline = time.monotonic() + timeout
 
     def _wait(self, op: str, stage: str, deadline: float) -> None:
@@ -174,18 +195,97 @@ class Handshake:
                 detail=f"no '{stage}' key from them under prefix {self.prefix!r}",
             ) from exc
 
+    def _gather(self, stage: str) -> list[bytes]:
+        """Every rank's value at ``stage`` once all are there; the agreed error if any failed."""
+        self._wait("workspace open", stage, self.deadline)
+        values = [self.store.get(f"{self.prefix}{stage}/{r}") for r in range(self.world_size)]
+        failures = {r: _failure(value) for r, value in enumerate(values) if value[:1] == _FAILED}
+        if failures:
+            self._all_read(stage)
+            raise self._agreed(failures)
+        return values
+
+    def _all_read(self, stage: str) -> None:
+        """After a failed step, rank 0 stays until every rank has read it: in an env:// job rank
+        0 serves the store, and its process ending (the likely next step after an error) would
+        cut the others' reads short, leaving them a connection error instead of the agreed one."""
+        self.store.set(f"{self.prefix}{stage}_read/{self.rank}", b"1")
+        if self.rank == 0:
+            try:
+                self._wait("workspace open", f"{stage}_read", self.deadline)
+            except CommTimeoutError:
+                pass  # a peer that died after its word: the error is raised all the same
+
+    def _agreed(self, failures: dict[int, dict[str, str]]) -> GpucommError:
+        """The error every rank raises for ``failures`` (rank -> what it published)."""
+        if all(f["kind"] == "unavailable" for f in failures.values()):
+            advice = " ".join(dict.fromkeys(f["advice"] for f in failures.values() if f["advice"]))
+            return WorkspaceUnavailableError(self.transport, {r: f["reason"] for r, f in failures.items()}, advice)
+        said = "; ".join(f"rank {r}: {f['reason']}" for r, f in sorted(failures.items()))
+        message = f"gpucomm {self.transport} workspace: rank {self.rank} cannot open it because peers could not: {said}"
+        if any(f["kind"] == "mismatch" for f in failures.values()):
+            return CommMismatchError(message, op="workspace open", rank=self.rank, peers=sorted(failures))
+        return GpucommError(message)
+
     def exchange(self, handle: bytes) -> list[bytes]:
-        """Publish this rank's handle; return every rank's (own included) once all are there."""
+        """Publish this rank's handle; return every rank's (own included) once all are there.
+
+        Raises the agreed error (module docstring) if a peer published a failure instead."""
         self.store.set(f"{self.prefix}ws/{self.rank}", handle)
-        self._wait("workspace open", "ws", self.deadline)
-        return [self.store.get(f"{self.prefix}ws/{r}") for r in range(self.world_size)]
+        return self._gather("ws")
 
     def opened(self) -> None:
-        """Barrier: return once every rank has opened every peer."""
+        """Barrier: return once every rank has opened every peer (else the agreed error)."""
         self.store.set(f"{self.prefix}ws_opened/{self.rank}", b"1")
-        self._wait("workspace open", "ws_opened", self.deadline)
+        self._gather("ws_opened")
+
+    def fail(self, error: GpucommError) -> NoReturn:
+        """Publish that this rank cannot go on, in place of its handle when it has not published
+        one yet, else of its "opened"; wait for every peer's word at that step (so that none is
+        still opening this rank's buffer when it goes) and raise what every rank raises there:
+        the agreed error, or ``error`` itself where it is of the agreed kind (module docstring).
+        """
+        own = _kind(error)
+        if own == "unavailable":
+            reason, advice = error.reasons.get(self.rank, str(error)), error.advice  # type: ignore[attr-defined]
+        else:
+            reason, advice = (str(error).splitlines() or [type(error).__name__])[0], ""
+        value = json.dumps({"kind": own, "reason": reason, "advice": advice})
+        try:
+            stage = "ws_opened" if self.store.check([f"{self.prefix}ws/{self.rank}"]) else "ws"
+            self.store.set(f"{self.prefix}{stage}/{self.rank}", _FAILED + value.encode("utf-8"))
+        except RuntimeError as gone:  # the store went with rank 0: no one is left to agree with
+            raise error from gone
+        agreed: GpucommError | None = None
+        try:
+            self._gather(stage)
+        except CommTimeoutError:
+            raise
+        except GpucommError as exc:
+            agreed = exc
+        if agreed is None or (own != "unavailable" and _kind(agreed) == own):
+            raise error  # its own words say more than the agreed ones; it is of their kind
+        raise agreed from error
 
     def closed(self) -> None:
         """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers."""
         self.store.set(f"{self.prefix}ws_closed/{self.rank}", b"1")
         self._wait("workspace close", "ws_closed", time.monotonic() + self.timeout)
+
+
+def _kind(error: GpucommError) -> str:
+    """What a failure means for the others: the host's (they may fall back), a mismatch, or other."""
+    if isinstance(error, WorkspaceUnavailableError):
+        return "unavailable"
+    return "mismatch" if isinstance(error, CommMismatchError) else "error"
+
+
+def _failure(value: bytes) -> dict[str, str]:
+    """What a peer published with :meth:`Handshake.fail` (kind, reason, advice)."""
+    try:
+        said = json.loads(value[1:].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        said = None
+    if not isinstance(said, dict) or not all(isinstance(said.get(k), str) for k in ("kind", "reason", "advice")):
+        return {"kind": "error", "reason": f"published a malformed failure {value[:80]!r}", "advice": ""}
+    return {k: said[k] for k in ("kind", "reason", "advice")}
