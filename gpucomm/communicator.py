@@ -210,7 +210,7 @@ class Communicator:
                 exc.reasons,
                 f"{exc.advice}; or leave GPUCOMM_TRANSPORT unset (auto) to serve these tensors through gloo".lstrip("; "),
             ) from exc
-        said = str(exc).replace("GPUCOMM_WORKSPACE_BYTES", f"GPUCOMM_WORKSPACE_BYTES (now {self.config.workspace_bytes})")
+        said = str(exc).replace("GPUCOMM_WORKSPACE_BYTES", f"GPUCOMM_WORKSPACE_BYTES (now {self.config.workspace_bytes_for(device_type)})")
         return f"{device_type.upper()} tensors go through gloo", said
 
     def _warn_fallbacks(self, fallbacks: list[tuple[str, str]]) -> None:
