@@ -19,13 +19,18 @@
    out and the new residual). Eager adds the host's Python per call: one call against two.
 
 2. all_gather_matmul of shards [m, k] (bf16) times [k, N]: the fraction of the gather the fused
-   kernel hides. Unfused: gpucomm's all_gather (every shard over NVLink at link_bw, a launch and
-   a sync) then the matmul (2 M k N flops at ``mma_tflops``, M = P m). Fused: the own shard's
-   tiles first, while G of the SMs push this rank's shard to the 7 peers, one after another, at
-   G / saturating_grid of the link; the shard of rank me - i arrives after i pushes (plus a
-   sync), and its tiles start then or when the previous shard's end, whichever is later; tiles
-   run at (SMs - G) / SMs of the rate while the pushes last. Hidden fraction = (unfused - fused)
-   / the unfused gather's time.
+   launches hide. Unfused: gpucomm's all_gather (every shard over NVLink at link_bw, a launch
+   and a sync) then the matmul (2 M k N flops at ``mma_tflops``, M = P m). Fused, two launches
+   on one stream (kernels/triton/fused_matmul.py): the push launch, where G of the SMs push
+   this rank's shard to the 7 peers, one after another, at G / saturating_grid of the link,
+   while the others compute the own shard's tiles at (SMs - G) / SMs of the rate; it ends when
+   both are done. Then the matmul launch (a launch more), the other shards' tiles at the full
+   rate: the shard of rank me - i arrived after i pushes (plus a sync), and its tiles start
+   then or when the previous shard's end, whichever is later (every rank in step: all have
+   arrived by the time this rank's push launch ends). Only the own shard's tiles overlap this
+   rank's pushes: the tiles of a shard that waits cannot share a launch with the pushes
+   (progress would depend on which blocks a GPU runs first). Hidden fraction = (unfused -
+   fused) / the unfused gather's time.
 
 Every parameter is bench/model.py's (assumed or published, none measured on a GPU), plus the
 H100's published dense bf16 peak and an assumed fraction of it that a Triton matmul reaches.
@@ -53,7 +58,8 @@ HIDDEN = 8192
 # in this repository): 8192 tokens of hidden 8192 gathered from 8 ranks, times each rank's
 # column shard of the fused gate and up projections (2 x 28672 / 8 = 7168 columns).
 LLAMA70B_AG = {"tokens": 8192, "k": 8192, "n": 7168}
-# The pushing programs of all_gather_matmul (kernels/triton/fused_matmul.CHUNKS); an H100's SMs.
+# The pushing programs of all_gather_matmul's push launch (kernels/triton/fused_matmul.CHUNKS);
+# an H100's SMs.
 PUSH_PROGRAMS = 16
 SMS = 132
 STAGE_HALF_MAX = 4 << 20  # gpucomm.engine._STAGE_HALF_MAX
@@ -117,22 +123,18 @@ def ag_matmul(args: argparse.Namespace, tokens: int, k: int, n: int) -> dict:
     matmul = 2 * tokens * k * n / (args.mma_tflops * args.mma_fraction * 1e6)
     unfused = gather + matmul
     push_rate = args.link_gbs * 1e3 * min(1.0, PUSH_PROGRAMS / args.saturating_grid)  # bytes per us
-    push_end = (P - 1) * shard / push_rate
+    push_end = args.launch_us + (P - 1) * shard / push_rate
     slow = (SMS - PUSH_PROGRAMS) / SMS  # the tiles' rate while the pushes last
     per_shard = matmul / P
-
-    def run(start: float, work: float) -> float:
-        """When ``work`` us of full-rate matmul started at ``start`` ends."""
-        if start >= push_end:
-            return start + work
-        slow_part = min(work, (push_end - start) * slow)
-        return start + slow_part / slow + (work - slow_part)
-
-    t = run(args.launch_us, per_shard)  # this rank's own shard
+    # The push launch: the own shard's tiles at the slow rate beside the pushes (at the full
+    # rate once they end); it ends when both are done.
+    own_slow = min(per_shard, (push_end - args.launch_us) * slow)
+    own_end = args.launch_us + own_slow / slow + (per_shard - own_slow)
+    t = max(push_end, own_end) + args.launch_us  # the matmul launch: the other shards, full rate
     for i in range(1, P):
         arrived = args.launch_us + i * shard / push_rate + args.sync_us
-        t = run(max(t, arrived), per_shard)
-    fused = t + args.launch_us  # and the one-program launch that advances the epochs
+        t = max(t, arrived) + per_shard
+    fused = t
     return {
         "tokens": tokens, "k": k, "n": n, "world": P, "shard_bytes": shard,
         "gather_us": round(gather, 1), "matmul_us": round(matmul, 1), "unfused_us": round(unfused, 1),

@@ -4,6 +4,8 @@
   (the contract), and a float64 reference within the dtype's rounding;
 - all_gather_matmul equals all_gather_into_tensor followed by torch.matmul within the matmul's
   tolerance, staged in the device stage and in a heap buffer;
+- all_gather_matmul's launches run by hand: the push launch waits for no one, and the matmul
+  launch needs nothing but the other ranks' push launches (one of them late);
 - a rank that never arrives: the named CommTimeoutError within the deadline, the collectives
   still working, and the fused ops working again after gpucomm.fused.recover;
 - bad arguments: typed errors before anything moves.
@@ -83,6 +85,70 @@ def test_fused_ops_against_the_unfused_calls(world_size: int) -> None:
     dtypes = ("bfloat16", "float16", "float32") if world_size == 2 else ("bfloat16",)
     results = run_ranks(fused_against_unfused, world_size, seed, "cpu", dtypes, env=INTERPRET, timeout=600)
     assert results == [[]] * world_size, f"seed {seed}: {results}"
+
+
+def _launches_by_hand(rank: int, world_size: int, seed: int) -> list[str]:
+    """all_gather_matmul's launches (kernels/triton/fused_matmul.prepare), each rank running
+    them when the test says, held apart by host barriers:
+
+    - call 0: the last rank runs its first launch while every other rank is held before its
+      own (the first launch waits for no one), and its second launch only once every other
+      rank's second launch has ended (theirs wait for its first launch only);
+    - call 1: rank 0 runs its first launch a second late, while the others' second launches
+      wait for it; its second launch again after everyone else's.
+    """
+    import torch
+
+    import gpucomm
+    from gpucomm._kernels.triton import fused_matmul
+    from gpucomm.fused._group import context
+    from gpucomm.fused._matmul import _staging
+
+    fn = "all_gather_matmul"
+    gpucomm.init_process_group(transport="shm", kernels="triton", workspace_bytes=WORKSPACE, timeout=20)
+    comm = gpucomm.get_default_communicator()
+    problems = []
+    m, k, n = 5, 16, 9
+    for call, late in enumerate((world_size - 1, 0)):
+        g = torch.Generator().manual_seed(seed * 10 + call)
+        shards = [torch.randn(m, k, generator=g) for _ in range(world_size)]
+        b = torch.randn(k, n, generator=g) + rank
+        out = torch.full((world_size * m, n), float("nan"))
+        ctx = context(comm, shards[rank], fn)
+        launches = fused_matmul.prepare(ctx, shards[rank], b, out, *_staging(comm, ctx, shards[rank]))
+        if len(launches) != 2:
+            problems.append(f"call {call}: {len(launches)} launches, expected the push's and the matmul's")
+            break
+        publish, matmul = launches
+        if call == 0:
+            if rank == late:
+                ctx.launch(fn, publish)  # alone: no other rank has launched anything
+            comm.barrier()
+            if rank != late:
+                ctx.launch(fn, publish, matmul)  # waits for the late rank's first launch only
+        elif rank == late:
+            time.sleep(1.0)
+            ctx.launch(fn, publish)
+        else:
+            ctx.launch(fn, publish, matmul)  # its tiles wait for the late push
+        comm.barrier()
+        if rank == late:
+            ctx.launch(fn, matmul)
+        expected = torch.cat(shards) @ b
+        if not torch.allclose(out, expected, rtol=1e-5, atol=1e-4):
+            problems.append(f"call {call} (late rank {late}): off all_gather + matmul by {float((out - expected).abs().nan_to_num(float('inf')).max()):.3g}")
+    gpucomm.destroy_process_group()
+    return problems
+
+
+def test_the_push_launch_waits_for_no_one_and_the_matmul_launch_needs_only_the_peers_push() -> None:
+    # Blocks of one launch never wait on each other (DESIGN.md): a rank's tiles depend on no
+    # program of their own launch, whatever a GPU makes resident, only on the peers' first
+    # launch, which waits for nothing. Fails if the first launch waits for a peer, or if the
+    # second pushes anything a peer waits for.
+    seed = random.randrange(1 << 30)
+    results = run_ranks(_launches_by_hand, 2, seed, env=INTERPRET, timeout=300)
+    assert results == [[]] * 2, f"seed {seed}: {results}"
 
 
 def _never_arrives(rank: int, world_size: int, timeout: float, op: str) -> dict:

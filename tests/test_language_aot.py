@@ -61,15 +61,15 @@ def _variants() -> dict[str, tuple]:
         norm,
         fused_norm.num_warps(8192),
     )
-    variants["ag_matmul-bfloat16"] = (
-        fused_matmul.ag_matmul_kernel,
-        {"ctx": "*i64", "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "stage_addr": "i64", "stage_half": "i64", "m": "i32", "n": "i32", "k": "i32"},
-        {
-            "G": 4, "COPY": tl.int16, "DTYPE": tl.bfloat16, "PRECISION": "tf32", "WIDEN": False, "ALIGNED": True, "BLOCK_M": 64,
-            "BLOCK_N": 64, "BLOCK_K": 32, "BLOCK": 1024, "LANES": 128,
-        },
+    matmul = {"G": 4, "DTYPE": tl.bfloat16, "PRECISION": "tf32", "WIDEN": False, "ALIGNED": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "LANES": 128}
+    sizes = {"stage_addr": "i64", "stage_half": "i64", "m": "i32", "n": "i32", "k": "i32"}
+    variants["ag_publish-bfloat16"] = (
+        fused_matmul.ag_publish_kernel,
+        {"ctx": "*i64", "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", **sizes},
+        {**matmul, "COPY": tl.int16, "BLOCK": 1024},
         4,
-    )  # fmt: skip
+    )
+    variants["ag_matmul-bfloat16"] = (fused_matmul.ag_matmul_kernel, {"ctx": "*i64", "b_ptr": "*bf16", "c_ptr": "*bf16", **sizes}, matmul, 4)
     # One chunk: one wait in the TTGIR. With four, MLIR reuses the SSA names of the unrolled
     # waits in their separate regions, which the name-based timer analysis cannot tell apart.
     kernel, signature, constexprs, warps = variants["ag_matmul-bfloat16"]
@@ -99,7 +99,7 @@ def _worker() -> dict:
         aligned = {
             (i,): [["tt.divisibility", 16]]
             for i, (arg, t) in enumerate(signature.items())
-            if t.startswith("*") or (name.startswith("ag_matmul") and arg in ("m", "n", "k", "stage_addr"))
+            if t.startswith("*") or (name.startswith(("ag_publish", "ag_matmul")) and arg in ("m", "n", "k", "stage_addr"))
         }
         source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
         try:
@@ -144,10 +144,23 @@ def test_waits_acquire_at_system_scope_against_the_global_timer_once_per_block(p
     assert facts == {"per_thread": True, "branch_sees_raw": False, "branch_sees_reduced": True}, facts
 
 
-@pytest.mark.parametrize("name", WAITING)
+# all_gather_matmul's matmul launch waits and does not announce; its push launch announces.
+SIGNALLING = [name for name in WAITING if not name.startswith("ag_matmul")] + ["ag_publish-bfloat16"]
+
+
+@pytest.mark.parametrize("name", SIGNALLING)
 def test_signals_release_at_system_scope(ptx, name: str) -> None:
     seen = _seen(ptx, name)
     assert _has(seen, "atom", "release", "sys", "exch"), seen
+
+
+def test_all_gather_matmuls_push_launch_never_waits(ptx) -> None:
+    # What makes the op independent of block scheduling (kernels/triton/fused_matmul.py): the
+    # push launch has no poll (an acquire) and no clock. (That the matmul launch pushes nothing
+    # a peer awaits is tested by running the launches apart, tests/test_fused.py: its error
+    # record's release exchange looks like a signal here.)
+    seen = _seen(ptx, "ag_publish-bfloat16")
+    assert not any("acquire" in i.split(".") for i in seen) and "%globaltimer" not in seen, seen
 
 
 @pytest.mark.parametrize(
@@ -160,10 +173,12 @@ def test_peer_loads_keep_their_16_byte_vectors(ptx, name: str) -> None:
     assert any(i.startswith(("st.global.v4", "st.global.v2")) for i in seen), seen
 
 
-def test_the_matmul_pipelines_16_byte_tile_copies_into_tensor_core_mmas(ptx) -> None:
-    # Tiles of 16-byte rows, from this rank's shard or from a peer's stage through gl.translate:
-    # cp.async.cg (16 bytes a thread) into shared memory, wgmma on sm_90 (Triton 3.9).
-    seen = _seen(ptx, "ag_matmul-bfloat16")
+@pytest.mark.parametrize("name", ["ag_publish-bfloat16", "ag_matmul-bfloat16"])
+def test_the_matmul_pipelines_16_byte_tile_copies_into_tensor_core_mmas(ptx, name: str) -> None:
+    # Tiles of 16-byte rows, from this rank's shard (the push launch) or from the gathered
+    # buffer (the matmul launch): cp.async.cg (16 bytes a thread) into shared memory, wgmma on
+    # sm_90 (Triton 3.9).
+    seen = _seen(ptx, name)
     assert any(i.startswith("cp.async.cg.shared.global") for i in seen), seen
     assert any(i.startswith("wgmma.mma_async") for i in seen), seen
 

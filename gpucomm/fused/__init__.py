@@ -7,8 +7,9 @@ simultaneously, with tensors of the same shapes and dtypes.
 - :func:`all_reduce_residual_rmsnorm`: all_reduce, residual add and RMSNorm in one kernel, as
   tensor-parallel decoders use them; bit for bit the unfused :func:`gpucomm.all_reduce` followed
   by :func:`residual_rmsnorm`.
-- :func:`all_gather_matmul`: the gathered shards times a matrix, the gather spread through the
-  matmul (asynchronous tensor parallelism).
+- :func:`all_gather_matmul`: the gathered shards times a matrix, the gather overlapped with the
+  matmul (asynchronous tensor parallelism) in two launches: the push beside the own shard's
+  tiles, then the other shards' tiles.
 - :func:`recover`: make the fused ops usable again after one timed out (a collective).
 """
 

@@ -1,4 +1,4 @@
-"""all_gather + matmul with the gather spread through the matmul (kernels/triton/fused_matmul.py)."""
+"""all_gather + matmul with the gather overlapped with the matmul (kernels/triton/fused_matmul.py)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,14 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group: object = No
     All ranks in the group must call this simultaneously, with shards of the same shape and dtype
     (``b`` may differ per rank: each rank's own weight shard).
 
-    Two launches: this rank's shard is published (copied to its stage, a flag per chunk), then
-    one matmul kernel computes its own shard's tiles first and, for every other shard, waits in
-    the kernel for the chunks each tile reads, loading them straight from the peer. fp32
-    accumulation, one rounding: equal to ``all_gather_into_tensor`` + ``torch.matmul`` within
-    the matmul's tolerance (the order of the K sum differs), not bit for bit.
+    Two launches on one stream (kernels/triton/fused_matmul.py). The first never waits: it
+    pushes this rank's shard into every peer's gathered buffer (a flag per chunk) while its
+    other programs compute the tiles of this rank's own shard. The second computes the other
+    shards' tiles, each waiting in the kernel only for the peer's chunks it reads, which that
+    peer's first launch pushes; so no block ever waits for a block of its own launch, and the
+    call completes whatever blocks a GPU runs first. fp32 accumulation, one rounding: equal to
+    ``all_gather_into_tensor`` + ``torch.matmul`` within the matmul's tolerance (the order of
+    the K sum differs), not bit for bit.
 
     Args:
         a_shard: (m, k), fp32, fp16 or bf16, contiguous. The world's shards gather in the device

@@ -1,29 +1,39 @@
 """all_gather + matmul with the gather overlapped (gpucomm.fused.all_gather_matmul).
 
-One kernel does both (``ag_matmul_kernel``), then a one-program kernel advances the epochs:
+Two launches on one stream, neither of whose programs ever waits for another program of its
+own launch:
 
-- programs ``[0, G)`` push: program g copies chunk g of this rank's shard (rows
-  ``[g*m//G, (g+1)*m//G)``) into every peer's gathered buffer (half e % 2 of a symmetric buffer
-  of ``world`` shards, at this rank's place), rank + 1 first, then rank + 2, ..., then announces
-  ``e + 1`` on channel g to every rank. They never wait. Each shard crosses NVLink once, as in
-  an all_gather.
-- programs ``[G, G + tiles)`` compute output tiles, this rank's own shard first, then rank - 1's,
-  rank - 2's, ... (the order their pushes reach it): a tile of this rank's rows reads its shard
-  and waits for nothing; a tile
-  of shard p's rows waits only for the chunks of p that hold them (``gl.wait`` on channel g for
-  rank p), then reads them from the local gathered buffer. The own shard's tiles compute while
-  the peers' pushes arrive, and each shard's tiles start as soon as its chunks are in.
+1. ``ag_publish_kernel`` never waits. Programs ``[0, G)`` push: program g copies chunk g of
+   this rank's shard (rows ``[g*m//G, (g+1)*m//G)``) into every peer's gathered buffer (half
+   e % 2 of a symmetric buffer of ``world`` shards, at this rank's place), rank + 1 first, then
+   rank + 2, ..., then announces ``e + 1`` on channel g to every rank. Each shard crosses NVLink
+   once, as in an all_gather. The other programs compute the output tiles of this rank's own
+   shard, which need nothing from a peer. Every program < 32 then moves its channels to
+   ``e + 1`` (``gl.store_epoch``): only the program that stores a channel's epoch reads it.
+2. ``ag_matmul_kernel`` computes the tiles of the other shards, rank - 1's first, then rank -
+   2's, ... (the order their pushes reach this rank). A tile of shard p's rows waits only for
+   the chunks of p that hold them (``gl.wait`` on channel g for rank p, value ``e + 1``; e is
+   one behind the epoch launch 1 left), then reads them from the local gathered buffer. It
+   never signals: it pushes nothing.
 
-The pushing programs come first in the grid, so they start first (the interpreter runs programs
-in order; a GPU dispatches them in order): a tile only ever waits for another rank's pushing
-programs, which wait for nothing. Nothing stores an epoch during the launch (every program reads
-the one the last launch left); ``advance_kernel``, next on the stream, moves every channel on.
+Progress does not depend on which blocks a GPU makes resident, or in what order: launch 1 waits
+for nothing, so every rank's launch 1 ends; launch 2's tiles wait only for other ranks' launch
+1 (the rule of docs/language.md: blocks of one launch never wait on each other). The pushes are
+first in launch 1's grid so that a GPU that happens to dispatch in order starts them before the
+own shard's tiles (speed, not correctness). What overlaps: this rank's pushes with its own
+shard's tiles (launch 1); a late peer's pushes with this rank's tiles of the shards already in
+(launch 2, which starts on a shard as soon as its chunks are).
 
-Why a half of the gathered buffer is free when a push writes it: it was last written two epochs
-back and read by the tiles of that call; this rank's launch of this call comes after its launch
-of the last call, whose tiles waited for every rank's pushes of that call, which each rank made
-only after its own launch of the call before had ended (stream order). The same epochs and
-halves as every kernel on the channels (docs/language.md).
+Why a half of the gathered buffer is free when a push writes it. Rank q's half e % 2 is written
+by the other ranks' launch 1 of the call at epoch e and read only by q's launch 2 of that call.
+The next write into it is rank p's launch 1 at epoch e + 2 (or later), which p's stream runs
+after its launch 2 at e + 1 has ended. That launch waited for a chunk of every other rank r
+(each chunk holds a row, each row is some tile's), announced with release by r's launch 1 at
+e + 1, which r's stream ran after everything r did at e: q had finished reading its half, and
+every rank had finished reading what another kernel at e left in a stage half. Where the call
+at e + 1 is another kernel on the channels, its barrier at e + 1 gives p the same guarantee
+from every rank. The epochs and halves are those of every kernel on the channels
+(docs/language.md), so any sequence of them is safe.
 
 Numerics: fp32 accumulation of ``tl.dot`` over K in BLOCK_K steps, rounded once to the output
 dtype (fp32 inputs at IEEE precision, no TF32): equal to ``all_gather`` then ``torch.matmul``
@@ -43,8 +53,9 @@ import triton.language as tl
 import gpucomm.language as gl
 from gpucomm._kernels.triton._common import store_rounded
 from gpucomm._kernels.triton.clock import INTERPRETED
+from gpucomm.language import layout
 
-__all__ = ["ag_matmul_kernel", "advance_kernel", "prepare", "CHUNKS"]
+__all__ = ["ag_publish_kernel", "ag_matmul_kernel", "prepare", "CHUNKS"]
 
 # Chunks of a shard, each pushed by a program of its own with a flag of its own (a tile waits
 # only for the rows it reads): 16 programs, the share of the SMs the model assumes saturates
@@ -52,6 +63,7 @@ __all__ = ["ag_matmul_kernel", "advance_kernel", "prepare", "CHUNKS"]
 CHUNKS = 16
 _NUM_WARPS = 4
 _LANES = 32 * _NUM_WARPS
+_CHANNELS = tl.constexpr(layout.CHANNEL_SLOTS)
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _COPY_ELEMS = {4: tl.int32, 2: tl.int16}
 
@@ -76,37 +88,19 @@ def _push(ctx, g, e, a_addr, stage_addr, stage_half, m, k, G: tl.constexpr, COPY
 
 @triton.jit
 def _tile(
-    ctx, t, e, a_ptr, b_ptr, c_ptr, stage_addr, stage_half, m, n, k,
-    G: tl.constexpr, DTYPE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, ALIGNED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
+    a, ok, b_ptr, c_ptr, p, t, m, n, k,
+    DTYPE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, ALIGNED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Output tile t: this rank's own shard's tiles first, then the previous ranks', in the
-    order their pushes arrive."""
+    """Tile t of shard p (at ``a``, [m, k]) times b into out's rows of shard p; zeros where
+    ``ok`` is False (a wait gave up: the launch's results are undefined)."""
     tiles_n = tl.cdiv(n, BLOCK_N)
-    tiles_m = tl.cdiv(m, BLOCK_M)  # per shard
-    order = t // (tiles_m * tiles_n)
-    tm = t // tiles_n % tiles_m
-    tn = t % tiles_n
-    P = gl.world(ctx)
-    me = gl.rank(ctx)
-    p = (me - order + P) % P  # rank me - 1 pushes to this rank first, me - 2 next, ...
-    row0 = tm * BLOCK_M
+    row0 = t // tiles_n * BLOCK_M
     rows = row0 + tl.arange(0, BLOCK_M)
-    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = tl.full((), 1, tl.int1)
-    if p != me:
-        # Wait for the chunks of p's shard that hold rows [row0, row0 + BLOCK_M).
-        last = tl.minimum(row0 + BLOCK_M, m)
-        for g in tl.static_range(G):
-            if (g * m // G < last) & ((g + 1) * m // G > row0):
-                ok = ok & gl.wait(ctx, g, p, e + 1, LANES)
-        at = stage_addr + (e & 1) * stage_half + tl.cast(p, tl.int64) * m * k * (DTYPE.primitive_bitwidth // 8)
-        a = at.to(tl.pointer_type(DTYPE))
-    else:
-        a = a_ptr
+    cols = t % tiles_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if ALIGNED:
-        # Both 16-byte aligned (this rank's shard; a shard of a multiple of 16 bytes in an
-        # aligned buffer): said after the branch, whose merge forgets it.
+        # 16-byte aligned (this rank's shard; a shard of a multiple of 16 bytes in the aligned
+        # gathered buffer, whose computed address the compiler cannot prove so).
         a = tl.multiple_of(a, 16)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if ok:
@@ -126,14 +120,14 @@ def _tile(
 # m, n and k specialise (divisibility by 16, as Triton's matmul tutorial lets them): tiles of
 # 16-byte rows load as vectors. A model has a few shapes.
 @triton.jit(do_not_specialize=["stage_half"])
-def ag_matmul_kernel(
+def ag_publish_kernel(
     ctx,  # the DeviceContext's table
     a_ptr,  # this rank's shard, [m, k]
     b_ptr,  # [k, n]
     c_ptr,  # out, [world * m, n]: row p * m + i is row i of rank p's shard times b
     stage_addr, stage_half,  # the gathered buffer (symmetric): half e % 2 holds epoch e's world shards
     m, n, k,
-    G: tl.constexpr,  # chunks of a shard: the pushing programs, first in the grid
+    G: tl.constexpr,  # chunks of a shard: the pushing programs, first in the grid; the own shard's tiles after
     COPY: tl.constexpr,  # the integer type of the element size: pushes move bits
     DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot's input precision: "ieee" for fp32
@@ -143,18 +137,44 @@ def ag_matmul_kernel(
     BLOCK: tl.constexpr,  # elements a push moves per step
     LANES: tl.constexpr,  # threads of a block: 32 * num_warps
 ):
+    """Launch 1: push this rank's shard and announce it, compute its own tiles; never waits."""
     pid = tl.program_id(0)
-    e = gl.epoch(ctx, 0)  # every channel's, where the last launch left it
     if pid < G:
+        e = gl.epoch(ctx, pid)  # its own channel's, where the last launch left it
         _push(ctx, pid, e, a_ptr.to(tl.int64), stage_addr, stage_half, m, k, G, COPY, DTYPE.primitive_bitwidth // 8, BLOCK, LANES)
+        gl.store_epoch(ctx, e + 1)
     else:
-        _tile(ctx, pid - G, e, a_ptr, b_ptr, c_ptr, stage_addr, stage_half, m, n, k, G, DTYPE, PRECISION, WIDEN, ALIGNED, BLOCK_M, BLOCK_N, BLOCK_K, LANES)
+        _tile(a_ptr, True, b_ptr, c_ptr, gl.rank(ctx), pid - G, m, n, k, DTYPE, PRECISION, WIDEN, ALIGNED, BLOCK_M, BLOCK_N, BLOCK_K)
+        if pid < _CHANNELS:  # its channels on with the pushers' (store_epoch: pid, pid + grid, ...)
+            gl.store_epoch(ctx, gl.epoch(ctx, pid) + 1)
 
 
-@triton.jit
-def advance_kernel(ctx):
-    """After ag_matmul_kernel: every channel one epoch on (one program)."""
-    gl.store_epoch(ctx, gl.epoch(ctx, 0) + 1)
+@triton.jit(do_not_specialize=["stage_half"])
+def ag_matmul_kernel(
+    ctx, b_ptr, c_ptr, stage_addr, stage_half, m, n, k,  # as ag_publish_kernel's
+    G: tl.constexpr,  # chunks of a shard: one flag each, per rank
+    DTYPE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+    ALIGNED: tl.constexpr,  # a shard's bytes are a multiple of 16
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
+):
+    """Launch 2: the other shards' tiles, each waiting for the peer's chunks it reads; never
+    signals."""
+    t = tl.program_id(0)
+    per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(n, BLOCK_N)
+    P = gl.world(ctx)
+    me = gl.rank(ctx)
+    p = (me - 1 - t // per_shard + P) % P  # rank me - 1 pushes to this rank first, me - 2 next, ...
+    t = t % per_shard
+    e = gl.epoch(ctx, 0) - 1  # launch 1 moved every channel on from the call's epoch
+    # Wait for the chunks of p's shard that hold rows [row0, row0 + BLOCK_M).
+    row0 = t // tl.cdiv(n, BLOCK_N) * BLOCK_M
+    last = tl.minimum(row0 + BLOCK_M, m)
+    ok = tl.full((), 1, tl.int1)
+    for g in tl.static_range(G):
+        if (g * m // G < last) & ((g + 1) * m // G > row0):
+            ok = ok & gl.wait(ctx, g, p, e + 1, LANES)
+    at = stage_addr + (e & 1) * stage_half + tl.cast(p, tl.int64) * m * k * (DTYPE.primitive_bitwidth // 8)
+    _tile(at.to(tl.pointer_type(DTYPE)), ok, b_ptr, c_ptr, p, t, m, n, k, DTYPE, PRECISION, WIDEN, ALIGNED, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def _block(size: int, cap: int) -> int:
@@ -164,21 +184,29 @@ def _block(size: int, cap: int) -> int:
 
 def prepare(
     ctx: object, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, stage_addr: int, stage_half: int
-) -> tuple[Callable[[], None], Callable[[], None]]:
-    """The two launches (the fused kernel, the epochs' advance) on ``a`` [m, k], ``b`` [k, n],
-    ``out`` [world * m, n] (checked by the caller) with the context ``ctx``, gathering into the
-    symmetric buffer at ``stage_addr`` (two halves of ``stage_half`` >= world * m * k elements'
-    bytes, 16-byte aligned)."""
+) -> tuple[Callable[[], None], ...]:
+    """The launches, in stream order, on ``a`` [m, k], ``b`` [k, n], ``out`` [world * m, n]
+    (checked by the caller) with the context ``ctx``, gathering into the symmetric buffer at
+    ``stage_addr`` (two halves of ``stage_half`` >= world * m * k elements' bytes, 16-byte
+    aligned): ``ag_publish_kernel``, then ``ag_matmul_kernel`` where there are other ranks."""
     m, k = a.shape
     n = b.shape[1]
     size = a.element_size()
     chunks = min(CHUNKS, m)
     bm, bn, bk = _block(m, 64), _block(n, 64), _block(k, 32)
-    grid = (chunks + ctx.world_size * triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    fused = functools.partial(
-        ag_matmul_kernel[grid], ctx.table, a, b, out, stage_addr, stage_half, m, n, k,
-        G=chunks, COPY=_COPY_ELEMS[size], DTYPE=_TL[a.dtype], PRECISION="ieee" if a.dtype == torch.float32 or INTERPRETED else "tf32",
-        WIDEN=INTERPRETED, ALIGNED=a.data_ptr() % 16 == 0 and m * k * size % 16 == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK=_LANES * 16 // size, LANES=_LANES, num_warps=_NUM_WARPS,
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)  # per shard
+    common = dict(
+        G=chunks, DTYPE=_TL[a.dtype], PRECISION="ieee" if a.dtype == torch.float32 or INTERPRETED else "tf32", WIDEN=INTERPRETED,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LANES=_LANES, num_warps=_NUM_WARPS,
     )  # fmt: skip
-    advance = functools.partial(advance_kernel[(1,)], ctx.table, num_warps=1)
-    return fused, advance
+    publish = functools.partial(
+        ag_publish_kernel[(chunks + tiles,)], ctx.table, a, b, out, stage_addr, stage_half, m, n, k,
+        COPY=_COPY_ELEMS[size], ALIGNED=a.data_ptr() % 16 == 0 and m * k * size % 16 == 0, BLOCK=_LANES * 16 // size, **common,
+    )  # fmt: skip
+    if ctx.world_size == 1:
+        return (publish,)
+    gathered = functools.partial(
+        ag_matmul_kernel[((ctx.world_size - 1) * tiles,)], ctx.table, b, out, stage_addr, stage_half, m, n, k,
+        ALIGNED=m * k * size % 16 == 0, **common,
+    )  # fmt: skip
+    return publish, gathered
