@@ -62,7 +62,7 @@ LLAMA70B_AG = {"tokens": 8192, "k": 8192, "n": 7168}
 # an H100's SMs.
 PUSH_PROGRAMS = 16
 SMS = 132
-STAGE_HALF_MAX = 4 << 20  # gpucomm.engine._STAGE_HALF_MAX
+STAGE_HALF_MAX = 4 << 20  # gpucomm.engine_layout.STAGE_HALF_MAX
 TWO_SHOT_MIN_BYTES = 1 << 20  # gpucomm.fused's choice (set from this model's crossover)
 CHANNELS = 32  # gpucomm.channels on an H100 with one rank per GPU: min(32, 132 // 4)
 

@@ -70,7 +70,8 @@ def _rank(
         comms["ordinary_2shot"] = comms["symmetric_2shot"] = forced
         if multimem:
             mm = world_comm.new_subgroup(list(range(world)), algo="multimem", heap_bytes=heap_bytes)
-            why = mm._engines[device].multimem.reason  # the one-line reason the engine logs at init
+            mm.heap(device)  # opens the heap (collective), and with it the multicast object
+            why = mm._engines[device].multimem.reason  # the one-line reason the engine logs then
             if why:
                 mm.close()
             else:

@@ -341,6 +341,9 @@ class Communicator:
 
         Collective: every rank of this communicator calls it with the same size and dtype, in
         the same order as its other allocations (ranks that differ raise CommMismatchError).
+        The first call opens the heap (GPUCOMM_HEAP_BYTES per rank; nothing of it exists
+        before): where the host has no room for it (a small /dev/shm) every rank raises
+        WorkspaceUnavailableError, and the communicator's collectives go on working.
         Collectives on such a tensor (all_reduce: two-shot) read the peers' copies in place,
         with no copy through the workspace; any other tensor takes the usual path. A contiguous
         slice of a symmetric tensor is symmetric too when every rank slices alike. The memory is
@@ -350,7 +353,7 @@ class Communicator:
             size: ints, or one sequence of them, as torch.empty takes.
             dtype: default ``torch.get_default_dtype()``.
             device: ``"cpu"`` or this rank's GPU; default this rank's GPU where it has one, else
-                the CPU (whose heap is the shared-memory workspace).
+                the CPU (whose heap is shared memory).
 
         Example::
 
@@ -370,13 +373,14 @@ class Communicator:
         if engine is None:
             raise UnsupportedError(
                 f"gpucomm.empty: {where.type} tensors of this group are served by gloo, which has no symmetric heap "
-                "(on one host, GPUCOMM_TRANSPORT=auto or shm serves CPU tensors from the shared-memory workspace)"
+                "(on one host, GPUCOMM_TRANSPORT=auto or shm serves CPU tensors from shared memory)"
             )
-        if engine.heap is None:
-            raise UnsupportedError(f"gpucomm.empty: this group has no symmetric heap for {where.type} tensors (GPUCOMM_HEAP_BYTES=0)")
         if where.type == "cuda" and where != engine.device:
             raise ValueError(f"gpucomm.empty: device must be this rank's GPU {engine.device}, got {where}")
-        return engine.heap.empty(shape, dtype)
+        heap = self._engine_heap(engine, "empty")
+        if heap is None:
+            raise UnsupportedError(f"gpucomm.empty: this group has no symmetric heap for {where.type} tensors (GPUCOMM_HEAP_BYTES=0)")
+        return heap.empty(shape, dtype)
 
     def mem_pool(self, nbytes: int, device: object = None) -> SymmetricPool:
         """A pool of ``nbytes`` of the node's symmetric heap whose ``mem_pool()`` is a
@@ -393,7 +397,7 @@ class Communicator:
             comm.all_reduce(grads)       # in place, as on a tensor of comm.empty
         """
         self._check_usable("mem_pool")
-        heap = self.heap(device)
+        heap = self._open_heap(device, "mem_pool")
         if heap is None:
             raise UnsupportedError("gpucomm.mem_pool: this group has no symmetric heap for that device (see gpucomm.empty)")
         engine = self._engines[heap.device.type]
@@ -401,10 +405,25 @@ class Communicator:
 
     def heap(self, device: object = None) -> SymmetricHeap | None:
         """The symmetric heap of ``device``'s tensors on this rank's node (None without one):
-        its table of every rank's base address, for kernels that address peers (gpucomm.language)."""
+        its table of every rank's base address, for kernels that address peers (gpucomm.language).
+        Collective the first time (it opens the heap, as :meth:`empty` does)."""
+        return self._open_heap(device, "heap")
+
+    def _open_heap(self, device: object, fn: str) -> SymmetricHeap | None:
         where = torch.device(device) if device is not None else (self.device or torch.device("cpu"))
         engine = self._engines.get(where.type)
-        return None if engine is None else engine.heap
+        return None if engine is None else self._engine_heap(engine, fn)
+
+    def _engine_heap(self, engine: Engine, fn: str) -> SymmetricHeap | None:
+        """``engine``'s heap, opened now if it was not (collective, :meth:`Engine.open_heap`)."""
+        if engine.heap is not None:
+            return engine.heap
+        heap = engine.open_heap(fn)
+        # The heap's memory is new, maybe at addresses where ordinary tensors lay before: the
+        # launches kept for them (gpucomm.repeat, keyed by address) took the ordinary path, and
+        # a symmetric tensor there must take its own.
+        self._repeat.clear()
+        return heap
 
     # -- plumbing -----------------------------------------------------------------------------
     def _check_usable(self, fn: str) -> None:
@@ -592,7 +611,9 @@ class Communicator:
     def device_context(self, device: object = None) -> DeviceContext:
         """The context that kernels written with :mod:`gpucomm.language` take (one per device
         type, built on first use): this rank, the world size, every rank's flag bank and the
-        bases of the symmetric memory, the stage, the error records and the timeout.
+        bases of the symmetric memory, the stage, the error records and the timeout. The
+        symmetric heap's bases join the table when the heap opens (the first :meth:`empty`),
+        whether that comes before or after this call: making the context opens nothing.
 
         ``device`` (default: this rank's GPU where there is one, else the CPU) picks the
         workspace: CUDA tensors' (CUDA IPC), or CPU tensors' (shared memory, where kernels run

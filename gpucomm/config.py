@@ -29,9 +29,14 @@ DEFAULT_TIMEOUT_S = 300.0
 # the smallest under 6%, and 8 ranks sharing one 80 GB GPU (the test layout) still take only 0.5 GB.
 DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "cuda": 64 << 20}
 # Bytes of the symmetric heap per rank (gpucomm.empty), where GPUCOMM_HEAP_BYTES leaves it to
-# gpucomm: 16 MiB on the CPU (the heap is part of the shared-memory workspace segment, whose
-# untouched pages cost nothing), 1 GiB on a GPU (virtual-memory mapped; 1.25% of an H100's 80 GB,
-# and room for a 512 MiB gradient bucket with its spare).
+# gpucomm. The heap opens at the first call that needs it (gpucomm.engine.Engine.open_heap), so
+# a communicator that never asks for one pays nothing; one that does pays all of it at once: its
+# pages are reserved when it opens (a shared-memory segment reserves every page at creation, so
+# that a small /dev/shm is an error and never a SIGBUS later), and on a GPU the memory is
+# allocated outright. CPU: 16 MiB per rank of real memory in /dev/shm, beside the workspace's
+# 11 MiB (a container's default 64 MiB holds 2 ranks with their heaps, 5 without); room for the
+# CPU tests' symmetric tensors, which stand in for a GPU's. GPU: 1 GiB (1.25% of an H100's
+# 80 GB, and room for a 512 MiB gradient bucket with its spare).
 DEFAULT_HEAP_BYTES = {"cpu": 16 << 20, "cuda": 1 << 30}
 # Smallest workspace that still holds a flag area and two aligned data halves.
 MIN_WORKSPACE_BYTES = 4096

@@ -5,7 +5,8 @@ calls it has served (one per call shape, built by the algorithms through a
 :class:`gpucomm.program.Builder`), the executor that runs them, the mailboxes of send/recv and
 the inter-node group of hierarchical collectives.
 
-Layout of one rank's workspace::
+Layout of one rank's workspace (:mod:`gpucomm.engine_layout`, which ``python -m gpucomm.env``
+reads too)::
 
     flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state |
             device API: bank (slots x P) | device state]
@@ -13,13 +14,16 @@ Layout of one rank's workspace::
            [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner;
            the device API (gpucomm.language) has a bank and state of its own, which the
            program kernel never touches (gpucomm/language/layout.py)
-    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2 | symmetric heap]
+    data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2]
 
 The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
 ``gpucomm.empty``: a collective on one of them reads the peers' copies where they are, with no
 copy into the halves (``allreduce.twoshot_symmetric``, :mod:`gpucomm.algorithms.symmetric`,
-:mod:`gpucomm.multimem`). It ends the data area on the CPU, and on a GPU without the driver's
-virtual-memory API; otherwise it is an allocation of its own (gpucomm.transport.heap_open).
+:mod:`gpucomm.multimem`). It is not part of the workspace: it opens, collectively, at the first
+call that needs it (:meth:`Engine.open_heap`: ``gpucomm.empty``, ``mem_pool``, ``heap()``), as
+memory of its own (gpucomm.transport.heap_open): the driver's virtual-memory API on a GPU that
+has it, else a shared-memory segment (CPU) or CUDA IPC allocation of its own. A communicator
+that never asks for it allocates and agrees nothing about it.
 The device stage is the device API's (``gpucomm.language.stage``): kernels written with it
 stage their data there, never where a program's peers may still read.
 
@@ -43,7 +47,7 @@ import torch
 from gpucomm import log
 from gpucomm.algorithms import allgather, allreduce, alltoall, hierarchical, p2p, reducescatter, rooted, select, symmetric
 from gpucomm.channels import launch_channels, layout_channels
-from gpucomm.errors import UnsupportedError
+from gpucomm.errors import UnsupportedError, WorkspaceUnavailableError
 from gpucomm.language import layout as device_layout
 from gpucomm.language.context import DeviceContext
 from gpucomm.ops.contract import Region
@@ -53,20 +57,15 @@ from gpucomm.program import Builder, Program, overlaps
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import Group
 from gpucomm.stream_order import StreamOrder
-from gpucomm.transport import open_workspace
+from gpucomm.engine_layout import ALIGN, DataLayout, FlagLayout
+from gpucomm.transport import Workspace, open_workspace
 from gpucomm.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce, exact_in_any_order
 from gpucomm.transport.heap import SymmetricHeap, StoreAgreement
-from gpucomm.transport.heap_open import agree, heap_in_workspace, heap_kind, vmm_heap
+from gpucomm.transport.heap_open import agree, heap_kind, heap_of_its_own, vmm_heap
 from gpucomm.work import Work
 
 __all__ = ["Engine", "Topology", "FlagLayout"]
 
-_ALIGN = 256  # every half starts 256-byte aligned: full 16-byte vectors for the kernels
-_P2P_SHARE = 4  # the mailboxes take 1/_P2P_SHARE of the data area
-# A half of the device API's stage holds 256 tokens of hidden 8192 in bf16 (4 MiB), the largest
-# all_reduce_residual_rmsnorm of tensor-parallel decoding, in one piece; larger buffers (an
-# all_gather_matmul's shards) come from the symmetric heap.
-_STAGE_HALF_MAX = 4 << 20
 # Programs kept per communicator, one per call shape (the buffers' addresses are not part of
 # it: executors bind a program to the addresses of a call). A training loop calls a few shapes.
 _PROGRAM_CACHE = 256
@@ -95,27 +94,6 @@ class Topology:
         return len(self.nodes) > 1
 
 
-class FlagLayout:
-    """Indices of the int64 words in a rank's flag area (module docstring)."""
-
-    def __init__(self, world_size: int, channels: int) -> None:
-        self.world_size = world_size
-        self.channels = channels
-        self.p2p_ready = channels * world_size
-        self.p2p_done = self.p2p_ready + world_size
-        self.state = self.p2p_done + world_size  # poison, then the epoch of every channel
-        # The device API's own words (gpucomm.language.layout): its errors poison only them.
-        self.device_bank = self.state + 1 + channels
-        self.device_state = self.device_bank + device_layout.bank_words(world_size)
-        self.count = self.device_state + device_layout.state_words()
-
-    def sync_flag(self, channel: int, writer: int) -> int:
-        return channel * self.world_size + writer
-
-    def epoch(self, channel: int) -> int:
-        return self.state + 1 + channel
-
-
 class Engine:
     """The workspace path of one communicator (of its node's members when it spans nodes)."""
 
@@ -132,13 +110,8 @@ class Engine:
         self.device = device
         self.kernels = get_kernels(kernels, device)
         data_bytes = comm.config.workspace_bytes_for(device.type)
-        heap_bytes = comm.config.heap_bytes_for(device.type) // _ALIGN * _ALIGN
-        self.p2p_bytes = data_bytes // _P2P_SHARE // _ALIGN * _ALIGN
-        self.half_bytes = (data_bytes - self.p2p_bytes) // 2 // _ALIGN * _ALIGN
-        # The device API's stage (gpucomm.language.stage), after the halves: its own, so that
-        # kernels written with the API never write where a program's peers may still read.
-        # Half a program's half, at most _STAGE_HALF_MAX: what one-shot kernels serve is small.
-        self.stage_half_bytes = min(self.half_bytes // 2, _STAGE_HALF_MAX) // _ALIGN * _ALIGN
+        layout = DataLayout(data_bytes)
+        self.p2p_bytes, self.half_bytes, self.stage_half_bytes = layout.p2p_bytes, layout.half_bytes, layout.stage_half_bytes
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
         # each at least (two fp64 elements, one 16-byte vector).
         if self.half_bytes // self.world_size < 16:
@@ -152,25 +125,26 @@ class Engine:
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
         node_tag = f"n{topology.node}/" if topology.hierarchical else ""
-        heap_prefix = self.heap_prefix = comm.prefix + "heap/" + node_tag
-        # The heap of a GPU comes from the driver's virtual-memory API where every local rank
-        # has it; otherwise (and on the CPU) from the end of the workspace's data area.
-        agreed = lambda mine: agree(comm.store, heap_prefix + "kind/", self.rank, self.world_size, comm.timeout, mine)  # noqa: E731
-        self.heap_kind, why = heap_kind(device, agreed) if heap_bytes else ("none", "")
-        if why and self.rank == 0:  # one line per node, at init
-            log.logger.warning(f"gpucomm[rank {comm.rank}]: the symmetric heap is a region of the CUDA IPC workspace (cudaIpcGetMemHandle), not virtual-memory mapped: {why}")
-        in_workspace = heap_bytes if self.heap_kind == "workspace" else 0
         self.workspace = open_workspace(
             transport,
             store=comm.store,
             prefix=comm.prefix + "ws/" + node_tag,
             rank=self.rank,
             world_size=self.world_size,
-            data_bytes=self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes + in_workspace,
+            data_bytes=layout.data_bytes,
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
         )
+        # The symmetric heap opens at the first call that needs it (open_heap): nothing of it is
+        # allocated or agreed here, so that a communicator that never asks for one (most
+        # subgroups) costs no heap memory and no store round trip.
+        self._store = comm.store
+        self.heap_bytes = comm.config.heap_bytes_for(device.type) // ALIGN * ALIGN
+        self.heap_prefix = comm.prefix + "heap/" + node_tag
+        self.heap: SymmetricHeap | None = None
+        self._heap_workspace: Workspace | None = None  # the heap's own shm / CUDA IPC buffers
+        self._heap_tries = 0  # opens that failed: each try agrees under a prefix of its own
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
         self._device_context: DeviceContext | None = None  # gpucomm.language's, built on first use
         # On a GPU a blocking call launches on the caller's current stream; an asynchronous one
@@ -180,15 +154,13 @@ class Engine:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.order = StreamOrder.on(device, self.stream) if self.stream is not None else None
-        self.heap: SymmetricHeap | None = None
+        # Until the heap opens no tensor is symmetric, so the multimem path serves nothing; its
+        # reason says now what does not depend on the heap, and the multicast one once it opens.
+        self.multimem = MultimemAllReduce(None, 0, self._multimem_reason(""), self.channels, self.timeout)
         try:
-            self.heap, mc_base, mc_reason = self._open_heap(comm, heap_bytes, heap_prefix)
-            self.multimem = self._open_multimem(mc_base, mc_reason)
             self.executor = self._make_executor()
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
-            if self.heap is not None:
-                self.heap.close()
             self.workspace.close()
             raise
 
@@ -211,33 +183,71 @@ class Engine:
             return None
         return cls(comm, transport, kernels, device, topology)
 
-    def _open_heap(self, comm: Group, nbytes: int, prefix: str) -> tuple[SymmetricHeap | None, int, str]:
-        """The symmetric heap (None without one), its multicast address (0 without one) and why
-        there is none (gpucomm.transport.heap_open)."""
-        if self.heap_kind == "none":
-            return None, 0, "no symmetric heap (GPUCOMM_HEAP_BYTES=0)"
-        agree_alloc = StoreAgreement(comm.store, prefix, self.rank, self.world_size, comm.timeout)
-        if self.heap_kind == "vmm":
-            return vmm_heap(comm.store, prefix, self.rank, self.world_size, self.device, nbytes, agree_alloc, SIGNAL_PAD_BYTES, comm.timeout)
-        start = self.p2p_bytes + 2 * self.half_bytes + 2 * self.stage_half_bytes
-        heap = heap_in_workspace(self.workspace, start, nbytes, agree_alloc, SIGNAL_PAD_BYTES)
-        if self.device.type == "cuda":
-            return heap, 0, "the heap is a region of the CUDA IPC workspace, which no multicast object can bind"
-        return heap, 0, ""
+    def open_heap(self, fn: str) -> SymmetricHeap | None:
+        """The node's symmetric heap, opened by the first call that needs it (None where
+        GPUCOMM_HEAP_BYTES=0). Collective: every local rank calls it, as they call ``fn``.
 
-    def _open_multimem(self, mc_base: int, mc_reason: str) -> MultimemAllReduce:
-        """The multimem path (gpucomm.multimem), or its one-line reason for being unavailable
-        (logged at init on a GPU)."""
-        reason = mc_reason
-        if not reason and self.kernels.name != "triton":
-            reason = f"the multimem kernel is Triton's, and this engine runs kernels={self.kernels.name}"
-        if not reason and self.device.type == "cpu":
+        Where it comes from (gpucomm.transport.heap_open): on a GPU, the driver's virtual-memory
+        API where every local rank has it, with its multicast object where every GPU takes one;
+        else (and on the CPU) a shared-memory segment or CUDA IPC allocation of its own.
+
+        Raises:
+            WorkspaceUnavailableError: the host has no room for it (a /dev/shm too small, no
+                device memory), on every rank together; the communicator goes on working, and
+                the next call that needs the heap tries again.
+        """
+        if self.heap is not None or not self.heap_bytes:
+            return self.heap
+        prefix = f"{self.heap_prefix}open{self._heap_tries}/"
+        self._heap_tries += 1
+        agreed = lambda mine: agree(self._store, prefix + "kind/", self.rank, self.world_size, self.timeout, mine)  # noqa: E731
+        kind, why = heap_kind(self.device, agreed)
+        if why and self.rank == 0:  # one line per node, when the heap opens
+            log.logger.warning(
+                f"gpucomm[rank {self.comm_rank}]: the symmetric heap is a CUDA IPC allocation (cudaIpcGetMemHandle), not "
+                f"virtual-memory mapped: {why}"
+            )
+        agree_alloc = StoreAgreement(self._store, self.heap_prefix, self.rank, self.world_size, self.timeout)
+        if kind == "vmm":
+            heap, mc_base, mc_reason = vmm_heap(
+                self._store, prefix, self.rank, self.world_size, self.device, self.heap_bytes, agree_alloc, SIGNAL_PAD_BYTES, self.timeout
+            )
+        else:
+            try:
+                heap, self._heap_workspace = heap_of_its_own(
+                    self.transport, self._store, prefix, self.rank, self.world_size, self.device, self.heap_bytes, agree_alloc,
+                    SIGNAL_PAD_BYTES, self.timeout,
+                )
+            except WorkspaceUnavailableError as exc:  # raised by every local rank at the same step
+                raise WorkspaceUnavailableError(
+                    exc.transport, exc.reasons,
+                    f"{exc.advice}. gpucomm.{fn} needs the symmetric heap ({self.heap_bytes} bytes per rank, "
+                    f"GPUCOMM_HEAP_BYTES); this communicator's other calls go on working without it".lstrip(". "),
+                ) from exc
+            mc_base = 0
+            mc_reason = "the heap is a CUDA IPC allocation, which no multicast object can bind" if self.device.type == "cuda" else ""
+        self.heap = heap
+        self.multimem = MultimemAllReduce(heap, mc_base, self._multimem_reason(mc_reason), self.channels, self.timeout)
+        if self.multimem.reason and self.device.type == "cuda" and self.rank == 0:  # one line per node
+            log.logger.warning(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce here: {self.multimem.reason}")
+        if self._device_context is not None:
+            self._device_context.add_region(heap)  # kernels of the context reach the heap from now on
+        return heap
+
+    def _multimem_reason(self, mc_reason: str) -> str:
+        """Why the multimem path (gpucomm.multimem) is unavailable here ("" where it is):
+        ``mc_reason`` (the heap's multicast object), else what the kernels and the device say."""
+        if not self.heap_bytes:
+            return "no symmetric heap (GPUCOMM_HEAP_BYTES=0)"
+        if mc_reason:
+            return mc_reason
+        if self.kernels.name != "triton":
+            return f"the multimem kernel is Triton's, and this engine runs kernels={self.kernels.name}"
+        if self.device.type == "cpu":
             from gpucomm._kernels.triton.clock import INTERPRETED
 
-            reason = "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
-        if reason and self.device.type == "cuda" and self.heap is not None and self.rank == 0:  # one line per node, at init
-            log.logger.warning(f"gpucomm[rank {self.comm_rank}]: no multimem (NVLink SHARP) all_reduce here: {reason}")
-        return MultimemAllReduce(self.heap, mc_base, reason, self.channels, self.timeout)
+            return "" if INTERPRETED else "on the CPU only the Triton interpreter runs the multicast view"
+        return ""
 
     def _make_executor(self) -> object:
         if self.kernels.name == "torch":
@@ -288,8 +298,7 @@ class Engine:
         if self._device_context is None:
             if self.topology.hierarchical:
                 raise UnsupportedError(f"gpucomm.{fn}: the device API serves the ranks of one node; this communicator's span nodes")
-            # The heap is a region of its own: inside the workspace on the CPU (the same
-            # distances), its own mapping where the driver's virtual memory makes it.
+            # The heap is a region of its own; one that opens later is added then (open_heap).
             self._device_context = DeviceContext(self, self._agree_max, [] if self.heap is None else [self.heap])
         return self._device_context
 
@@ -306,16 +315,20 @@ class Engine:
                 self.inter.close()
         finally:
             self._programs.clear()
-            if self.heap is not None:
-                if self.heap.kind == "workspace" and self.device.type == "cuda" and self.heap.live_blocks:
-                    warnings.warn(
-                        f"gpucomm: {self.heap.live_blocks} symmetric tensor(s) of this communicator are still alive on "
-                        f"{self.device}; their memory (the CUDA IPC workspace) is freed now: do not use them any more",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
-                self.heap.close()
-            self.workspace.close()
+            try:
+                if self.heap is not None:
+                    if self.heap.kind == "workspace" and self.device.type == "cuda" and self.heap.live_blocks:
+                        warnings.warn(
+                            f"gpucomm: {self.heap.live_blocks} symmetric tensor(s) of this communicator are still alive on "
+                            f"{self.device}; their memory (a CUDA IPC allocation) is freed now: do not use them any more",
+                            RuntimeWarning,
+                            stacklevel=3,
+                        )
+                    self.heap.close()
+                if self._heap_workspace is not None:
+                    self._heap_workspace.close()  # collective on a GPU, as the workspace's close
+            finally:
+                self.workspace.close()
 
     # -- planning -----------------------------------------------------------------------------
     def serves(self, fn: str, tensor: torch.Tensor | None) -> str | None:

@@ -30,16 +30,17 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from gpucomm.config import Config
+from gpucomm.engine_layout import cpu_segment_bytes
 from gpucomm.native import cache_dir
 from gpucomm.ops.registry import kernels_run_on_cpu, resolved_name
 from gpucomm.transport.cuda_ipc import cuda_ipc_available
 from gpucomm.transport.shm import SHM_DIR
-from gpucomm.transport.workspace import FLAG_AREA_ALIGN
 
 __all__ = ["EnvReport", "collect_env", "main"]
 
@@ -47,6 +48,8 @@ __all__ = ["EnvReport", "collect_env", "main"]
 _OTHER_VARIABLES = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR")
 # CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED in cuda.h (CUDA 12.1 and later).
 _CU_MULTICAST_SUPPORTED = 132
+# Ranks the shm line counts up to: more than any node runs (the count is a loop of sizes).
+_MAX_RANKS_COUNTED = 4096
 _COMPILER_TIMEOUT_S = 5.0  # `cc --version` answers in milliseconds; a minute would be a hung compiler
 
 
@@ -202,10 +205,29 @@ def _shm(config: Config | None) -> str:
         return f"NO: {SHM_DIR} is not writable"
     fs = os.statvfs(SHM_DIR)
     size, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
-    per_rank = (config if config is not None else Config()).workspace_bytes_for("cpu") + FLAG_AREA_ALIGN
-    fits = free // per_rank
+    config = config if config is not None else Config()
+    kernels = resolved_name(config.kernels if kernels_run_on_cpu(config.kernels) else "auto", "cpu")
+    workspace = config.workspace_bytes_for("cpu")
+    heap = config.heap_bytes_for("cpu")
+
+    def per_rank(ranks: int) -> int:  # the engine's own arithmetic (gpucomm.engine_layout)
+        return cpu_segment_bytes(workspace, kernels, config.channels, ranks)
+
+    fits = _ranks_that_fit(free, per_rank)
     verdict = "yes" if fits >= 2 else "NO"
-    return f"{verdict}: {SHM_DIR} {size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free: room for {fits} ranks' workspaces of {per_rank / 2**20:.1f} MiB"
+    line = f"{verdict}: {SHM_DIR} {size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free: room for {fits} ranks' workspaces of {per_rank(2) / 2**20:.1f} MiB"
+    if heap:
+        with_heap = _ranks_that_fit(free, lambda ranks: per_rank(ranks) + heap)
+        line += f", {with_heap} with a symmetric heap of {heap / 2**20:.1f} MiB each (gpucomm.empty opens it)"
+    return line
+
+
+def _ranks_that_fit(free: int, per_rank: Callable[[int], int]) -> int:
+    """The most ranks whose segments (``per_rank(ranks)`` bytes each) fit in ``free`` bytes."""
+    ranks = 0
+    while ranks < _MAX_RANKS_COUNTED and (ranks + 1) * per_rank(ranks + 1) <= free:
+        ranks += 1
+    return ranks
 
 
 def _transports(config: Config | None, gpus: int, cupy_ok: bool, cupy_why: str) -> list[tuple[str, str]]:

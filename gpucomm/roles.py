@@ -54,7 +54,7 @@ class Group(Ranks, Protocol):
 
 @runtime_checkable
 class FlagWords(Protocol):
-    """Indices of the int64 words in a rank's flag area (:class:`gpucomm.engine.FlagLayout`)."""
+    """Indices of the int64 words in a rank's flag area (:class:`gpucomm.engine_layout.FlagLayout`)."""
 
     state: int  # the poison word; the channels' epochs follow it
 

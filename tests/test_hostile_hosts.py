@@ -6,7 +6,9 @@ through gloo, right, after one warning line per rank naming the bytes needed, th
 the two fixes; ``GPUCOMM_TRANSPORT=shm`` must raise WorkspaceUnavailableError on every rank in
 seconds; no rank dies of a signal (before pages were reserved at creation, the first touch of a
 page the tmpfs could not give killed a rank with SIGBUS and left its peer hanging); nothing is
-left in /dev/shm. Skipped, with the reason, where this process cannot make a mount namespace.
+left in /dev/shm. A /dev/shm with room for the workspaces but not for the symmetric heap makes
+``gpucomm.empty`` (which opens the heap) raise on every rank, and the collectives go on.
+Skipped, with the reason, where this process cannot make a mount namespace.
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ def _check_refused(results: list[dict], *needles: str) -> None:
 SPACE = ("bytes free of", "segment needs", "--shm-size", "GPUCOMM_WORKSPACE_BYTES")
 
 
-# 2 ranks in 4 MiB: no rank has room. 4 ranks in 20 MiB: the first two or so fit their 8 MiB
-# segments and the rest do not, so the ranks that made theirs learn it from their peers.
+# 2 ranks in 4 MiB: no rank has room. 4 ranks in 20 MiB: the first one fits its 11 MiB segment
+# and the rest do not, so the rank that made its own learns it from its peers.
 @pytest.mark.parametrize("world_size, size", [(2, "4M"), (4, "20M")])
 def test_small_dev_shm_falls_back_to_gloo_or_raises_when_shm_is_asked_for(world_size: int, size: str) -> None:
     report = _report(_in_small_shm(size, "spawn", "auto,shm", str(world_size)))
@@ -109,3 +111,15 @@ def test_a_rank_with_its_own_dev_shm_falls_back_with_the_reason() -> None:
     _check_fallback([r["results"]["auto"][0] for r in reports], reason, "No such file or directory", "flight record")
     _check_refused([r["results"]["shm"][0] for r in reports], reason)
     assert reports[1]["left"] == [], f"left in rank 1's /dev/shm: {reports[1]['left']}"
+
+
+def test_a_dev_shm_without_room_for_the_heap_makes_empty_raise_on_every_rank() -> None:
+    """30 MiB holds 2 ranks' workspaces (11 MiB each, and a 40 KiB flight record) but not their
+    16 MiB symmetric heaps: the heap opens at the first gpucomm.empty, so init works, and every
+    empty() raises WorkspaceUnavailableError on every rank (agreed, in seconds), naming the
+    bytes and the fixes, while all_reduce on the workspace goes on working."""
+    report = _report(_in_small_shm("30M", "spawn", "heap", "2"))
+    for rank, got in enumerate(report["results"]["heap"]):
+        assert got["path"] == "workspace transport=shm kernels=torch" and got["wrong"] == [], (rank, got)
+        _check_refused(got["tries"], "bytes free of", "segment needs 16777216 bytes", "--shm-size", "GPUCOMM_HEAP_BYTES", "gpucomm.empty")
+    assert report["left"] == [], f"left in /dev/shm: {report['left']}"

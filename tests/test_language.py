@@ -29,6 +29,8 @@ def _peers_and_ring(rank: int, world_size: int) -> list[str]:
     comm = gpucomm.get_default_communicator()
     ctx = comm.device_context()
     problems = []
+    # The context comes first: the heap opens at this empty(), and its row of ctx.table is
+    # filled then (DeviceContext.add_region), or no pointer into it would translate.
     x = comm.empty(37, dtype=torch.float32)
     got = torch.zeros(world_size, dtype=torch.int64)
     translate_addresses[(1,)](ctx.table, x, got, P=world_size)

@@ -7,7 +7,8 @@ under the interpreter at 2 ranks. The in-place programs must really be in place:
 all_reduce's has no workspace slot among its operands and three syncs, and broadcast, reduce,
 all_gather_into_tensor and reduce_scatter_tensor run theirs above one half. Ranks that disagree (different allocations, a symmetric tensor
 against an ordinary one) raise CommMismatchError; blocks are reused once their tensors are
-gone; a symmetric tensor stays readable after its group is destroyed.
+gone; a symmetric tensor stays readable after its group is destroyed. The heap opens at the
+first empty(), not before: a group that never asks for it maps and agrees nothing about it.
 """
 
 from __future__ import annotations
@@ -232,6 +233,79 @@ def test_allocation_freeing_and_misuse() -> None:
         assert "symmetric against ordinary: CommMismatchError" in text, text
         assert f"readable after destroy: {float(rank)}" in text, text
         assert "no heap: gpucomm.empty: this group has no symmetric heap for cpu tensors (GPUCOMM_HEAP_BYTES=0)" in text, text
+
+
+def _mapped_segments() -> dict[str, int]:
+    """gpucomm's /dev/shm segments this process maps (name -> bytes), read from /proc/self/maps:
+    the names are unlinked once every rank has mapped them, the mappings still name them."""
+    sizes: dict[str, int] = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].startswith("/dev/shm/gpucomm_"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                sizes[parts[5]] = sizes.get(parts[5], 0) + hi - lo
+    return sizes
+
+
+def _lazy_heap(rank: int, world_size: int) -> list[str]:
+    import mmap
+
+    import torch
+
+    import gpucomm
+    from gpucomm.engine_layout import cpu_segment_bytes
+
+    heap_bytes = 1 << 20
+    gpucomm.init_process_group(transport="shm", kernels="torch", workspace_bytes="48K", heap_bytes=heap_bytes, timeout=30)
+    comm = gpucomm.get_default_communicator()
+    sub = comm.new_subgroup(list(range(world_size)))  # never asks for a heap
+    t = torch.ones(8)
+    comm.all_reduce(t)
+    sub.all_reduce(t)
+    problems = []
+
+    def heap_keys(group: object) -> list[str]:
+        """The store keys of the heap's open (its handshake, gpucomm.engine.Engine.open_heap)
+        and of its first allocation's agreement (gpucomm.transport.heap.StoreAgreement)."""
+        prefix = group._engines["cpu"].heap_prefix
+        return [f"{prefix}open0/ws/ws/{r}" for r in range(world_size)] + [f"{prefix}heap/0/{r}" for r in range(world_size)]
+
+    def keys_set(group: object) -> list[str]:
+        return [k for k in heap_keys(group) if comm.store.check([k])]
+
+    before = _mapped_segments()
+    page = mmap.PAGESIZE  # a mapping spans whole pages
+    workspace = -(-cpu_segment_bytes(48 << 10, "torch", 0, world_size) // page) * page  # what gpucomm.env counts per rank
+    mine = [size for name, size in before.items() if name.endswith(f"_r{rank}") and size == workspace]
+    if len(mine) != 2:  # the default group's workspace and the subgroup's, of the size env quotes
+        problems.append(f"before empty(): expected 2 own workspace segments of {workspace} bytes, mapped {before}")
+    if any(size >= heap_bytes for size in before.values()) or keys_set(comm) or keys_set(sub):
+        problems.append(f"before empty(): a heap exists: segments {before}, keys {keys_set(comm) + keys_set(sub)}")
+    comm.barrier()  # every rank has looked before any opens the heap
+    x = comm.empty(16, dtype=torch.float32)  # opens the heap, on every rank
+    x.fill_(rank)
+    comm.barrier()
+    opened = {name: size for name, size in _mapped_segments().items() if name not in before}
+    if sorted(opened.values()) != [heap_bytes] * world_size:
+        problems.append(f"empty() mapped {opened}, expected one heap segment of {heap_bytes} bytes per rank")
+    if keys_set(comm) != heap_keys(comm) or keys_set(sub):
+        problems.append(f"after empty(): heap keys {keys_set(comm)} of the group, {keys_set(sub)} of the subgroup")
+    peers = [float(comm.heap("cpu").peer(x, p)[0]) for p in range(world_size)]
+    if peers != [float(p) for p in range(world_size)]:
+        problems.append(f"every rank's copy holds {peers}")
+    if sub._engines["cpu"].heap is not None:
+        problems.append("the subgroup opened a heap it never asked for")
+    comm.barrier()
+    sub.close()
+    gpucomm.destroy_process_group()
+    return problems
+
+
+def test_the_heap_opens_at_the_first_empty_and_not_before() -> None:
+    """A group that never asks for the heap maps no heap segment and agrees nothing about it;
+    the first empty() opens it on every rank (its own segment of GPUCOMM_HEAP_BYTES)."""
+    assert run_ranks(_lazy_heap, 2, timeout=120) == [[], []]
 
 
 def test_free_list_is_first_fit_and_merges() -> None:

@@ -3,7 +3,9 @@
 It builds the context table a kernel receives (gpucomm.language.layout lists its words): this
 rank, the world size, the timeout, where the error records and the state words are, this rank's
 stage, every rank's flag bank and the bases of every symmetric region (the workspace's buffers,
-and the symmetric heap where there is one), all addressed in this process. After a launch,
+and the symmetric heap once it is open: the heap opens at the first call that needs it, maybe
+after the context was made, and :meth:`DeviceContext.add_region` then fills its row in place),
+all addressed in this process. After a launch,
 :meth:`DeviceContext.check` turns a record into :class:`gpucomm.CommTimeoutError`, the error a
 collective raises, naming the ranks that did not arrive.
 
@@ -36,7 +38,7 @@ _VECTOR = 16
 
 @runtime_checkable
 class DeviceFlags(Protocol):
-    """Where the device API's words start in a rank's flag area (:class:`gpucomm.engine.FlagLayout`)."""
+    """Where the device API's words start in a rank's flag area (:class:`gpucomm.engine_layout.FlagLayout`)."""
 
     device_bank: int
     device_state: int
@@ -101,14 +103,14 @@ class DeviceContext:
         regions: Sequence[SymmetricRegion] = (),
     ) -> None:
         """``agree_max(v)``: the largest ``v`` of every rank (a collective, for :meth:`recover`);
-        ``regions``: symmetric memory beside the workspace (the heap)."""
+        ``regions``: symmetric memory beside the workspace (the heap; one that opens later
+        comes in through :meth:`add_region`)."""
         P, me = engine.world_size, engine.rank
         if P > layout.MAX_WORLD:
             raise UnsupportedError(f"gpucomm.device_context: the device API serves up to {layout.MAX_WORLD} ranks per node, got {P}")
         all_regions = [_Workspace(engine), *regions]
-        if len(all_regions) > layout.REGIONS_MAX:
-            raise UnsupportedError(f"gpucomm.device_context: {len(all_regions)} symmetric regions, the table holds {layout.REGIONS_MAX}")
         ws, flags = engine.workspace, engine.flags
+        self._regions = 0  # rows of the table's region list filled so far
         self.rank = me
         self.world_size = P
         self.comm_rank = engine.comm_rank
@@ -139,16 +141,37 @@ class DeviceContext:
         words[layout.STAGE], words[layout.STAGE_HALF] = stage.addr, engine.stage_half_bytes
         for p in range(P):
             words[layout.FLAGS + p] = ws.flag(p, flags.device_bank).addr
-        for i, region in enumerate(all_regions):
-            bases = list(region.base_addrs)
-            if any((b - bases[me]) % _VECTOR for b in bases):
-                raise UnsupportedError(f"gpucomm.device_context: region {i}'s copies are not {_VECTOR}-byte apart: {bases}")
-            row = layout.REGIONS + i * layout.REGION_WORDS
-            words[row : row + P] = bases
-            words[row + layout.MAX_WORLD] = region.nbytes
-        host = torch.tensor(words, dtype=torch.int64)
+        for region in all_regions:
+            self._region_row(words, region)
+        self._host = torch.tensor(words, dtype=torch.int64)
         # The kernel's argument: on the device (copied once), or the host table itself on CPU.
-        self.table = host if engine.device.type != "cuda" else engine.upload(host)
+        self.table = self._host if engine.device.type != "cuda" else engine.upload(self._host)
+
+    def _region_row(self, words: list[int] | torch.Tensor, region: SymmetricRegion) -> slice:
+        """Write ``region`` into the next free row of the table's region list in ``words``;
+        the row's words."""
+        i, P, me = self._regions, self.world_size, self.rank
+        if i >= layout.REGIONS_MAX:
+            raise UnsupportedError(f"gpucomm.device_context: {i + 1} symmetric regions, the table holds {layout.REGIONS_MAX}")
+        bases = list(region.base_addrs)
+        if any((b - bases[me]) % _VECTOR for b in bases):
+            raise UnsupportedError(f"gpucomm.device_context: region {i}'s copies are not {_VECTOR}-byte apart: {bases}")
+        row = layout.REGIONS + i * layout.REGION_WORDS
+        words[row : row + P] = bases if isinstance(words, list) else torch.tensor(bases, dtype=torch.int64)
+        words[row + layout.MAX_WORLD] = region.nbytes
+        self._regions = i + 1
+        return slice(row, row + layout.REGION_WORDS)
+
+    def add_region(self, region: SymmetricRegion) -> None:
+        """Add symmetric memory that opened after this context was made (the symmetric heap,
+        which opens at the first ``gpucomm.empty``): the table, where kernels already launched
+        or captured in a CUDA graph find it, is updated in place. No kernel can have used the
+        new row before (it was empty: no pointer lay in it); on a GPU the copy is complete
+        before this returns, so every launch after it sees the row."""
+        row = self._region_row(self._host, region)
+        if self.table is not self._host:  # only the new row: kernels running now read the others
+            self.table[row].copy_(self._host[row])
+            torch.cuda.current_stream(self.device).synchronize()
 
     def launch(self, op: str, *launches: Callable[[], None]) -> None:
         """Run ``launches`` (kernels of this context, packed) as one operation named ``op``:

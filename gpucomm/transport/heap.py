@@ -1,8 +1,9 @@
 """The symmetric heap: memory that every local rank has mapped, handed out as ordinary tensors.
 
 Each rank of a node owns one heap of ``nbytes`` bytes, and every rank maps every peer's heap
-into its own address space (on a GPU: the driver's virtual-memory API, or the CUDA IPC workspace
-where that is missing; on the CPU: the shared-memory workspace). An allocation is collective and
+into its own address space (on a GPU: the driver's virtual-memory API, or a CUDA IPC allocation
+where that is missing; on the CPU: a shared-memory segment; each of its own, opened at the first
+call that needs the heap: gpucomm.transport.heap_open). An allocation is collective and
 symmetric: every rank calls :meth:`SymmetricHeap.empty` with the same size, in the same order,
 and gets a tensor at the same offset of its own heap, checked through the store (ranks that
 ask for different sizes get :class:`CommMismatchError` naming them). So a tensor of rank
@@ -28,9 +29,10 @@ the same on every rank that slices alike, and collectives check that it is).
 
 Closing: :meth:`SymmetricHeap.close` is part of its communicator's close. Memory that tensors
 still use stays mapped until they are gone: the owners keep the mapping alive (the shared-memory
-segment on the CPU, the virtual-memory mapping on a GPU). The one exception is a GPU heap in the
-CUDA IPC workspace (where the virtual-memory API is missing): the workspace frees its memory at
-close, so its symmetric tensors must be gone by then (the engine warns if they are not).
+segment on the CPU, the virtual-memory mapping on a GPU). The one exception is a GPU heap that
+is a CUDA IPC allocation (where the virtual-memory API is missing): its close frees the memory
+(once every peer has unmapped it), so its symmetric tensors must be gone by then (the engine
+warns if they are not).
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ class SymmetricHeap:
             live blocks hold it too.
         release: unmaps and frees the heap; called once, when the heap is closed and no block is
             live any more (None: the workspace it lives in does that).
-        kind: how the heap is mapped ("workspace": shm or CUDA IPC; "vmm": the driver's
+        kind: how the heap is mapped ("workspace": shm or CUDA IPC buffers; "vmm": the driver's
             virtual-memory API).
         reserve: bytes at offset 0 kept for gpucomm (the multimem signal pad).
     """

@@ -1,11 +1,16 @@
 """Opening a node's symmetric heap: where its memory comes from, decided the same on every rank.
 
-- The CPU: the last ``nbytes`` of every rank's shared-memory workspace (:func:`heap_in_workspace`).
+The heap opens at the first call that needs it (gpucomm.engine.Engine.open_heap), never at a
+communicator's init, and is memory of its own, never part of the workspace:
+
+- The CPU: a shared-memory segment per rank, made as the workspace's are (every page reserved
+  at creation: a /dev/shm without room is WorkspaceUnavailableError on every rank, at once,
+  never a SIGBUS later) (:func:`heap_of_its_own`).
 - A GPU with the driver's virtual-memory API (and cuda.bindings): its own allocation, shared as a
   file descriptor and mapped by every rank (:func:`vmm_heap`, gpucomm.transport.vmm), bound to
   a multicast object where every GPU of the node supports one.
-- A GPU without it: the last ``nbytes`` of the CUDA IPC workspace (``cudaIpcGetMemHandle``), as on
-  the CPU; :func:`heap_kind` returns the one-line reason the engine logs at init.
+- A GPU without it: a CUDA IPC allocation of its own (``cudaIpcGetMemHandle``), as on the CPU;
+  :func:`heap_kind` returns the one-line reason the engine logs when the heap opens.
 
 Every choice that must be the same on every rank is agreed through the store
 (:func:`agree`): a rank whose GPU lacks VMM or multicast makes every rank take the fallback.
@@ -20,9 +25,10 @@ import torch
 
 from gpucomm.errors import CommTimeoutError
 from gpucomm.transport.heap import SymmetricHeap
+from gpucomm.transport.opening import open_workspace
 from gpucomm.transport.workspace import Workspace
 
-__all__ = ["agree", "heap_kind", "heap_in_workspace", "vmm_heap", "open_vmm_parts"]
+__all__ = ["agree", "heap_kind", "heap_of_its_own", "vmm_heap", "open_vmm_parts"]
 
 
 def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list[str]:
@@ -51,15 +57,30 @@ def heap_kind(device: torch.device, agreed: Callable[[str], list[str]]) -> tuple
     return ("workspace", why) if why else ("vmm", "")
 
 
-def heap_in_workspace(workspace: Workspace, start: int, nbytes: int, agree_alloc: object, reserve: int) -> SymmetricHeap:
-    """The heap at ``start`` of every rank's data area, ``nbytes`` bytes each."""
-    regions = [workspace.data(p, start, nbytes) for p in range(workspace.world_size)]
-    # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
-    keep = [r.bytes for r in regions]
-    return SymmetricHeap(
-        workspace.rank, workspace.world_size, workspace.device, [r.addr for r in regions], nbytes, agree_alloc,
-        keep=keep, reserve=reserve,
+def heap_of_its_own(
+    transport: str, store: object, prefix: str, rank: int, world_size: int, device: torch.device, nbytes: int,
+    agree_alloc: object, reserve: int, timeout: float,
+) -> tuple[SymmetricHeap, Workspace]:
+    """The heap as a workspace of its own, ``nbytes`` bytes of data and no flags per rank, over
+    ``transport`` ("shm": /dev/shm segments; "cuda_ipc": cudaMalloc'd buffers), and that
+    workspace (closing it frees the memory: on a GPU its close is collective).
+
+    Raises:
+        WorkspaceUnavailableError: as :func:`gpucomm.transport.open_workspace`, on every rank.
+    """
+    workspace = open_workspace(
+        transport, store=store, prefix=prefix + "ws/", rank=rank, world_size=world_size, data_bytes=nbytes, flag_count=0,
+        device=device, timeout=timeout, size_knob="GPUCOMM_HEAP_BYTES",
     )
+    try:
+        regions = [workspace.data(p, 0, nbytes) for p in range(world_size)]
+        # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
+        keep = [r.bytes for r in regions]
+        heap = SymmetricHeap(rank, world_size, workspace.device, [r.addr for r in regions], nbytes, agree_alloc, keep=keep, reserve=reserve)
+    except BaseException:
+        workspace.close()
+        raise
+    return heap, workspace
 
 
 def vmm_heap(

@@ -34,7 +34,7 @@ import torch
 from gpucomm.errors import CommMismatchError, GpucommError, WorkspaceUnavailableError
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
-__all__ = ["open_shm", "create_segment", "reserve", "SHM_DIR"]
+__all__ = ["open_shm", "create_segment", "reserve", "space_advice", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 # A well-formed handle is ~80 bytes; anything much longer is not one of ours.
@@ -87,20 +87,27 @@ _NO_SHARED_SHM = (
     "The ranks share a host name but not /dev/shm: run them in one container, or give their "
     "containers the host's IPC namespace and /dev/shm (docker run --ipc=host)"
 )
-# What gives a rank room in /dev/shm: containers get 64 MiB unless told otherwise.
-_SPACE_ADVICE = (
-    "Give the container a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
-    "medium Memory mounted at /dev/shm) or lower GPUCOMM_WORKSPACE_BYTES"
-)
+
+
+def space_advice(knob: str = "GPUCOMM_WORKSPACE_BYTES") -> str:
+    """What gives a rank room in /dev/shm (containers get 64 MiB unless told otherwise), ``knob``
+    being the size that made the segment."""
+    return (
+        "Give the container a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
+        f"medium Memory mounted at /dev/shm) or lower {knob}"
+    )
+
+
 # Why this rank cannot create its own segment when the host is at fault: no room (or no inode)
 # left, no /dev/shm at all, or one this user cannot write.
 _NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def create_segment(path: str, size: int, rank: int, ranks: int = 1) -> int:
+def create_segment(path: str, size: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES") -> int:
     """Create ``path`` (mode 0600, exclusive) holding ``size`` zero bytes, every page reserved
     now (:func:`reserve`); its fd. ``rank`` is this rank in the open, one of ``ranks`` that each
-    make one. Every segment gpucomm creates in /dev/shm comes from here.
+    make one; ``knob`` the size a user lowers to fit (named in the error's advice). Every segment
+    gpucomm creates in /dev/shm comes from here.
 
     Raises:
         WorkspaceUnavailableError: /dev/shm has no room for it (or is missing, or read-only),
@@ -111,10 +118,10 @@ def create_segment(path: str, size: int, rank: int, ranks: int = 1) -> int:
     except OSError as exc:
         if exc.errno not in _NO_ROOM:
             raise
-        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, size, ranks, exc)}, _SPACE_ADVICE) from exc
+        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, size, ranks, exc)}, space_advice(knob)) from exc
     try:
         os.fchmod(fd, 0o600)  # the umask can only narrow the mode; make it exact
-        reserve(fd, path, 0, size, rank, ranks)  # a fresh file reads as zeros: every flag starts at 0
+        reserve(fd, path, 0, size, rank, ranks, knob)  # a fresh file reads as zeros: every flag starts at 0
     except BaseException:
         os.close(fd)
         os.unlink(path)
@@ -122,7 +129,7 @@ def create_segment(path: str, size: int, rank: int, ranks: int = 1) -> int:
     return fd
 
 
-def reserve(fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1) -> None:
+def reserve(fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES") -> None:
     """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now,
     extending it if they lie past its end. ``ftruncate`` alone would only set a size, and tmpfs
     would look for each page at its first touch, killing the process with SIGBUS when it has
@@ -136,7 +143,7 @@ def reserve(fd: int, path: str, offset: int, length: int, rank: int, ranks: int 
     except OSError as exc:
         if exc.errno not in _NO_ROOM:
             raise
-        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, length, ranks, exc)}, _SPACE_ADVICE) from exc
+        raise WorkspaceUnavailableError("shm", {rank: _no_room(path, length, ranks, exc)}, space_advice(knob)) from exc
 
 
 def _no_room(path: str, size: int, ranks: int, exc: OSError) -> str:
@@ -241,8 +248,11 @@ class _Segments:
                 pass
 
 
-def open_shm(handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device) -> Workspace:
-    """Create, publish and map the shm workspace (see the module docstring)."""
+def open_shm(
+    handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device, size_knob: str = "GPUCOMM_WORKSPACE_BYTES"
+) -> Workspace:
+    """Create, publish and map the shm workspace (see the module docstring); ``size_knob`` as
+    :func:`create_segment`'s ``knob``."""
     if device.type != "cpu":
         raise ValueError(f"open_workspace: the shm transport needs device cpu, got {device}")
     rank, world_size = handshake.rank, handshake.world_size
@@ -255,7 +265,7 @@ def open_shm(handshake: Handshake, *, data_bytes: int, flag_count: int, device: 
     try:
         path = os.path.join(SHM_DIR, name)
         try:
-            fd = create_segment(path, size, rank, world_size)
+            fd = create_segment(path, size, rank, world_size, size_knob)
         except WorkspaceUnavailableError as exc:
             handshake.fail(exc)  # every peer raises it too, now, not at its timeout
         segments.own_path = path

@@ -31,8 +31,9 @@ the object; unmap every heap part, free the range, release every handle. A VMM a
 until its last handle is released and its last mapping is gone, so no rank waits for another to
 release its own.
 
-Where VMM is missing (no cuda.bindings, a driver or GPU without it), the heap is a region of the
-CUDA IPC workspace (``cudaIpcGetMemHandle``) instead, and the engine says so at init.
+Where VMM is missing (no cuda.bindings, a driver or GPU without it), the heap is a CUDA IPC
+allocation of its own (``cudaIpcGetMemHandle``) instead, and the engine says so when the heap
+opens (at the group's first ``gpucomm.empty``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ def _multimem(rank: int, world_size: int, seed: int) -> tuple[str, list[str]]:
 
     device = init_cuda_group(rank, "triton")
     world = gpucomm.get_default_communicator()
+    world.heap()  # the heap, and its multicast object, open at the first call that needs them
     reason = world._engines["cuda"].multimem.reason
     bad: list[str] = []
     if reason:

@@ -6,7 +6,8 @@ its own.
     python hostile_shm.py rank CASES               # this process is RANK of WORLD_SIZE (env://)
 
 CASES, comma-separated, run one after the other: ``auto`` (the default path: gloo must serve every CPU collective, right, after one
-warning line) or ``shm`` (GPUCOMM_TRANSPORT=shm: init must raise WorkspaceUnavailableError).
+warning line), ``shm`` (GPUCOMM_TRANSPORT=shm: init must raise WorkspaceUnavailableError) or
+``heap`` (room for the workspaces only: gpucomm.empty must raise it, all_reduce go on working).
 Prints one JSON line: what each rank returned, per case, and the gpucomm entries left in this
 /dev/shm at the end.
 """
@@ -86,7 +87,32 @@ def _shm(rank: int, world_size: int) -> dict:
     return {"error": None, "message": "", "seconds": time.monotonic() - start}
 
 
-CASES = {"auto": _auto, "shm": _shm}
+def _heap(rank: int, world_size: int) -> dict:
+    """A /dev/shm with room for the workspaces but not for the symmetric heap: every empty()
+    (the first, and a second that tries again) raises on every rank; collectives go on."""
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(timeout=TIMEOUT_S, transport="shm")
+    path = gpucomm.get_default_communicator().paths()["cpu"]
+    tries, wrong = [], []
+    for _ in range(2):
+        start = time.monotonic()
+        try:
+            gpucomm.empty(4)
+            tries.append({"error": None, "message": "", "seconds": time.monotonic() - start})
+        except gpucomm.GpucommError as err:
+            tries.append({"error": type(err).__name__, "message": str(err), "seconds": time.monotonic() - start})
+        t = torch.arange(5, dtype=torch.float32) + rank
+        gpucomm.all_reduce(t)
+        if t.tolist() != [float(world_size * i + world_size * (world_size - 1) // 2) for i in range(5)]:
+            wrong.append(f"all_reduce {t.tolist()}")
+    gpucomm.destroy_process_group()
+    return {"path": path, "wrong": wrong, "tries": tries}
+
+
+CASES = {"auto": _auto, "shm": _shm, "heap": _heap}
 
 
 def _left() -> list[str]:
