@@ -78,7 +78,10 @@ class DeviceExecutor:
         flag_areas = [ws.flag(p, 0).addr for p in range(P)]
         self.peers = torch.tensor(halves + flag_areas, dtype=torch.int64).to(self.device)
         self.state_addr = ws.flag(me, flags.state).addr
-        self._epoch_flag = ws.flag(me, flags.epoch(0))
+        # The flag's index, not a view of it: a view held here (the engine and its executor refer
+        # to each other) would keep the workspace mapped after close until the garbage collector
+        # found the pair (tests/test_reliability.py counts the open files of 10 init/close rounds).
+        self._epoch_index = flags.epoch(0)
         pinned = self.device.type == "cuda"
         self.record = torch.zeros(self.channels * RECORD_WORDS, dtype=torch.int64, pin_memory=pinned)
         self._kinds = self.record.numpy()[::RECORD_WORDS]  # host view: reading it waits for nothing
@@ -93,7 +96,7 @@ class DeviceExecutor:
         """Channel 0's epoch once the launches so far have run (waits for the device)."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        return int(self._epoch_flag.view(torch.int64)[0])
+        return int(self.engine.workspace.flag(self.engine.rank, self._epoch_index).view(torch.int64)[0])
 
     def run(self, program: Program, addrs: tuple[int, ...] = ()) -> None:
         """Launch ``program`` on the call's buffers at ``addrs`` (see :class:`gpucomm.program.Arg`)."""

@@ -240,7 +240,23 @@ def _paths(rank: int, world_size: int) -> dict:
     engine = comm._engines["cpu"]
     engine.stream, engine.side_stream = engine_stream, _Stream(device, "side")
     engine.order = _order(device, engine_stream, current)
-    engine.executor._on_gpu = True  # launches go through the GPU's steps (the device context faked)
+    # Launches go through the GPU's steps (the device context faked): on a GPU a bound launch takes
+    # the raw handle of the stream current at the call (gpucomm.ops.launcher's Bound.launch).
+    executor = engine.executor
+    executor._on_gpu = True
+    executor._stream = lambda: current[0].cuda_stream
+    prepare = executor.kernels.prepare_program
+
+    class Bound:
+        def __init__(self, launch):
+            self.run = launch
+
+        def launch(self, stream):
+            if stream != current[0].cuda_stream:
+                raise AssertionError(f"launched on stream handle {stream}, the current stream is {current[0].name}")
+            self.run()
+
+    executor.kernels.prepare_program = lambda *args, **kwargs: Bound(prepare(*args, **kwargs))
 
     t, u = torch.empty(8), torch.empty(8)
     values = []
