@@ -2,6 +2,7 @@
 # The GPU check for a lent GPU machine, in parts that each end well inside a 10-minute call
 # (see ../docs/benchmarks.md and docs/results/). Run from the repository root:
 #
+#   bash bench/gpu_check.sh brief     # for a 15-minute lease: tests/gpu, latency bound and jit, roofline, all_reduce at 2 ranks
 #   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
@@ -24,7 +25,7 @@
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
+part=${1:?usage: bash bench/gpu_check.sh brief|bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -78,6 +79,25 @@ cat "$work/versions.txt"
 bench="python3 -m gpucomm._bench.cli"  # a command, not a function: `timeout` runs it
 main4="all_reduce all_gather reduce_scatter broadcast"
 case $part in
+brief)
+    # One call of a 15-minute lease (a minute or two of it goes to starting the machine): does it
+    # work at all, then the two goals of the speed work, each step bounded so the archive comes
+    # back. No -x: one failure must not hide the others; pytest-timeout (there on the lent image)
+    # ends a hung test instead of the step.
+    per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout=60"
+    # The kernels' files are single-process and mostly compile time (1131 cases): spread them over
+    # the host's cores where pytest-xdist is there. The files that spawn ranks run one at a time.
+    workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n 8"
+    kernel_files="tests/gpu/test_cuda_kernels.py tests/gpu/test_program_kernels.py"
+    step tests_gpu_ranks 150 python3 -m pytest tests/gpu -q -p no:cacheprovider $per_test -rfE --durations=10 \
+        $(printf -- '--deselect %s ' $kernel_files)
+    step tests_gpu_kernels 80 python3 -m pytest $kernel_files -q -p no:cacheprovider $per_test $workers -rfE
+    for launch in bound jit; do
+        step "gpu_latency_triton_$launch" 50 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels triton --launch "$launch" --rounds 3 --json "$work/gpu_latency_triton_$launch.json"
+    done
+    step kernels 45 $bench kernels -b 4K -e 256M -f 16 --json "$work/kernels.json"
+    step all_reduce_np2 60 $bench all_reduce --nproc 2 -b 8 -e 256M -f 16 --compare gloo --json "$work/all_reduce_np2.json"
+    ;;
 bench2)
     step kernels 150 $bench kernels -b 4K -e 256M -f 4 --json "$work/kernels.json"
     for c in $main4; do
@@ -158,7 +178,7 @@ cpuhost-default|cpuhost-1)
     done
     ;;
 *)
-    echo "unknown part: $part (bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
+    echo "unknown part: $part (brief|bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac
