@@ -15,51 +15,15 @@ import traceback
 
 import torch
 import torch.distributed as dist
-from torch.distributed import (
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BackendConfig,
-    BarrierOptions,
-    BroadcastOptions,
-    BuiltinCommHookType,
-    DebugLevel,
-    DeviceMesh,
-    DistBackendError,
-    DistError,
-    DistNetworkError,
-    DistStoreError,
-    GatherOptions,
-    GradBucket,
-    GroupName,
-    Logger,
-    ProcessGroup,
-    ProcessGroupGloo,
-    QueueEmptyError,
-    RankType,
-    ReduceOptions,
-    ReduceScatterOptions,
-    Reducer,
-    ScatterOptions,
-    default_pg_timeout,
-    get_debug_level,
-    get_pg_count,
-    record_comm,
-    register_rendezvous_handler,
-    set_debug_level,
-    set_debug_level_from_env,
-    timedelta,
-)
-from torch.distributed import rendezvous as rendezvous  # torch's function (gpucomm.rendezvous the module stays importable by its path)
+from torch.distributed import DeviceMesh  # also one of torch's own below; the annotation of init_device_mesh
 
-from gpucomm import api
-from gpucomm.backend import BACKEND_NAME
-
-__all__ = [
-    # torch's own objects
-    "AllToAllOptions",
+# torch's own objects, where this torch has them: the list follows torch 2.13's, and an older
+# torch lacks some (2.11, on the lent GPU image, has no ``record_comm``). A name torch lacks is
+# one gpucomm lacks too, as under ``import torch.distributed as dist``.
+_TORCH_OWN = (
     "AllreduceCoalescedOptions",
     "AllreduceOptions",
+    "AllToAllOptions",
     "BackendConfig",
     "BarrierOptions",
     "BroadcastOptions",
@@ -76,6 +40,7 @@ __all__ = [
     "Logger",
     "ProcessGroup",
     "ProcessGroupGloo",
+    "ProcessGroupNCCL",  # CUDA builds of torch only
     "QueueEmptyError",
     "RankType",
     "ReduceOptions",
@@ -87,10 +52,20 @@ __all__ = [
     "get_pg_count",
     "record_comm",
     "register_rendezvous_handler",
-    "rendezvous",
     "set_debug_level",
     "set_debug_level_from_env",
     "timedelta",
+)
+globals().update({name: getattr(dist, name) for name in _TORCH_OWN if hasattr(dist, name)})
+from torch.distributed import rendezvous as rendezvous  # torch's function (gpucomm.rendezvous the module stays importable by its path)
+
+from gpucomm import api
+from gpucomm.backend import BACKEND_NAME
+
+__all__ = [
+    # torch's own objects
+    *(name for name in _TORCH_OWN if hasattr(dist, name)),
+    "rendezvous",
     # gpucomm's, with torch's signatures
     "breakpoint",
     "get_backend_config",

@@ -75,12 +75,14 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
         backend = make_backend(target)
         entry = _compiled[binder_key] = (backend, create_function_from_signature(fn.signature, fn.params, backend))
     backend, binder = entry
-    # What JITFunction.run adds to the caller's keywords before it binds them.
+    # What JITFunction.run adds to the caller's keywords before it binds them: debug and
+    # instrumentation_mode (Triton 3.6, the lent GPU image's), fpsan_homomorphic_casts too (3.9).
     kwargs = {
         **constexprs, **options, "debug": fn.debug or knobs.runtime.debug,
         "instrumentation_mode": knobs.compilation.instrumentation_mode,
-        "fpsan_homomorphic_casts": knobs.compilation.fpsan_homomorphic_casts,
     }
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
     bound_args, specialization, bound_options = binder(*args, **kwargs)
     key = (*key_base, repr(specialization), repr(sorted(bound_options.items(), key=lambda kv: kv[0])))
     kernel = _compiled.get(key)
