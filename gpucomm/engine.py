@@ -94,6 +94,15 @@ class Topology:
         return len(self.nodes) > 1
 
 
+def engine_store_prefix(comm_prefix: str, transport: str, topology: Topology) -> str:
+    """Where an engine's ranks agree in the store: a communicator on a GPU opens two engines at
+    once (CUDA tensors on cuda_ipc, CPU tensors on shm), and a rank done with one must not read
+    its peers' handles of the other (seen on an H100, 2026-11-25, before the transport was part of
+    the prefix: rank 1 read rank 0's CUDA IPC handle as a shm one)."""
+    node_tag = f"n{topology.node}/" if topology.hierarchical else ""
+    return f"{comm_prefix}{transport}/{node_tag}"
+
+
 class Engine:
     """The workspace path of one communicator (of its node's members when it spans nodes)."""
 
@@ -124,11 +133,11 @@ class Engine:
         self.channels_by_size = not comm.config.channels
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
-        node_tag = f"n{topology.node}/" if topology.hierarchical else ""
+        store_prefix = engine_store_prefix(comm.prefix, transport, topology)
         self.workspace = open_workspace(
             transport,
             store=comm.store,
-            prefix=comm.prefix + "ws/" + node_tag,
+            prefix=store_prefix + "ws/",
             rank=self.rank,
             world_size=self.world_size,
             data_bytes=layout.data_bytes,
@@ -141,7 +150,7 @@ class Engine:
         # subgroups) costs no heap memory and no store round trip.
         self._store = comm.store
         self.heap_bytes = comm.config.heap_bytes_for(device.type) // ALIGN * ALIGN
-        self.heap_prefix = comm.prefix + "heap/" + node_tag
+        self.heap_prefix = store_prefix + "heap/"
         self.heap: SymmetricHeap | None = None
         self._heap_workspace: Workspace | None = None  # the heap's own shm / CUDA IPC buffers
         self._heap_tries = 0  # opens that failed: each try agrees under a prefix of its own

@@ -606,3 +606,18 @@ def test_every_segment_gpucomm_creates_goes_through_create_segment():
     lock = ("gpucomm/native.py", 'fd = os.open(os.path.normpath(folder) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)')
     segment = ("gpucomm/transport/shm.py", "fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)")
     assert sorted(found) == [lock, segment], found
+
+
+def test_the_engines_of_one_communicator_agree_under_prefixes_of_their_own() -> None:
+    """On a GPU one communicator opens two engines at once (cuda_ipc and shm): a rank done with
+    one must never find its peers' handles of the other under its keys (an H100 run, 2026-11-25,
+    read a CUDA IPC handle as a shm one before the transport was part of the prefix)."""
+    from types import SimpleNamespace
+
+    from gpucomm.engine import Topology, engine_store_prefix
+
+    for global_ranks, local_world_size in (([0, 1], 2), ([0, 1, 2, 3], 2)):  # one node, then two
+        topology = Topology(SimpleNamespace(rank=1, local_world_size=local_world_size, global_ranks=global_ranks))
+        shm, ipc = (engine_store_prefix("g/", t, topology) for t in ("shm", "cuda_ipc"))
+        assert shm.startswith("g/") and ipc.startswith("g/")
+        assert not shm.startswith(ipc) and not ipc.startswith(shm), (shm, ipc)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 
 import pytest
 import torch
@@ -66,6 +67,7 @@ def _tables(program: Program, channels: int, device: torch.device, by_size: bool
     executor are read. The launch runs ``channels`` blocks unless ``by_size``."""
     executor = DeviceExecutor.__new__(DeviceExecutor)
     executor.channels, executor.channels_by_size, executor.device, executor._names = channels, by_size, device, {}
+    executor.engine = types.SimpleNamespace(upload=lambda table: table.to(device))  # Engine.upload, without its streams
     form = executor._prepare(program)
     operands = executor._upload(operand_rows(program, ()), OPERAND_WORDS)
     return {**form, "operands": operands, "copy_bytes": program.copy_bytes(), "aligned": program.aligned()}
