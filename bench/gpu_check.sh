@@ -87,7 +87,9 @@ brief)
     # hung test instead of the step. The single-process kernel files and the benchmark run before
     # the files that spawn ranks: ranks a test's timeout kills leave the GPU busy for a while
     # under MPS (an H100 run, 2026-11-25: the next step's CUDA calls failed "busy or unavailable").
-    per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout=30"
+    # 120 s a test: the graph-timeout tests wait out a collective timeout, the fused test compiles
+    # several kernels (30 s cut both short on an H100, 2026-11-25).
+    per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout=120"
     # The kernels' files are single-process and mostly compile time (1131 cases): spread them over
     # the host's cores where pytest-xdist is there.
     workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n 4"

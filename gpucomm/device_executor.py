@@ -145,7 +145,7 @@ class DeviceExecutor:
             return lambda: run(program, addrs)
         launch, check = bound["launch"], self.check
 
-        def launch_here() -> None:
+        def launch_here(_binding: dict = bound) -> None:  # keeps the binding's tables (see below)
             check()
             launch()
             check()  # the launch has run: its errors are there now
@@ -162,7 +162,10 @@ class DeviceExecutor:
         launch = None if bound is None else bound["launch"]
         index, current_device = self.device.index, torch._C._cuda_getDevice
 
-        def launch_on_caller() -> None:
+        # The launch holds its operand table's address, not the tensor: the closure holds the
+        # binding, so that the executor dropping it (more buffers than _BINDINGS) frees nothing
+        # this launch reads. Without it an H100 run (2026-11-25) reduced another buffer's table.
+        def launch_on_caller(_binding: dict | None = bound) -> None:
             if not to_caller():
                 program.captured = True  # as Engine.program marks it in a capture
                 run(program, addrs)

@@ -289,7 +289,7 @@ def _cuda_kernels_on_the_double(nvcc_fatbins, double: str, arch: int):  # noqa: 
     kernels = CudaKernels.__new__(CudaKernels)
     kernels._device, kernels._index = torch.device("cpu"), 0  # the tables live in host memory here
     kernels._arch, kernels._binary_kind, kernels._sm_count = f"sm_{arch}", "cubin", 132
-    kernels._modules, kernels._functions, kernels._tables, kernels._streams, kernels._bound_functions = {}, {}, {}, {}, {}
+    kernels._modules, kernels._functions, kernels._tables, kernels._bound_functions = {}, {}, {}, {}
     defines = (("GPUCOMM_THREADS", str(THREADS)),)
     kernels._images = {(file, defines, f"sm_{arch}"): nvcc_fatbins.cubin(file, arch) for file in ("program.cu", "copy.cu")}
     kernels._driver = launcher.driver(double)

@@ -12,8 +12,10 @@ interpreter tests check them); what is checked is what reaches the driver.
 
 from __future__ import annotations
 
+import gc
 import pathlib
 import time
+import weakref
 
 import pytest
 
@@ -153,3 +155,49 @@ def test_a_captured_call_records_the_same_bound_launch_on_the_capturing_stream(t
         assert [(r["stream"], r["captured"]) for r in launches] == [("0xe1", "0")] * 3 + [("0xc0", "1")] * 2
         assert len({r["params"] for r in launches}) == 1  # the same bound launch, eager and captured
         assert [(r["graph_stream"], r["stream"], r["params"]) for r in replays] == [("0xf2", "0xc0", launches[0]["params"])] * 2
+
+
+def _evicted(rank: int, world_size: int, double: str, log_dir: str) -> dict:
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    import gpucomm
+    from gpucomm.device_executor import _BINDINGS
+    from gpucomm.ops import registry
+    from gpucomm.ops.triton_ops import HostOnlyTritonKernels
+
+    registry.install("triton", "cpu", HostOnlyTritonKernels(GPUTarget("cuda", 90, 32), double))
+    gpucomm.init_process_group(transport="shm", kernels="triton", timeout=60)
+    engine = gpucomm.get_default_communicator()._engines["cpu"]
+    first = torch.ones(2)
+    gpucomm.all_reduce(first)  # compiles, binds
+    gpucomm.all_reduce(first)  # learned by the fast path
+    (program,) = [p for p in engine._programs.values() if "device" in p.cache]
+    bindings = program.cache["device"]["bound"]
+    (key,) = bindings
+    table = weakref.ref(bindings[key]["operands"])
+    others = [torch.ones(2) for _ in range(_BINDINGS)]  # kept: their addresses stay theirs
+    for t in others:
+        gpucomm.all_reduce(t)  # one binding each: the first one's is dropped
+    gc.collect()
+    result = {"dropped": key not in bindings, "table_alive": table() is not None}
+    cuda_double.log_to(double, f"{log_dir}/rank{rank}.log")
+    gpucomm.all_reduce(first)  # the fast path's launch of the dropped binding
+    cuda_double.log_to(double, None)
+    pathlib.Path(log_dir, f"done.{rank}").touch()  # no kernel runs: wait for the peer before tearing down
+    deadline = time.monotonic() + 120
+    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gpucomm.destroy_process_group()
+    result["launches"] = len(cuda_double.records(f"{log_dir}/rank{rank}.log", "cuLaunchKernel"))
+    return result
+
+
+def test_a_dropped_binding_lives_while_the_fast_path_launches_it(tmp_path) -> None:
+    """More buffers than the executor keeps bindings for: the oldest binding is dropped, but the
+    fast path still launches it, so its operand table (whose address the bound launch packed)
+    must live on. On a GPU its memory went back to the allocator and the next table took it: the
+    launch reduced another buffer (an H100 run, 2026-11-25)."""
+    double = cuda_double.build()
+    for result in run_ranks(_evicted, 2, double, str(tmp_path), env=ENV, timeout=300):
+        assert result == {"dropped": True, "table_alive": True, "launches": 1}

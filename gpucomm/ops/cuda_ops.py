@@ -212,7 +212,6 @@ class CudaKernels:
         self._modules: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
-        self._streams: dict[int, Any] = {}
         self._images: dict[tuple[str, tuple[tuple[str, str], ...], str], bytes] = {}
         self._bound_functions: dict[tuple[str, str], int] = {}
         self._driver = _launcher.driver(None) if launcher else None  # None: CuPy's Function launches everything
@@ -390,12 +389,8 @@ class CudaKernels:
 
     def _launch_on(self, file: str, kernel: str, blocks: int, args: tuple, stream_handle: int) -> None:
         function = self._function(file, kernel)
-        stream = self._streams.get(stream_handle)
-        if stream is None:
-            stream = self._cupy_stream(torch.cuda.ExternalStream(stream_handle, device=self._device))
-            self._streams[stream_handle] = stream
         with self._cupy.cuda.Device(self._device.index):
-            function((blocks,), (THREADS,), args, stream=stream)
+            function((blocks,), (THREADS,), args, stream=_StreamHandle(stream_handle))
 
     def _bound_function(self, file: str, kernel: str) -> int:
         """The CUfunction of ``kernel`` in ``file``'s image, loaded through gpucomm's launcher."""
@@ -405,13 +400,6 @@ class CudaKernels:
             function = self._driver.load(self._image(file, _DEFINES), kernel, self._index)
             self._bound_functions[key] = function
         return function
-
-    def _cupy_stream(self, torch_stream: torch.cuda.Stream) -> Any:
-        stream_cls = self._cupy.cuda.Stream
-        # CuPy 14 deprecates ExternalStream for Stream.from_external (the CUDA stream protocol).
-        if hasattr(stream_cls, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
-            return stream_cls.from_external(torch_stream)
-        return self._cupy.cuda.ExternalStream(torch_stream.cuda_stream, self._device.index)
 
     def _function(self, file: str, kernel: str) -> Any:
         key = (file, kernel)
@@ -458,6 +446,17 @@ class CudaKernels:
             return nvrtc.getPTX(program) + b"\0"
         finally:
             nvrtc.destroyProgram(program)
+
+
+class _StreamHandle:
+    """A stream as CuPy's Function reads it: its handle (``.ptr``), nothing else. Not CuPy's
+    ``Stream.from_external``: that makes a CuPy Stream, which destroys the stream it wraps when it
+    is collected (CuPy 14, stream.pyx), and the stream is torch's."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, handle: int) -> None:
+        self.ptr = handle
 
 
 class _CupyLaunch:

@@ -2,8 +2,8 @@
 and CUDA C++ program kernels.
 
 - Repeated blocking all_reduces, and copies, go through gpucomm's launcher only: Triton's JIT
-  dispatch, a compiled kernel's own launcher and CuPy's Function (its argument conversion) are
-  patched to raise after the warm-up, and every result is right. With GPUCOMM_NATIVE=0 (no
+  dispatch, a compiled kernel's own launcher and gpucomm's way into CuPy's Function (its argument
+  conversion) are patched to raise after the warm-up, and every result is right. With GPUCOMM_NATIVE=0 (no
   launcher), Triton's compiled kernel's own launcher serves, never the JIT dispatch.
 - A repeated call captured into a CUDA graph is the same bound launch on the capturing stream:
   replays give the right sums.
@@ -35,13 +35,13 @@ def _refuse(what: str):  # noqa: ANN202
 
 
 def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str]:
-    import cupy
     import torch
     import triton.compiler.compiler as compiler
     from triton.runtime.jit import JITFunction
 
     import gpucomm
     from gpucomm.ops.contract import Region
+    from gpucomm.ops.cuda_ops import CudaKernels
     from gpucomm.ops.registry import get_kernels
 
     device = init_cuda_group(rank, kernels)
@@ -57,7 +57,9 @@ def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str
     JITFunction.run = _refuse("JITFunction.run")
     if bound:  # without the launcher these are what serve
         compiler.CompiledKernel.run = property(_refuse("CompiledKernel.run"))
-        cupy.cuda.function.Function.__call__ = _refuse("CuPy's Function.__call__")
+        # gpucomm's one way into CuPy's Function (whose type CuPy 14 makes immutable: it cannot
+        # be patched itself, as an H100 run of 2026-11-25 found).
+        CudaKernels._launch_on = _refuse("CuPy's Function (CudaKernels._launch_on)")
     failures = []
     for k in range(REPEATS):
         t.fill_(float(rank + k))
