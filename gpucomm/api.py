@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -504,6 +505,14 @@ def new_group(
     if _State.beside:
         members = list(range(world.world_size)) if ranks is None else list(ranks)
         return _beside_group(world, members, seconds, _options_for(backend, pg_options, fn), use_local_synchronization, sort_ranks, fn)
+    ordering = {}
+    if not sort_ranks:  # torch 2.11's new_group has no sort_ranks (2.13's has): pass it only when asked
+        if "sort_ranks" not in inspect.signature(dist.new_group).parameters:
+            raise UnsupportedError(
+                f"gpucomm.{fn}: sort_ranks=False needs torch's new_group to take sort_ranks, and torch "
+                f"{torch.__version__} has none; pass the ranks in ascending order, or use torch 2.13 or later"
+            )
+        ordering["sort_ranks"] = False
     return dist.new_group(
         ranks=None if ranks is None else list(ranks),
         timeout=None if seconds is None else datetime.timedelta(seconds=seconds),
@@ -511,7 +520,7 @@ def new_group(
         pg_options=_options_for(backend, pg_options, fn),
         use_local_synchronization=use_local_synchronization,
         group_desc=group_desc,
-        sort_ranks=sort_ranks,
+        **ordering,
     )
 
 
@@ -700,7 +709,8 @@ def shrink_group(ranks_to_exclude: list[int], group: object = None, shrink_flags
     if pg_options is None:  # torch's rule: the new group inherits the parent's options
         pg_options = Options(**{name: getattr(parent.config, name) for name in Options.__dataclass_fields__})
     timeout = datetime.timedelta(seconds=parent.timeout)
-    return new_group(members, timeout, None, pg_options, use_local_synchronization=True, sort_ranks=False)
+    # The parent's order kept; sorting a sorted list changes nothing (and torch 2.11 cannot skip it).
+    return new_group(members, timeout, None, pg_options, use_local_synchronization=True, sort_ranks=members == sorted(members))
 
 
 # -- collectives ------------------------------------------------------------------------------

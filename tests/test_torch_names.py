@@ -19,7 +19,9 @@ from __future__ import annotations
 import inspect
 import types
 
+import torch
 import torch.distributed as tdist
+from torch_signatures import shapes, torch_has
 
 import gpucomm
 
@@ -59,16 +61,6 @@ def _callables() -> dict[str, object]:
     return {n: v for n, v in _torch_names().items() if inspect.isroutine(v) or inspect.isclass(v)}
 
 
-def _shape(fn: object) -> list[tuple[str, object, object]]:
-    """(name, kind, default) of each parameter a caller can pass (torch's private ones aside)."""
-    out = []
-    for p in inspect.signature(fn).parameters.values():
-        if p.name.startswith("_") or p.kind is p.VAR_KEYWORD or p.name == "self":
-            continue
-        out.append((p.name, p.kind, getattr(p.default, "name", p.default)))
-    return out
-
-
 def test_every_function_and_class_is_there() -> None:
     names = _callables()
     assert len(names) >= 95, f"torch.distributed has {len(names)} public functions and classes here"
@@ -87,16 +79,19 @@ def test_torchs_object_or_ours_with_torchs_signature() -> None:
         module = getattr(ours, "__module__", "") or ""
         if not module.startswith("gpucomm"):
             wrong.append(f"{name}: neither torch's object nor gpucomm's ({ours!r})")
-        elif inspect.isroutine(theirs) and _shape(ours) != _shape(theirs):
-            wrong.append(f"{name}: signature {_shape(ours)} != torch's {_shape(theirs)}")
+        elif inspect.isroutine(theirs) and shapes(name, ours, theirs)[0] != shapes(name, ours, theirs)[1]:
+            wrong.append(f"{name}: signature {shapes(name, ours, theirs)} (gpucomm's, torch's)")
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_lists_hold() -> None:
     for name in OURS:
-        assert getattr(gpucomm, name) is not getattr(tdist, name), f"{name} must be gpucomm's own"
+        assert getattr(gpucomm, name) is not getattr(tdist, name, None), f"{name} must be gpucomm's own"
     for name in TORCHS:
-        assert getattr(gpucomm, name) is getattr(tdist, name), f"{name} must be torch's own object"
+        if torch_has(name):  # an older torch lacks a few (2.11: record_comm); gpucomm then lacks them too
+            assert getattr(gpucomm, name) is getattr(tdist, name), f"{name} must be torch's own object"
+        else:
+            assert not hasattr(gpucomm, name), f"{name}: torch {torch.__version__} has none, gpucomm must not either"
     for name in CONSTANTS:
         assert getattr(gpucomm, name) is getattr(tdist, name), name
     others = {n for n, v in _torch_names().items() if n not in _callables() and n not in CONSTANTS and n not in NOT_API}
