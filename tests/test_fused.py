@@ -218,7 +218,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         (ValueError, "must be contiguous", lambda: gf.all_reduce_residual_rmsnorm(x.t(), x.t(), torch.ones(2))),
         (ValueError, "b must have a_shard's 8 columns", lambda: gf.all_gather_matmul(x, torch.ones(4, 3))),
         (ValueError, "a_shard must have 2 dimension(s)", lambda: gf.all_gather_matmul(w, torch.ones(8, 3))),
-        (TypeError, "group must be a gpucomm group", lambda: gf.all_gather_matmul(x, torch.ones(8, 3), group="world")),
+        (TypeError, "group must be a group from gpucomm.new_group()", lambda: gf.all_gather_matmul(x, torch.ones(8, 3), group="world")),
     ]
     problems = []
     for kind, words, call in cases:

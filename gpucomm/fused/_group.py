@@ -17,15 +17,11 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def communicator(group: object, fn: str) -> Communicator:
-    """The communicator of ``group`` (None: the default group's)."""
+    """The communicator of ``group`` (None: the default group's), found as every gpucomm call
+    finds it (:func:`gpucomm.api._as_communicator`)."""
     if group is None:
         return api.get_default_communicator()
-    if isinstance(group, Communicator):
-        return group
-    comm = getattr(group, "communicator", None)
-    if isinstance(comm, Communicator):
-        return comm
-    raise TypeError(f"gpucomm.fused.{fn}: group must be a gpucomm group (or a torch process group of the 'gpucomm' backend) or None, got {type(group).__name__}")
+    return api._as_communicator(group, f"fused.{fn}")
 
 
 def check_float(t: object, fn: str, name: str, dims: int, like: torch.Tensor | None = None) -> torch.Tensor:
