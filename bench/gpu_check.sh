@@ -2,7 +2,7 @@
 # The GPU check for a lent GPU machine, in parts that each end well inside a 10-minute call
 # (see ../docs/benchmarks.md and docs/results/). Run from the repository root:
 #
-#   bash bench/gpu_check.sh brief     # for a 15-minute lease: tests/gpu and all_reduce at 2 ranks beside gloo
+#   bash bench/gpu_check.sh brief     # for a 15-minute lease: tests/gpu, all_reduce at 2 ranks beside gloo, eager latency bound
 #   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
@@ -96,6 +96,11 @@ brief)
     kernel_files="tests/gpu/test_cuda_kernels.py tests/gpu/test_program_kernels.py"
     step tests_gpu_kernels 70 python3 -m pytest $kernel_files -q -p no:cacheprovider $per_test $workers -rfE --tb=short
     step all_reduce_np2 60 $bench all_reduce --nproc 2 -b 8 -e 256M -f 16 --compare gloo --json "$work/all_reduce_np2.json"
+    # The eager call's host time beside a plain torch launch's on this host (torch_launch_host_us),
+    # with each kernel family: what the bound launch costs on a real driver.
+    for k in triton cuda; do
+        step "gpu_latency_${k}_bound" 50 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels "$k" --launch bound --rounds 3 --json "$work/gpu_latency_${k}_bound.json"
+    done
     step tests_gpu_ranks 170 python3 -m pytest tests/gpu -q -p no:cacheprovider $per_test -rfE --tb=short --durations=10 \
         $(printf -- '--deselect %s ' $kernel_files)
     grep -hE "^(FAILED|ERROR) " "$work"/tests_gpu_*.log | cut -c1-200 | sort | uniq | head -60

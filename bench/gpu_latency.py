@@ -10,6 +10,10 @@ repeats a blocking all_reduce of ``--bytes`` of fp32 on the workspace path (CUDA
   a burst's end is synchronised before the next.
 - ``graph``: ``--per-graph`` calls captured once into a CUDA graph, replayed ``--replays`` times
   between two events; time per call is that time divided by every captured call.
+- beside each eager burst, ``torch_launch_host_us``: the host time per call of ``--iters`` plain
+  torch launches (``add_(0)`` on the same tensor), this host's price of any launch, so that the
+  eager call's host time can be read as gpucomm's part and the launch's (an H100 host, 2026-11-25:
+  9.6 us per eager call against 2.7 us with the driver double, not yet broken down).
 
 ``--launch`` picks how the program kernel is launched: ``bound`` (gpucomm's launcher: one
 ``cuLaunchKernel`` per call, :mod:`gpucomm.ops.launcher`) or ``jit`` (Triton's JIT dispatch for
@@ -79,6 +83,17 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / args.iters, host * 1e6 / args.iters
 
+    def torch_launch() -> float:
+        """Host time per call of a plain torch launch on the same tensor (``add_(0)``): what this
+        host's CPU, driver and MPS ask of any launch, beside which gpucomm's eager call is read."""
+        stream.synchronize()
+        wall = time.perf_counter()
+        for _ in range(args.iters):
+            t.add_(0)
+        host = time.perf_counter() - wall
+        stream.synchronize()
+        return host * 1e6 / args.iters
+
     # Warm-up on a side stream, as torch.cuda.graph asks: the program is built and its kernel
     # compiled before the capture.
     side = torch.cuda.Stream(device)
@@ -104,13 +119,15 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
         return start.elapsed_time(end) * 1e3 / (args.replays * args.per_graph)
 
     eager()  # first burst: the eager path's bindings and the fast path's entry
-    rounds: dict[str, list[float]] = {"eager_device_us": [], "eager_host_us": [], "graph_us": []}
+    torch_launch()  # its kernel loaded once
+    rounds: dict[str, list[float]] = {"eager_device_us": [], "eager_host_us": [], "graph_us": [], "torch_launch_host_us": []}
     for r in range(args.rounds):
         for mode in ("eager", "graph") if r % 2 == 0 else ("graph", "eager"):
             if mode == "eager":
                 device_us, host_us = eager()
                 rounds["eager_device_us"].append(device_us)
                 rounds["eager_host_us"].append(host_us)
+                rounds["torch_launch_host_us"].append(torch_launch())
             else:
                 rounds["graph_us"].append(replayed(graph))
     # Every call summed (P * (P + 1) / 2) into t over and over: check one more eager call exactly.
@@ -145,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     per_rank = spawn_ranks(_rank, args.nproc, args, timeout=900)
     figures = {
         name: [max(per_rank[r]["rounds"][name][k] for r in per_rank) for k in range(args.rounds)]
-        for name in ("eager_device_us", "eager_host_us", "graph_us")
+        for name in ("eager_device_us", "eager_host_us", "graph_us", "torch_launch_host_us")
     }
     checks = all(per_rank[r]["check"] for r in per_rank)
     print(f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
@@ -157,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         medians = {name: statistics.median(values) for name, values in figures.items()}
         results = [{"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_host_us"], "what": "eager host time per call"},
                    {"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_device_us"], "what": "eager device time per call"},
-                   {"launch": args.launch, "kernels": args.kernels, "median_us": medians["graph_us"], "what": "graph replay time per call"}]
+                   {"launch": args.launch, "kernels": args.kernels, "median_us": medians["graph_us"], "what": "graph replay time per call"},
+                   {"launch": "torch", "kernels": "torch", "median_us": medians["torch_launch_host_us"], "what": "host time per torch add_ launch, the same tensor"}]
         write_json(args.json, run_settings(args, device=torch.cuda.get_device_name()), rounds_us=figures, check=checks, results=results)
     return 0 if checks else 1
 
