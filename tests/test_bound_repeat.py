@@ -38,6 +38,15 @@ def _refuse(what: str):  # noqa: ANN202
     return refused
 
 
+def _wait_for_peers(log_dir: str, rank: int, world_size: int) -> None:
+    """No kernel runs on the double, so no collective waits for the peer: wait for it here before
+    the workspace is torn down (it may still be opening it)."""
+    pathlib.Path(log_dir, f"done.{rank}").touch()
+    deadline = time.monotonic() + 120
+    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _repeated(rank: int, world_size: int, double: str, log_dir: str) -> dict:
     import torch
     import triton.compiler.compiler as compiler
@@ -67,12 +76,7 @@ def _repeated(rank: int, world_size: int, double: str, log_dir: str) -> dict:
         gpucomm.all_reduce(t)
     launched = cuda_double.launches(double) - before
     cuda_double.log_to(double, None)
-    # No kernel runs on the double, so no collective waits for the peer: wait for it here before
-    # the workspace is torn down (it may still be opening it).
-    pathlib.Path(log_dir, f"done.{rank}").touch()
-    deadline = time.monotonic() + 120
-    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for_peers(log_dir, rank, world_size)
     gpucomm.destroy_process_group()
     return {"launched": launched, "records": cuda_double.records(log, "cuLaunchKernel")}
 
@@ -140,10 +144,7 @@ def _captured(rank: int, world_size: int, double: str, log_dir: str) -> dict:
     assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0) == 0
     assert lib.cuGraphLaunch(exec_, ctypes.c_void_p(replay_stream)) == 0
     cuda_double.log_to(double, None)
-    pathlib.Path(log_dir, f"done.{rank}").touch()  # no kernel runs: wait for the peer before tearing down
-    deadline = time.monotonic() + 120
-    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for_peers(log_dir, rank, world_size)
     gpucomm.destroy_process_group()
     return {"launches": cuda_double.records(log, "cuLaunchKernel"), "replays": cuda_double.records(log, "cuGraphLaunch")}
 
@@ -184,10 +185,7 @@ def _evicted(rank: int, world_size: int, double: str, log_dir: str) -> dict:
     cuda_double.log_to(double, f"{log_dir}/rank{rank}.log")
     gpucomm.all_reduce(first)  # the fast path's launch of the dropped binding
     cuda_double.log_to(double, None)
-    pathlib.Path(log_dir, f"done.{rank}").touch()  # no kernel runs: wait for the peer before tearing down
-    deadline = time.monotonic() + 120
-    while not all(pathlib.Path(log_dir, f"done.{r}").exists() for r in range(world_size)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for_peers(log_dir, rank, world_size)
     gpucomm.destroy_process_group()
     result["launches"] = len(cuda_double.records(f"{log_dir}/rank{rank}.log", "cuLaunchKernel"))
     return result
