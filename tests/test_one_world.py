@@ -17,21 +17,10 @@ import torch
 import torch.distributed as tdist
 
 import gpucomm as dist
+from checks import Checks
 from spawn import run_ranks
 
 STEPS = 3
-
-
-class Checks:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.failures: list[str] = []
-        self.count = 0
-
-    def expect(self, ok: bool, what: str) -> None:
-        self.count += 1
-        if not ok:
-            self.failures.append(f"rank {self.rank}: {what}")
 
 
 # A DDP comm hook as torch's tutorials write it, against ``import gpucomm as dist``.

@@ -22,22 +22,11 @@ import random
 import pytest
 import torch
 
+from checks import Checks
 from spawn import run_ranks
 
 STEPS = 4
 PATHS = {"default": {}, "gloo": {"GPUCOMM_TRANSPORT": "gloo"}}
-
-
-class Checks:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.failures: list[str] = []
-        self.count = 0
-
-    def expect(self, ok: bool, what: str) -> None:
-        self.count += 1
-        if not ok:
-            self.failures.append(f"rank {self.rank}: {what}")
 
 
 def _log_lines() -> list[str]:

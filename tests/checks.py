@@ -1,0 +1,16 @@
+"""Checks that a rank collects and returns instead of raising at the first (so that one run of
+many ranks reports every failure of every rank)."""
+
+from __future__ import annotations
+
+
+class Checks:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.failures: list[str] = []
+        self.count = 0
+
+    def expect(self, ok: bool, what: str) -> None:
+        self.count += 1
+        if not ok:
+            self.failures.append(f"rank {self.rank}: {what}")
