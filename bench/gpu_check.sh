@@ -94,7 +94,11 @@ brief)
     # the host's cores where pytest-xdist is there.
     workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n 4"
     kernel_files="tests/gpu/test_cuda_kernels.py tests/gpu/test_program_kernels.py"
-    step tests_gpu_kernels 70 python3 -m pytest $kernel_files -q -p no:cacheprovider $per_test $workers -rfE --tb=short
+    # First, whether launches through CuPy's Function and through gpucomm's launcher run in order
+    # on torch's stream (2026-11-25's three unexplained results were all CuPy's): a few seconds.
+    order="in_order_on_torchs_current_stream or times_out_with_the_missing"
+    step tests_gpu_launch_order 40 python3 -m pytest tests/gpu/test_cuda_kernels.py -k "$order" -v -p no:cacheprovider $per_test -rfE --tb=short
+    step tests_gpu_kernels 70 python3 -m pytest $kernel_files -k "not ($order)" -q -p no:cacheprovider $per_test $workers -rfE --tb=short
     step all_reduce_np2 60 $bench all_reduce --nproc 2 -b 8 -e 256M -f 16 --compare gloo --json "$work/all_reduce_np2.json"
     # The eager call's host time beside a plain torch launch's on this host (torch_launch_host_us),
     # with each kernel family: what the bound launch costs on a real driver.

@@ -13,7 +13,8 @@ parameter at all). The cases cover each of those, at both archs.
 
 CUDA C++: program.cu's kernels and gpucomm_copy compiled by nvcc as NVRTC compiles them
 (tests/cuda_tools.py), bound by the packing ``CudaKernels`` uses (``program_params``,
-``copy_params``).
+``copy_params``); and ``CudaKernels``' own reduce, signal and wait launches, which reach the
+driver through the launcher too, never CuPy.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -284,14 +286,15 @@ def _cuda_kernels_on_the_double(nvcc_fatbins, double: str, arch: int):  # noqa: 
     import torch
 
     from gpucomm.ops import launcher
-    from gpucomm.ops.cuda_ops import CudaKernels, THREADS
+    from gpucomm.ops.cuda_ops import SOURCES, CudaKernels, THREADS
 
     kernels = CudaKernels.__new__(CudaKernels)
     kernels._device, kernels._index = torch.device("cpu"), 0  # the tables live in host memory here
     kernels._arch, kernels._binary_kind, kernels._sm_count = f"sm_{arch}", "cubin", 132
     kernels._modules, kernels._functions, kernels._tables, kernels._bound_functions = {}, {}, {}, {}
     defines = (("GPUCOMM_THREADS", str(THREADS)),)
-    kernels._images = {(file, defines, f"sm_{arch}"): nvcc_fatbins.cubin(file, arch) for file in ("program.cu", "copy.cu")}
+    kernels._images = {(file, defines, f"sm_{arch}"): nvcc_fatbins.cubin(file, arch) for file in SOURCES}
+    kernels._layouts = {}
     kernels._driver = launcher.driver(double)
     kernels._raw_stream = lambda: 0xCAFE
     kernels._copy = None
@@ -340,3 +343,110 @@ def run_ptx(nvcc_fatbins, file: str, arch: int) -> str:  # noqa: ANN001
     from cuda_tools import run, tool
 
     return run([tool("cuobjdump"), "-ptx", str(nvcc_fatbins.fatbin(file, arch))])
+
+
+def test_cuda_kernels_reduce_signal_and_wait_are_bound_and_carry_what_their_entries_declare(nvcc_fatbins, tmp_path) -> None:
+    """The launches CuPy's Function made before the 2026-11-25 H100 run (whose results there did
+    not follow them) go through gpucomm's launcher: each on torch's stream, its words where the
+    kernel's PTX declares them, carrying the call's values, CuPy never touched."""
+    import torch
+
+    from gpucomm.ops.contract import Region
+    from gpucomm.ops.cuda_ops import THREADS, reduce_kernel_name
+    from gpucomm.reduce_op import ReduceOp
+
+    _OnTheGpu.device = torch.device("cuda", 0)
+    double = cuda_double.build()
+    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    out, a, b = (Region(0x7F00_0001_0000 + i * (1 << 24), 4096 * 2, _OnTheGpu()) for i in range(3))
+    flags = [Region(0x7F00_0100_0000 + 8 * i, 8, _OnTheGpu()) for i in range(3)]
+    cuda_double.log_to(double, tmp_path / "calls.log")
+    try:
+        kernels.reduce(out, [a, b], torch.bfloat16, ReduceOp.AVG, 2)
+        kernels.reduce(out, [a, b, out], torch.bfloat16, ReduceOp.AVG, 3)  # the same function, other words
+        kernels.signal(flags, 2**40 + 5)
+        # The double runs no kernel: the host reads the record as the host initialised it.
+        assert kernels.wait(flags, 2**40 + 5, time.monotonic() + 30.0) == []
+    finally:
+        cuda_double.log_to(double, None)
+    launches = cuda_double.records(tmp_path / "calls.log", "cuLaunchKernel")
+    reduce_name = reduce_kernel_name(torch.bfloat16, ReduceOp.AVG)
+    assert [r["name"] for r in launches] == [reduce_name, reduce_name, "gpucomm_signal", "gpucomm_wait"]
+    assert {(r["block"], r["stream"]) for r in launches} == {(f"{THREADS},1,1", "0xcafe")}
+    tables = [kernels._table([a.addr, b.addr]), kernels._table([a.addr, b.addr, out.addr]), kernels._table([f.addr for f in flags])]
+    meant = {
+        0: [out.addr, tables[0].data_ptr(), 2, 4096, 2],
+        1: [out.addr, tables[1].data_ptr(), 3, 4096, 3],
+        2: [tables[2].data_ptr(), 3, 2**40 + 5],
+    }
+    ptx = {file: run_ptx(nvcc_fatbins, file, 90) for file in ("reduce.cu", "flags.cu")}
+    for index, values in meant.items():
+        file, name = ("reduce.cu", reduce_name) if index < 2 else ("flags.cu", "gpucomm_signal")
+        declared = entry_params(ptx[file], name)
+        found = mismatches(declared, declared, bytes.fromhex(launches[index]["params"]), values)
+        assert found == [], (name, found)
+        assert launches[index]["grid"] == (f"{kernels._blocks(-(-out.nbytes // 16))},1,1" if index < 2 else "1,1,1")
+    declared = entry_params(ptx["flags.cu"], "gpucomm_wait")
+    wait_words = bytes.fromhex(launches[3]["params"])
+    status = int.from_bytes(wait_words[declared[4][0] : declared[4][0] + 8], "little")
+    timeout = int.from_bytes(wait_words[declared[3][0] : declared[3][0] + 8], "little")
+    assert 20e9 < timeout <= 30e9, timeout  # what was left of the deadline at the launch
+    assert mismatches(declared, declared, wait_words, [tables[2].data_ptr(), 3, 2**40 + 5, timeout, status]) == []
+
+
+class _RecordingCupy:
+    """In place of the cupy module where the launcher cannot be built: its Functions record what
+    they were called with (the bits of each argument as CuPy would pack it, the stream handle)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        outer = self
+
+        class _Device:
+            def __init__(self, index: int) -> None:
+                pass
+
+            def __enter__(self) -> None:
+                pass
+
+            def __exit__(self, *exc: object) -> None:
+                pass
+
+        class _Function:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def __call__(self, grid, block, args, stream=None) -> None:  # noqa: ANN001
+                words = [a.tobytes() for a in args]  # NumPy scalars: the bytes CuPy hands the driver
+                outer.calls.append((self.name, grid, block, words, stream.ptr))
+
+        self.cuda = type("cuda", (), {"Device": _Device})
+        self.function = _Function
+
+
+def test_without_the_launcher_cupy_gets_torchs_stream_and_each_words_bits(nvcc_fatbins) -> None:
+    import numpy as np
+    import torch
+
+    from gpucomm.ops.contract import Region
+    from gpucomm.ops.cuda_ops import REDUCE_PARAMS, SIGNAL_PARAMS, THREADS, reduce_kernel_name
+    from gpucomm.reduce_op import ReduceOp
+
+    _OnTheGpu.device = torch.device("cuda", 0)
+    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, cuda_double.build(), 90)
+    kernels._driver, kernels._cupy = None, _RecordingCupy()
+    name = reduce_kernel_name(torch.float16, ReduceOp.AVG)
+    for file, kernel in (("reduce.cu", name), ("flags.cu", "gpucomm_signal")):
+        kernels._functions[(file, kernel)] = kernels._cupy.function(kernel)
+    out, a = Region(0x7F00_0001_0000, 64, _OnTheGpu()), Region(0x7F00_0002_0000, 64, _OnTheGpu())
+    flag = Region(0x7F00_0100_0000, 8, _OnTheGpu())
+    kernels.reduce(out, [a], torch.float16, ReduceOp.AVG, 2**31 + 1)
+    kernels.signal([flag], 2**63 - 1)
+    (reduce_call, signal_call) = kernels._cupy.calls
+    table = kernels._table([a.addr]).data_ptr()
+    assert reduce_call[:3] == (name, (1,), (THREADS,)) and reduce_call[4] == 0xCAFE
+    packed = [np.dtype(f"<u{size}").type(v).tobytes() for (_, size), v in zip(REDUCE_PARAMS, (out.addr, table, 1, 32, 2**31 + 1))]
+    assert reduce_call[3] == packed
+    table = kernels._table([flag.addr]).data_ptr()
+    packed = [np.dtype(f"<u{size}").type(v).tobytes() for (_, size), v in zip(SIGNAL_PARAMS, (table, 1, 2**63 - 1))]
+    assert signal_call[3] == packed and signal_call[4] == 0xCAFE

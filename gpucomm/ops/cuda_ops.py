@@ -12,12 +12,17 @@ subnormals to zero would break the bitwise agreement with the torch reference (b
 subnormals). Here the options are exactly :func:`compile_options`, which CI also hands to nvcc
 (tests/test_cuda_compile.py).
 
-Launches: the program kernel's (one per call of a program on its buffers) and ``gpucomm_copy``'s
-are bound once through gpucomm's launcher (:mod:`gpucomm.ops.launcher`): the parameters packed
-once (:func:`program_params`, :func:`copy_params`, in the order and sizes of the kernels'
-``extern "C"`` signatures), a launch one ``cuLaunchKernel``; a copy rewrites its three words and
-its grid in place. Where the launcher cannot be built, CuPy's ``Function`` launches them (it
-converts every argument on each call), as it launches the other kernels.
+Launches: every kernel goes through gpucomm's launcher (:mod:`gpucomm.ops.launcher`) where it
+can be built, each launch one ``cuLaunchKernel`` on the stream handle torch names. The program
+kernel's launch (one per call of a program on its buffers) is packed once (:func:`program_params`);
+``gpucomm_copy``'s is packed once and rewrites its three words and its grid in place per copy;
+reduce, signal and wait pack their words per call into a launch of the layout checked at their
+first (:data:`REDUCE_PARAMS`, :data:`SIGNAL_PARAMS`, :data:`WAIT_PARAMS`), all in the order and
+sizes of the kernels' ``extern "C"`` signatures. Where the launcher cannot be built
+(``GPUCOMM_NATIVE=0``, no C compiler), CuPy's ``Function`` launches them: it converts every
+argument on each call, and on the one H100 run so far (2026-11-25) its launches were the ones
+that results did not follow (docs/results/2026-11-25-h100.md, "not explained"), so it serves only
+there.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ __all__ = [
     "MAX_PROGRAM_WORLD",
     "PROGRAM_PARAMS",
     "COPY_PARAMS",
+    "REDUCE_PARAMS",
+    "SIGNAL_PARAMS",
+    "WAIT_PARAMS",
     "program_params",
     "copy_params",
 ]
@@ -101,6 +109,10 @@ PROGRAM_PARAMS = (
     ("world", 4), ("fingerprint", 8), ("half_bytes", 8), ("granule", 8), ("timeout_ns", 8), ("all_channels", 4),
 )
 COPY_PARAMS = (("dst", 8), ("src", 8), ("nbytes", 8))
+# reduce.cu's gpucomm_reduce_<op>_<dtype> and flags.cu's gpucomm_signal / gpucomm_wait.
+REDUCE_PARAMS = (("out", 8), ("srcs", 8), ("k", 4), ("n", 8), ("divisor", 8))
+SIGNAL_PARAMS = (("flag_addrs", 8), ("n", 4), ("epoch", 8))
+WAIT_PARAMS = (("flag_addrs", 8), ("n", 4), ("epoch", 8), ("timeout_ns", 8), ("status", 8))
 
 
 def program_params(
@@ -214,6 +226,7 @@ class CudaKernels:
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._images: dict[tuple[str, tuple[tuple[str, str], ...], str], bytes] = {}
         self._bound_functions: dict[tuple[str, str], int] = {}
+        self._layouts: dict[tuple[str, str], tuple[int, list]] = {}
         self._driver = _launcher.driver(None) if launcher else None  # None: CuPy's Function launches everything
         self._raw_stream = functools.partial(torch._C._cuda_getCurrentRawStream, index)
         self._copy: Any = None  # gpucomm_copy's bound launch, made at the first copy
@@ -237,7 +250,7 @@ class CudaKernels:
             return
         blocks = self._blocks(-(-dst.nbytes // 16))
         if self._driver is None:
-            self._launch("copy.cu", "gpucomm_copy", blocks, (np.uint64(dst.addr), np.uint64(src.addr), np.uint64(dst.nbytes)))
+            self._launch("copy.cu", "gpucomm_copy", blocks, COPY_PARAMS, (dst.addr, src.addr, dst.nbytes))
             return
         copy = self._copy
         if copy is None:
@@ -262,10 +275,9 @@ class CudaKernels:
         op, n = self._check_reduce("reduce", out, srcs, dtype, op, divisor)
         if n == 0:
             return
-        args = (np.uint64(out.addr), np.uint64(self._table([s.addr for s in srcs]).data_ptr()),
-                np.int32(len(srcs)), np.uint64(n), np.int64(divisor))
+        values = (out.addr, self._table([s.addr for s in srcs]).data_ptr(), len(srcs), n, divisor)
         blocks = self._blocks(-(-out.nbytes // 16))
-        self._launch("reduce.cu", reduce_kernel_name(dtype, op), blocks, args)
+        self._launch("reduce.cu", reduce_kernel_name(dtype, op), blocks, REDUCE_PARAMS, values)
 
     def signal(self, flags: Sequence[Region], epoch: int) -> None:
         """Store ``epoch`` into every flag, release at system scope, after this stream's earlier work."""
@@ -273,7 +285,7 @@ class CudaKernels:
         if not flags:
             return
         table = self._table([f.addr for f in flags])
-        self._launch("flags.cu", "gpucomm_signal", 1, (np.uint64(table.data_ptr()), np.int32(len(flags)), np.int64(epoch)))
+        self._launch("flags.cu", "gpucomm_signal", 1, SIGNAL_PARAMS, (table.data_ptr(), len(flags), epoch))
 
     def wait(self, flags: Sequence[Region], epoch: int, deadline: float) -> list[int]:
         """Indices of the flags still below ``epoch`` at the deadline (``time.monotonic()``); [] if none.
@@ -286,9 +298,8 @@ class CudaKernels:
             return []
         table = self._table([f.addr for f in flags])
         status = self._status(len(flags), epoch)
-        args = (np.uint64(table.data_ptr()), np.int32(len(flags)), np.int64(epoch),
-                np.uint64(_timeout_ns(deadline)), np.uint64(status.data_ptr()))
-        self._launch("flags.cu", "gpucomm_wait", 1, args)
+        values = (table.data_ptr(), len(flags), epoch, _timeout_ns(deadline), status.data_ptr())
+        self._launch("flags.cu", "gpucomm_wait", 1, WAIT_PARAMS, values)
         return _missing(status, epoch)
 
     def run_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> None:
@@ -384,8 +395,29 @@ class CudaKernels:
         """A fresh error record {0, epoch, ..., epoch} (see wait_flags_block in common.cuh)."""
         return torch.tensor([0] + [epoch] * n, dtype=torch.int64).to(self._device)
 
-    def _launch(self, file: str, kernel: str, blocks: int, args: tuple) -> None:
-        self._launch_on(file, kernel, blocks, args, self._raw_stream())
+    def _launch(self, file: str, kernel: str, blocks: int, spec: Sequence[tuple[str, int]], values: Sequence[int]) -> None:
+        """One launch of ``kernel`` over ``blocks`` blocks on torch's current stream, its parameters
+        (named and sized by ``spec``) carrying ``values``."""
+        if self._driver is None:
+            self._launch_on(file, kernel, blocks, _cupy_args(spec, values), self._raw_stream())
+            return
+        function, layout = self._checked_layout(file, kernel, spec)
+        # A launch of its own per call (its words packed by the launcher, no Python object per
+        # word): the flag kernels run from the host executor and the point-to-point channels,
+        # whose threads may call at once, and a shared buffer rewritten in place would race.
+        self._driver.bind(function, (blocks, 1, 1), (THREADS, 1, 1), 0, layout, values).launch(self._raw_stream())
+
+    def _checked_layout(self, file: str, kernel: str, spec: Sequence[tuple[str, int]]) -> tuple[int, list]:
+        """``kernel``'s CUfunction and its parameters' [(offset, size)], checked against the
+        kernel's own layout once (:func:`gpucomm.ops.launcher.bind`)."""
+        key = (file, kernel)
+        found = self._layouts.get(key)
+        if found is None:
+            function = self._bound_function(file, kernel)
+            first = _launcher.bind(self._driver, function, [Param(n, size, 0) for n, size in spec],
+                                   grid=(1, 1, 1), block=(THREADS, 1, 1))
+            found = self._layouts[key] = (function, [tuple(p) for p in first.layout])
+        return found
 
     def _launch_on(self, file: str, kernel: str, blocks: int, args: tuple, stream_handle: int) -> None:
         function = self._function(file, kernel)
@@ -449,9 +481,8 @@ class CudaKernels:
 
 
 class _StreamHandle:
-    """A stream as CuPy's Function reads it: its handle (``.ptr``), nothing else. Not CuPy's
-    ``Stream.from_external``: that makes a CuPy Stream, which destroys the stream it wraps when it
-    is collected (CuPy 14, stream.pyx), and the stream is torch's."""
+    """A stream as CuPy's Function reads it: its handle (``.ptr``, all ``Function.__call__`` takes
+    of a stream in CuPy 14), with no CuPy Stream made, kept or collected per stream handle."""
 
     __slots__ = ("ptr",)
 
@@ -464,12 +495,18 @@ class _CupyLaunch:
     where gpucomm's launcher cannot be built."""
 
     def __init__(self, kernels: CudaKernels, file: str, kernel: str, blocks: int, params: Sequence[Param]) -> None:
-        types = {4: np.int32, 8: np.uint64}
-        args = tuple(types[p.size](p.value % (1 << 8 * p.size)) for p in params)
+        args = _cupy_args([(p.name, p.size) for p in params], [p.value for p in params])
         self._launch = functools.partial(kernels._launch_on, file, kernel, blocks, args)
 
     def launch(self, stream: int) -> None:
         self._launch(stream)
+
+
+def _cupy_args(spec: Sequence[tuple[str, int]], values: Sequence[int]) -> tuple:
+    """Parameters as CuPy's Function packs them: each value as a NumPy scalar of its size, signed
+    or not alike (the bits are what the kernel reads)."""
+    types = {4: np.uint32, 8: np.uint64}
+    return tuple(types[size](value % (1 << 8 * size)) for (_, size), value in zip(spec, values, strict=True))
 
 
 def _target(capability: tuple[int, int], supported: Sequence[int]) -> tuple[str, str]:

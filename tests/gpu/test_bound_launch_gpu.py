@@ -1,10 +1,11 @@
 """Bound launches on a GPU: 2 ranks on the cuda_ipc workspace (they may share one GPU), the Triton
 and CUDA C++ program kernels.
 
-- Repeated blocking all_reduces, and copies, go through gpucomm's launcher only: Triton's JIT
-  dispatch, a compiled kernel's own launcher and gpucomm's way into CuPy's Function (its argument
-  conversion) are patched to raise after the warm-up, and every result is right. With GPUCOMM_NATIVE=0 (no
-  launcher), Triton's compiled kernel's own launcher serves, never the JIT dispatch.
+- Repeated blocking all_reduces, and the CUDA C++ copy, reduce, signal and wait, go through
+  gpucomm's launcher only: Triton's JIT dispatch, a compiled kernel's own launcher and gpucomm's
+  way into CuPy's Function (its argument conversion) are patched to raise after the warm-up, and
+  every result is right. With GPUCOMM_NATIVE=0 (no launcher), Triton's compiled kernel's own
+  launcher serves, never the JIT dispatch, and CuPy's Function the CUDA C++ kernels.
 - A repeated call captured into a CUDA graph is the same bound launch on the capturing stream:
   replays give the right sums.
 - The Triton kernel compiled by ``triton_launch.compile_for`` is the one Triton's JIT would
@@ -35,6 +36,8 @@ def _refuse(what: str):  # noqa: ANN202
 
 
 def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str]:
+    import time
+
     import torch
     import triton.compiler.compiler as compiler
     from triton.runtime.jit import JITFunction
@@ -43,6 +46,7 @@ def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str
     from gpucomm.ops.contract import Region
     from gpucomm.ops.cuda_ops import CudaKernels
     from gpucomm.ops.registry import get_kernels
+    from gpucomm.reduce_op import ReduceOp
 
     device = init_cuda_group(rank, kernels)
     t = torch.empty(N, device=device)
@@ -72,6 +76,16 @@ def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str
         ops.copy(Region.of(dst[1:]), Region.of(src[: N - 1]))  # its words and grid rewritten in place
         if not torch.equal(dst[1:], src[: N - 1]):
             failures.append(f"rank {rank}: gpucomm_copy copied {dst[:4].tolist()}")
+        # reduce, signal and wait: through the launcher too (CuPy's Function made these launches
+        # before the H100 run of 2026-11-25, whose results did not follow them).
+        ops.reduce(Region.of(dst), [Region.of(src), Region.of(src)], torch.float32, ReduceOp.SUM)
+        if not torch.equal(dst, 2 * src):
+            failures.append(f"rank {rank}: the CUDA C++ reduce gave {dst[:4].tolist()}")
+        flag = torch.zeros(2, dtype=torch.int64, device=device)
+        ops.signal([Region.of(flag[:1])], 3)
+        missing = ops.wait([Region.of(flag[:1]), Region.of(flag[1:])], 3, time.monotonic() + 0.1)
+        if missing != [1] or flag.tolist() != [3, 0]:
+            failures.append(f"rank {rank}: signal then wait: missing {missing}, flags {flag.tolist()}")
     # Captured: the same bound launch on the capturing stream.
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
