@@ -100,8 +100,9 @@ brief)
     step tests_gpu_launch_order 40 python3 -m pytest tests/gpu/test_cuda_kernels.py -k "$order" -v -p no:cacheprovider $per_test -rfE --tb=short
     step tests_gpu_kernels 70 python3 -m pytest $kernel_files -k "not ($order)" -q -p no:cacheprovider $per_test $workers -rfE --tb=short
     step all_reduce_np2 60 $bench all_reduce --nproc 2 -b 8 -e 256M -f 16 --compare gloo --json "$work/all_reduce_np2.json"
-    # The eager call's host time beside a plain torch launch's on this host (torch_launch_host_us),
-    # with each kernel family: what the bound launch costs on a real driver.
+    # The eager call's host time beside a plain torch launch's (torch_launch_host_us) and a bare
+    # launch through gpucomm's launcher (launcher_host_us), with each kernel family: what of the
+    # bound call's host time is the driver's launch and what is gpucomm's.
     for k in triton cuda; do
         step "gpu_latency_${k}_bound" 50 python3 -m gpucomm._bench.gpu_latency --nproc 2 --kernels "$k" --launch bound --rounds 3 --json "$work/gpu_latency_${k}_bound.json"
     done

@@ -10,10 +10,13 @@ repeats a blocking all_reduce of ``--bytes`` of fp32 on the workspace path (CUDA
   a burst's end is synchronised before the next.
 - ``graph``: ``--per-graph`` calls captured once into a CUDA graph, replayed ``--replays`` times
   between two events; time per call is that time divided by every captured call.
-- beside each eager burst, ``torch_launch_host_us``: the host time per call of ``--iters`` plain
-  torch launches (``add_(0)`` on the same tensor), this host's price of any launch, so that the
-  eager call's host time can be read as gpucomm's part and the launch's (an H100 host, 2026-11-25:
-  9.6 us per eager call against 2.7 us with the driver double, not yet broken down).
+- beside each eager burst, two floors under it: ``torch_launch_host_us``, the host time per call
+  of ``--iters`` plain torch launches (``add_(0)`` on the same tensor), this host's price of any
+  launch through torch; and, with ``--launch bound``, ``launcher_host_us``, the host time per call
+  of ``--iters`` bare launches through gpucomm's launcher (a prepared 16-byte CUDA C++ copy on the
+  caller's stream: the driver's ``cuLaunchKernel`` and one C call). The eager call's host time
+  less ``launcher_host_us`` is gpucomm's own part (an H100 host, 2026-11-25: 9.6 us per eager
+  call against 2.7 us with the driver double, not yet broken down).
 
 ``--launch`` picks how the program kernel is launched: ``bound`` (gpucomm's launcher: one
 ``cuLaunchKernel`` per call, :mod:`gpucomm.ops.launcher`) or ``jit`` (Triton's JIT dispatch for
@@ -45,6 +48,27 @@ from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
 
 __all__ = ["main"]
+
+
+def _bare_launch(device):  # noqa: ANN001, ANN202
+    """A prepared 16-byte copy through gpucomm's launcher on ``device``, with the tensors it copies;
+    None where the launcher or the CUDA C++ kernels cannot be had (the reason printed)."""
+    import torch
+
+    from gpucomm.errors import UnsupportedError
+    from gpucomm.ops.contract import Region
+    from gpucomm.ops.cuda_ops import CudaKernels
+
+    try:
+        kernels = CudaKernels(device)
+    except UnsupportedError as err:
+        print(f"gpu_latency: launcher_host_us not measured: {err}", flush=True)
+        return None
+    if kernels._driver is None:
+        print("gpu_latency: launcher_host_us not measured: gpucomm's launcher cannot be built here", flush=True)
+        return None
+    src, dst = torch.zeros(4, device=device), torch.empty(4, device=device)
+    return kernels.prepare_copy(Region.of(dst), Region.of(src)), (src, dst)  # the memory lives with the launch
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
@@ -94,6 +118,22 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
         stream.synchronize()
         return host * 1e6 / args.iters
 
+    bare = _bare_launch(device) if args.launch == "bound" else None
+    raw_stream = torch.cuda.current_stream(device).cuda_stream
+
+    def launcher_launch() -> float | None:
+        """Host time per call of a bare launch through gpucomm's launcher (None: none here)."""
+        if bare is None:
+            return None
+        launch = bare[0].launch
+        stream.synchronize()
+        wall = time.perf_counter()
+        for _ in range(args.iters):
+            launch(raw_stream)
+        host = time.perf_counter() - wall
+        stream.synchronize()
+        return host * 1e6 / args.iters
+
     # Warm-up on a side stream, as torch.cuda.graph asks: the program is built and its kernel
     # compiled before the capture.
     side = torch.cuda.Stream(device)
@@ -120,7 +160,10 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
 
     eager()  # first burst: the eager path's bindings and the fast path's entry
     torch_launch()  # its kernel loaded once
-    rounds: dict[str, list[float]] = {"eager_device_us": [], "eager_host_us": [], "graph_us": [], "torch_launch_host_us": []}
+    launcher_launch()
+    rounds: dict[str, list[float]] = {
+        "eager_device_us": [], "eager_host_us": [], "graph_us": [], "torch_launch_host_us": [], "launcher_host_us": [],
+    }
     for r in range(args.rounds):
         for mode in ("eager", "graph") if r % 2 == 0 else ("graph", "eager"):
             if mode == "eager":
@@ -128,6 +171,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
                 rounds["eager_device_us"].append(device_us)
                 rounds["eager_host_us"].append(host_us)
                 rounds["torch_launch_host_us"].append(torch_launch())
+                bare_us = launcher_launch()
+                if bare_us is not None:
+                    rounds["launcher_host_us"].append(bare_us)
             else:
                 rounds["graph_us"].append(replayed(graph))
     # Every call summed (P * (P + 1) / 2) into t over and over: check one more eager call exactly.
@@ -160,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_latency: needs a CUDA device; torch sees none here", file=sys.stderr)
         return 2
     per_rank = spawn_ranks(_rank, args.nproc, args, timeout=900)
-    figures = {
-        name: [max(per_rank[r]["rounds"][name][k] for r in per_rank) for k in range(args.rounds)]
-        for name in ("eager_device_us", "eager_host_us", "graph_us", "torch_launch_host_us")
-    }
+    names = ["eager_device_us", "eager_host_us", "graph_us", "torch_launch_host_us"]
+    if all(len(per_rank[r]["rounds"]["launcher_host_us"]) == args.rounds for r in per_rank):
+        names.append("launcher_host_us")
+    figures = {name: [max(per_rank[r]["rounds"][name][k] for r in per_rank) for k in range(args.rounds)] for name in names}
     checks = all(per_rank[r]["check"] for r in per_rank)
     print(f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
           f"median [min-max] over {args.rounds} rounds, slowest rank, us per call")
@@ -176,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                    {"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_device_us"], "what": "eager device time per call"},
                    {"launch": args.launch, "kernels": args.kernels, "median_us": medians["graph_us"], "what": "graph replay time per call"},
                    {"launch": "torch", "kernels": "torch", "median_us": medians["torch_launch_host_us"], "what": "host time per torch add_ launch, the same tensor"}]
+        if "launcher_host_us" in medians:
+            results.append({"launch": "bound", "kernels": "cuda", "median_us": medians["launcher_host_us"],
+                            "what": "host time per bare launch through gpucomm's launcher (a prepared 16-byte copy)"})
         write_json(args.json, run_settings(args, device=torch.cuda.get_device_name()), rounds_us=figures, check=checks, results=results)
     return 0 if checks else 1
 

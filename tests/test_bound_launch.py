@@ -450,3 +450,27 @@ def test_without_the_launcher_cupy_gets_torchs_stream_and_each_words_bits(nvcc_f
     table = kernels._table([flag.addr]).data_ptr()
     packed = [np.dtype(f"<u{size}").type(v).tobytes() for (_, size), v in zip(SIGNAL_PARAMS, (table, 1, 2**63 - 1))]
     assert signal_call[3] == packed and signal_call[4] == 0xCAFE
+
+
+def test_a_prepared_copy_is_one_launch_of_its_words_each_time(nvcc_fatbins, tmp_path) -> None:
+    import torch
+
+    from gpucomm.ops.contract import Region
+
+    _OnTheGpu.device = torch.device("cuda", 0)
+    double = cuda_double.build()
+    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    dst, src = Region(0x7F00_0001_0000, 1 << 20, _OnTheGpu()), Region(0x7F00_0002_0000, 1 << 20, _OnTheGpu())
+    launch = kernels.prepare_copy(dst, src)
+    with pytest.raises(ValueError, match=r"CudaKernels.prepare_copy: expected a copy of at least 1 byte"):
+        kernels.prepare_copy(Region(dst.addr, 0, _OnTheGpu()), Region(src.addr, 0, _OnTheGpu()))
+    cuda_double.log_to(double, tmp_path / "calls.log")
+    try:
+        launch.launch(0xBEEF)
+        launch.launch(0xBEEF)
+    finally:
+        cuda_double.log_to(double, None)
+    records = cuda_double.records(tmp_path / "calls.log", "cuLaunchKernel")
+    words = b"".join(v.to_bytes(8, "little") for v in (dst.addr, src.addr, 1 << 20))
+    assert [(r["name"], r["stream"], bytes.fromhex(r["params"])) for r in records] == [("gpucomm_copy", "0xbeef", words)] * 2
+    assert records[0]["grid"] == f"{kernels._blocks((1 << 20) // 16)},1,1"

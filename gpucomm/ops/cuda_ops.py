@@ -263,6 +263,21 @@ class CudaKernels:
         copy.set_grid(blocks)
         copy.launch(self._raw_stream())
 
+    def prepare_copy(self, dst: Region, src: Region) -> Any:
+        """The launch of one copy of ``src`` into ``dst``, checked and packed once: ``launch(stream)``
+        of the result launches it (through gpucomm's launcher where it can be built). For
+        benchmarks that time a bare launch: the price of ``cuLaunchKernel`` on this host."""
+        check_copy(dst, src)
+        self._check_cuda("prepare_copy", [dst, src])
+        if dst.nbytes == 0:
+            raise ValueError("CudaKernels.prepare_copy: expected a copy of at least 1 byte, got 0 (nothing to launch)")
+        blocks = self._blocks(-(-dst.nbytes // 16))
+        params = copy_params(dst.addr, src.addr, dst.nbytes)
+        if self._driver is None:
+            return _CupyLaunch(self, "copy.cu", "gpucomm_copy", blocks, params)
+        function = self._bound_function("copy.cu", "gpucomm_copy")
+        return _launcher.bind(self._driver, function, params, grid=(blocks, 1, 1), block=(THREADS, 1, 1))
+
     def reduce(
         self,
         out: Region,
