@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--iters", type=int, default=20,
                    help="timed iterations per size (median taken) (default: %(default)s)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first (default: %(default)s)")
+    p.add_argument("-G", "--cudagraph", type=int, default=0, metavar="LAUNCHES",
+                   help="capture the timed iterations into a CUDA graph and replay it this many times: the device's "
+                   "time per call without the host's enqueue in it; CUDA tensors, and backends whose calls can be "
+                   "captured (not gloo) (default: %(default)s, no graph)")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                    help="check results (1) or not (0) (default: %(default)s)")
     p.add_argument("-o", "--op", choices=OPS, default="sum",
@@ -87,6 +91,18 @@ def _backends(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys([primary, *compare]))
 
 
+def _check_cudagraph(args: argparse.Namespace) -> None:
+    """-G's conditions, before any rank starts: a count, CUDA tensors, no gloo."""
+    if args.cudagraph < 0:
+        raise ValueError(f"gpucomm-bench: -G/--cudagraph must be >= 0 graph launches, got {args.cudagraph}")
+    if args.device == "cpu" or not torch.cuda.is_available():
+        where = "--device cpu" if args.device == "cpu" else "torch sees no CUDA device here"
+        raise ValueError(f"gpucomm-bench: -G/--cudagraph replays a CUDA graph and needs CUDA tensors, got {where}")
+    if args.test != "kernels" and "gloo" in _backends(args):
+        raise ValueError("gpucomm-bench: -G/--cudagraph captures every backend's calls into a CUDA graph, and gloo's "
+                         "cannot be captured (they copy through the host): drop gloo from --backend/--compare")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``gpucomm-bench``; returns the exit status (0 OK, 1 FAILED, 2 bad settings)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -102,11 +118,13 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
     if args.rounds < 1:
         raise ValueError(f"gpucomm-bench: --rounds must be >= 1, got {args.rounds}")
+    if args.cudagraph:
+        _check_cudagraph(args)
     if args.test == "kernels":
         from .kernels_bench import run_kernels
 
         return run_kernels(sizes, args.datatype, args.op, args.iters, args.warmup_iters, bool(args.check),
-                           args.device, args.json, args.plot, argv)
+                           args.device, args.json, args.plot, argv, graph_launches=args.cudagraph)
 
     from .launch import launch
     from .runner import Settings
@@ -133,6 +151,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         max_bytes=args.maxbytes,
         rounds=args.rounds,
         bind=args.bind,
+        graph_launches=args.cudagraph,
     )
     nproc = args.nproc
     if nproc is None:

@@ -111,12 +111,17 @@ brief)
     grep -hE "^(FAILED|ERROR) " "$work"/tests_gpu_*.log | cut -c1-200 | sort | uniq | head -60
     ;;
 bench2)
-    step kernels 150 $bench kernels -b 4K -e 256M -f 4 --json "$work/kernels.json"
+    # Step limits add up to 570 s: with the install and MPS, one call of at most 600 s.
+    step kernels 110 $bench kernels -b 4K -e 256M -f 4 --json "$work/kernels.json"
+    # The same kernels captured into CUDA graphs: the device's time at the small sizes, where the
+    # per-call events above hold the host's enqueue (H100, 2026-11-25: 22-140 us per call).
+    step kernels_graph 50 $bench kernels -b 4K -e 16M -f 4 -G 5 --json "$work/kernels_graph.json"
     for c in $main4; do
-        step "${c}_np2" 100 $bench "$c" --nproc 2 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np2.json"
+        step "${c}_np2" 75 $bench "$c" --nproc 2 -b 8 -e 256M -f 4 --compare gloo --json "$work/${c}_np2.json"
     done
-    step latency_np2 60 $bench all_reduce --nproc 2 -b 8 -e 64K -f 2 -n 200 -w 20 --rounds 3 --compare gloo --json "$work/latency_np2.json"
-    step launches 60 python3 -m gpucomm._bench.launches --nproc 2 --json "$work/launches.json"
+    step latency_np2 40 $bench all_reduce --nproc 2 -b 8 -e 64K -f 2 -n 200 -w 20 --rounds 3 --compare gloo --json "$work/latency_np2.json"
+    step latency_np2_graph 30 $bench all_reduce --nproc 2 -b 8 -e 64K -f 2 -n 100 -w 20 --rounds 3 -G 10 --json "$work/latency_np2_graph.json"
+    step launches 40 python3 -m gpucomm._bench.launches --nproc 2 --json "$work/launches.json"
     ;;
 bench4)
     for c in $main4; do

@@ -23,7 +23,7 @@ from gpucomm.reduce_op import ReduceOp
 from .hostinfo import device_name, versions
 from .collectives import CHECK_RANGES, poison_value
 from .runner import DTYPES
-from .timing import time_calls
+from .timing import time_calls, time_graph
 
 __all__ = ["run_kernels"]
 
@@ -67,8 +67,10 @@ def _line(row: dict) -> str:
     )
 
 
-def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, json_path, plot_path, argv) -> int:
-    """Measure every available implementation; 0 if no check found a wrong value."""
+def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, json_path, plot_path, argv,
+                graph_launches: int = 0) -> int:
+    """Measure every available implementation; 0 if no check found a wrong value. ``graph_launches``
+    > 0 times each kernel's calls captured into a CUDA graph (:func:`timing.time_graph`)."""
     if device_kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("gpucomm-bench kernels: --device cuda asked for, but torch sees no CUDA device")
     on_gpu = device_kind != "cpu" and torch.cuda.is_available()
@@ -85,6 +87,15 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
     if not on_gpu:
         notes.append("CPU run: the torch reference only (Triton on CPU runs only under its slow "
                      "interpreter; the CUDA kernels need a GPU)")
+    if graph_launches:
+        if not on_gpu:
+            raise ValueError("gpucomm-bench kernels: -G/--cudagraph needs a CUDA device")
+        notes.append(f"time: {iters} calls captured into a CUDA graph, replayed {graph_launches} times, per call")
+
+        def timed(call, device, warmup, iters):  # noqa: ANN001, ANN202
+            return time_graph(call, device, warmup, iters, graph_launches)
+    else:
+        timed = time_calls
     print(_header(device, dtype_name, op_name, list(impls), notes), flush=True)
 
     rows, wrong_total = [], 0
@@ -94,7 +105,7 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
         ints = _inputs(max(REDUCE_INPUTS), numel, op_name, device)
         src = ints[0].to(dtype)
         out = torch.empty(numel, dtype=dtype, device=device)
-        copy_s = time_calls(partial(out.copy_, src), device, warmup, iters)
+        copy_s = timed(partial(out.copy_, src), device, warmup, iters)
         roof = 2 * nbytes / copy_s / 1e9
         base = {"size": nbytes, "count": numel, "type": dtype_name}
         row = {**base, "impl": "torch", "kernel": "copy_", "k": 1, "time_us": copy_s * 1e6, "gbps": roof,
@@ -121,7 +132,7 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
                         torch.cuda.synchronize(device)
                     wrong = int((out != expected).sum().item())
                     wrong_total += wrong
-                seconds = time_calls(call, device, warmup, iters)
+                seconds = timed(call, device, warmup, iters)
                 gbps = (k + 1) * nbytes / seconds / 1e9
                 row = {**base, "impl": name, "kernel": kernel, "k": k, "time_us": seconds * 1e6, "gbps": gbps,
                        "roof_fraction": gbps / roof, "wrong": wrong}
@@ -132,7 +143,7 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
     if json_path:
         settings = {
             "argv": list(argv), "dtype": dtype_name, "op": op_name, "iters": iters, "warmup": warmup,
-            "check": check, "sizes": list(sizes), "device": str(device),
+            "check": check, "sizes": list(sizes), "device": str(device), "graph_launches": graph_launches,
             "device_name": device_name(device), "versions": versions(),
             "implementations": list(impls), "notes": notes, "host": socket.gethostname(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

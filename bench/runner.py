@@ -32,7 +32,7 @@ from .collectives import SPECS, Case, poison_value
 from .hostinfo import device_name, versions
 from .report import VARIANTS, avg_busbw, comparison_table, table_footer, table_header, table_row
 from .rounds import combine_rounds, round_order
-from .timing import time_calls
+from .timing import time_calls, time_graph
 
 __all__ = ["Settings", "run_rank", "DTYPES", "PLANT_ERROR_ENV"]
 
@@ -72,6 +72,7 @@ class Settings:
     max_bytes: int = 0  # as asked (-e); the last row may be smaller
     rounds: int = 1
     bind: str = "auto"  # auto | none | core: where spawned ranks may run (bench/launch.py)
+    graph_launches: int = 0  # -G: > 0 times the calls captured into a CUDA graph (timing.time_graph)
 
 
 def _device(kind: str, local_rank: int) -> torch.device:
@@ -140,7 +141,10 @@ def _measure(spec, case: Case, backend, inplace: bool, s: Settings) -> dict | No
             wrong = int((prepared.result != prepared.expected()).sum().item())
     prepared.reset()
     backend.mod.barrier()
-    seconds = time_calls(prepared.call, case.device, s.warmup, s.iters)
+    if s.graph_launches:
+        seconds = time_graph(prepared.call, case.device, s.warmup, s.iters, s.graph_launches)
+    else:
+        seconds = time_calls(prepared.call, case.device, s.warmup, s.iters)
     return {"seconds": seconds, "wrong": wrong}
 
 
@@ -396,6 +400,9 @@ def _gpucomm_line(served: dict, device: torch.device) -> str:
 
 def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
     timing = "# time: median over iterations of each rank, averaged over ranks"
+    if s.graph_launches:
+        timing = (f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times, "
+                  "per iteration, averaged over ranks")
     if s.rounds > 1:
         timing += f", median over {s.rounds} rounds (backends in alternating order)"
     lines = [

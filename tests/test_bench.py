@@ -281,7 +281,7 @@ def test_help_shows_every_default():
     # One block per option: its names, then its help, wrapped onto indented lines.
     section = proc.stdout.split("\noptions:\n", 1)[1]
     blocks = {b.split()[0].rstrip(","): " ".join(b.split()) for b in re.split(r"\n(?=  -)", section) if b.strip()}
-    assert len(blocks) >= 23, list(blocks)  # -h and the 22 options of today
+    assert len(blocks) >= 24, list(blocks)  # -h and the 23 options of today
     for name, block in blocks.items():
         assert name == "-h" or "(default: " in block, block
     assert blocks["--rounds"].endswith("(default: 1)")
@@ -368,3 +368,27 @@ def test_gpu_latency_says_it_needs_cuda():
     help_text = subprocess.run([sys.executable, "-m", "gpucomm._bench.gpu_latency", "--help"],
                                capture_output=True, text=True, timeout=120).stdout
     assert "--per-graph" in help_text and "eager" in help_text
+
+
+def test_cudagraph_refuses_what_it_cannot_capture(monkeypatch):
+    """-G (nccl-tests' graph launches) is refused before any rank starts where it cannot run: on
+    CPU tensors, and with gloo, whose calls copy through the host and cannot be captured."""
+    import torch
+
+    from gpucomm._bench import cli
+    from gpucomm._bench.timing import time_graph
+
+    proc = _bench(["all_reduce", "--backend", "gloo", "--nproc", "2", "-G", "5", "--device", "cpu", "-e", "8"])
+    assert proc.returncode == 2 and "-G/--cudagraph replays a CUDA graph and needs CUDA tensors, got --device cpu" in proc.stderr
+    proc = _bench(["kernels", "-G", "5", "-e", "8"])
+    assert proc.returncode == 2 and "needs CUDA tensors" in proc.stderr, proc.stderr
+    assert _bench(["all_reduce", "-G", "-1", "-e", "8"]).returncode == 2
+    # Past the device check (as on a GPU host): gloo anywhere in the run is refused.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for backends in (["--backend", "gloo"], ["--backend", "gpucomm", "--compare", "nccl,gloo"]):
+        args = cli.build_parser().parse_args(["all_reduce", "-G", "5", *backends])
+        with pytest.raises(ValueError, match="gloo's cannot be captured"):
+            cli._check_cudagraph(args)
+    cli._check_cudagraph(cli.build_parser().parse_args(["all_reduce", "-G", "5", "--backend", "gpucomm", "--compare", "nccl"]))
+    with pytest.raises(ValueError, match="time_graph: CUDA graphs need a CUDA device, got cpu"):
+        time_graph(lambda: None, torch.device("cpu"), 1, 1, 1)
