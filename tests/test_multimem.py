@@ -18,6 +18,7 @@ import random
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -45,7 +46,7 @@ def _aot_worker() -> dict:
 
     signature = {
         "mc_base": "i64", "peers_ptr": "*i64", "offset": "i64", "signal_offset": "i64", "state_addr": "i64",
-        "record_addr": "i64", "rank": "i32", "world": "i32", "lo": "i64", "hi": "i64", "timeout_ns": "i64",
+        "record_addr": "i64", "rank": "i32", "world": "i32", "lo": "i32", "hi": "i32", "timeout_ns": "i64",
     }
     report = {}
     for dtype, op, unit_elems, _, _ in AOT_CASES:
@@ -58,7 +59,13 @@ def _aot_worker() -> dict:
         except Exception as exc:  # reported per case, so one failure does not hide the others
             report[dtype] = f"{type(exc).__name__}: {exc}"
             continue
-        report[dtype] = {"multimem": sorted(set(_MULTIMEM.findall(compiled.asm["ptx"]))), "cubin": len(compiled.asm["cubin"])}
+        ptx = compiled.asm["ptx"]
+        red = ptx.find("multimem.red.release")
+        report[dtype] = {
+            "multimem": sorted(set(_MULTIMEM.findall(ptx))), "cubin": len(compiled.asm["cubin"]),
+            # What follows the barrier's multicast add before the wait's first ordinary load.
+            "after_red": ptx[red : ptx.find("atom.", red)] if red >= 0 else "",
+        }
     return report
 
 
@@ -80,8 +87,38 @@ def test_sm90_ptx_reduces_in_the_switch(sm90: dict, case: tuple) -> None:
     assert seen["cubin"] > 0, "ptxas made no cubin"
     assert ld_reduce in seen["multimem"], seen["multimem"]
     assert st in seen["multimem"], seen["multimem"]
-    # The barrier: one multicast add with release semantics at system scope.
+    # The barrier: one multicast add with release semantics at system scope, then the proxy fence
+    # that orders it before the wait's poll of the same word through its ordinary address.
     assert "multimem.red.release.sys.global.add.u64" in seen["multimem"], seen["multimem"]
+    assert "fence.proxy.alias" in seen["after_red"], seen["after_red"]
+
+
+def test_unit_addresses_past_2_gib_do_not_wrap() -> None:
+    """The switch's addresses are computed as integers from the unit index, which Triton types as
+    an i32 where it fits: a slice starting past 2 GiB of a tensor must not wrap. Under the
+    interpreter, whose i32 arithmetic wraps as the compiled kernel's does."""
+    code = textwrap.dedent(
+        """
+        import torch, triton, triton.language as tl
+        from gpucomm._kernels.triton.multimem import _unit_address
+
+        @triton.jit
+        def k(out, mc_base, offset, lo, UNIT_BYTES: tl.constexpr):
+            units = lo + tl.arange(0, 4)
+            tl.store(out + tl.arange(0, 4), _unit_address(mc_base, offset, units, UNIT_BYTES))
+
+        for unit_bytes in (16, 8, 4):
+            lo = (1 << 31) // unit_bytes + 5  # the first unit past 2 GiB, and 5 more
+            out = torch.zeros(4, dtype=torch.int64)
+            k[(1,)](out, 1 << 40, 4096, lo, UNIT_BYTES=unit_bytes)
+            want = [(1 << 40) + 4096 + (lo + i) * unit_bytes for i in range(4)]
+            assert out.tolist() == want, (unit_bytes, out.tolist(), want)
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
 def _view(rank: int, world_size: int, seed: int) -> list[str]:

@@ -51,6 +51,13 @@ SWITCH_REDUCES = {
 }
 
 
+@triton.jit
+def _unit_address(mc_base, offset, units, UNIT_BYTES: tl.constexpr):
+    """The multicast address of each unit: 64-bit arithmetic, since Triton types a unit index
+    that fits 32 bits as an i32 and a tensor's units past 2 GiB / UNIT_BYTES would wrap."""
+    return mc_base + offset + units.to(tl.int64) * UNIT_BYTES
+
+
 if INTERPRETED:
 
     @triton.jit
@@ -79,15 +86,15 @@ else:
         """One unit per lane (a 16-byte vector of floats, one integer), reduced by the switch at
         the multicast address and stored to every rank's copy."""
         if DTYPE == tl.float32:
-            _ld_reduce_st_v4(mc_base + offset + units * 16, mask, "add.v4.f32", "v4.f32")
+            _ld_reduce_st_v4(_unit_address(mc_base, offset, units, 16), mask, "add.v4.f32", "v4.f32")
         elif DTYPE == tl.bfloat16:
-            _ld_reduce_st_v4(mc_base + offset + units * 16, mask, "add.acc::f32.v4.bf16x2", "v4.bf16x2")
+            _ld_reduce_st_v4(_unit_address(mc_base, offset, units, 16), mask, "add.acc::f32.v4.bf16x2", "v4.bf16x2")
         elif DTYPE == tl.float16:
-            _ld_reduce_st_v4(mc_base + offset + units * 16, mask, "add.acc::f32.v4.f16x2", "v4.f16x2")
+            _ld_reduce_st_v4(_unit_address(mc_base, offset, units, 16), mask, "add.acc::f32.v4.f16x2", "v4.f16x2")
         elif DTYPE == tl.int32:
-            _ld_reduce_st_word(mc_base + offset + units * 4, mask, OP, 32)
+            _ld_reduce_st_word(_unit_address(mc_base, offset, units, 4), mask, OP, 32)
         else:
-            _ld_reduce_st_word(mc_base + offset + units * 8, mask, OP, 64)
+            _ld_reduce_st_word(_unit_address(mc_base, offset, units, 8), mask, OP, 64)
 
     @triton.jit
     def _ld_reduce_st_v4(addr, mask, LD: tl.constexpr, ST: tl.constexpr):
@@ -150,9 +157,14 @@ else:
 
     @triton.jit
     def _signal_all(mc_base, peers_ptr, pad, lanes, world):
-        """``multimem.red.release.sys``: +1 to word ``pad`` of every rank's heap, from lane 0."""
+        """``multimem.red.release.sys``: +1 to word ``pad`` of every rank's heap, from lane 0.
+        Then ``fence.proxy.alias`` in every thread: the add goes through the multicast address and
+        the wait polls the same word through the ordinary one, two aliases of one memory, whose
+        accesses the CUDA programming guide orders only across that fence (its multimem barrier
+        example puts it between the two, as here)."""
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.eq.b32 p, $2, 0; @p multimem.red.release.sys.global.add.u64 [$1], 1; mov.b32 $0, 0; }",
+            "{ .reg .pred p; setp.eq.b32 p, $2, 0; @p multimem.red.release.sys.global.add.u64 [$1], 1; "
+            "fence.proxy.alias; mov.b32 $0, 0; }",
             "=r,l,r", [mc_base + pad + lanes.to(tl.int64) * 0, lanes], dtype=tl.int32, is_pure=False, pack=1,
         )
 
