@@ -36,30 +36,37 @@ from gpucomm.transport import vmm
 
 rank, world, port, nbytes, order = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 store = torch.distributed.TCPStore("127.0.0.1", port, world, rank == 0, timeout=__import__("datetime").timedelta(seconds=30))
+from gpucomm.transport import heap_open
 assert vmm.vmm_unavailable(0) == "", vmm.vmm_unavailable(0)
-assert vmm.multicast_unavailable([0]) == ""
-assert "ranks share a GPU" in vmm.multicast_unavailable([0, 0])
+me = vmm.gpu_identity(0)
+assert len(me) == 32, me
+assert vmm.multicast_unavailable(0, [me, me[::-1]]) == ""
+assert "ranks share a GPU" in vmm.multicast_unavailable(0, [me, me])
 exchange = FdExchange("test/", rank, world, timeout=30)
 heap = vmm.open_vmm_heap(exchange, rank, world, 0, nbytes)
-barrier = vmm.store_barrier(store, "test/", rank, world, timeout=30)
+agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
+barrier = lambda stage: agreed(stage, "")
 # The heap is shared: write this rank's number into its heap, read every rank's through its mapping.
 ctypes.c_int64.from_address(heap.bases[rank] + 64).value = 1000 + rank
 barrier("written")
 seen = [ctypes.c_int64.from_address(base + 64).value for base in heap.bases]
 assert seen == [1000 + p for p in range(world)], seen
 assert ctypes.c_int64.from_address(heap.bases[rank]).value == 0  # zeroed at creation
-if order == "engine":  # the engine's path (gpucomm.transport.heap_open): every rank on the double's one GPU
-    from gpucomm.transport import heap_open
+if order == "engine":  # the engine's path (gpucomm.transport.heap_open), GPUs as the test's env says
     heap.release()
-    agreed = lambda mine: heap_open.agree(store, "engine/kind/", rank, world, 30, mine)
-    print("kind:", heap_open.heap_kind(torch.device("cuda", 0), agreed))
+    kind = lambda mine: heap_open.agree(store, "engine/kind/", rank, world, 30, mine)
+    print("kind:", heap_open.heap_kind(torch.device("cuda", 0), kind))
     mapping, mc, release, why = heap_open.open_vmm_parts(store, "engine/", rank, world, 0, nbytes, 30)
-    print("multicast:", mc, "why:", why)
+    print("multicast:", "made" if mc else None, "why:", why, "size:", mapping.size)
+    if mc:  # the heap's bytes through the multicast mapping (the double's object is memory of its own)
+        ctypes.c_int64.from_address(mc.address + 8 * rank).value = 7
+    barrier("engine_used")
     release()
     exchange.close()
     sys.exit(0)
 if order == "kept":
-    mc = vmm.bind_multicast(exchange, barrier, rank, world, heap)
+    mc, why = vmm.bind_multicast(exchange, agreed, rank, world, heap)
+    assert why == "", why
     barrier("used")
     mc.release()
 else:  # rank 1 binds before every device is added: the double refuses, as the driver does
@@ -85,7 +92,7 @@ exchange.close()
 """
 
 
-def _run(tmp_path, order: str) -> list:
+def _run(tmp_path, order: str, rank_env: dict[int, dict[str, str]] | None = None) -> list:
     library = cuda_double.build()
     log = tmp_path / "calls.log"
     env = {
@@ -96,8 +103,8 @@ def _run(tmp_path, order: str) -> list:
     port = free_port()
     script = textwrap.dedent(_RANK)
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(r), str(WORLD), str(port), str(HEAP), order], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-c", script, str(r), str(WORLD), str(port), str(HEAP), order],
+                         env={**env, **(rank_env or {}).get(r, {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(WORLD)
     ]
     outs = []
@@ -171,7 +178,40 @@ def test_the_engines_path_shares_the_heap_and_names_why_there_is_no_multicast(tm
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert "kind: ('vmm', '')" in out, out
-        assert "multicast: None why: rank 0: ranks share a GPU (devices [0, 0])" in out, out
+        assert "multicast: None why: rank 0: ranks share a GPU (UUID 60616263...)" in out, out
     assert not [c for c in calls if c.entry.startswith("cuMulticast")]
     # Two heaps per rank (the test's own, then the engine path's), each imported by the other rank.
     assert len([c for c in calls if c.entry == "cuMemImportFromShareableHandle"]) == 2 * WORLD
+
+
+# Each rank a GPU of its own: the double's UUID per process.
+OWN_GPUS = {r: {"DRIVER_DOUBLE_GPU_UUID": f"{r + 1:02x}" * 16} for r in range(WORLD)}
+
+
+def test_the_engines_path_binds_a_heap_sized_to_the_multicast_granularity(tmp_path) -> None:
+    """A GPU per rank: the multicast object is made, and the heap (3 MiB asked, 2 MiB allocation
+    granularity) is a multiple of the minimum multicast granularity: 4 MiB, not the recommended
+    8 MiB's multiple the set-up once demanded (and, with the heap at 4 MiB, refused)."""
+    outs, calls = _run(tmp_path, "engine", OWN_GPUS)
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        assert f"multicast: made why:  size: {4 << 20}" in out, out
+    assert len([c for c in calls if c.entry == "cuMulticastBindMem" and "refused" not in c]) == WORLD
+
+
+@pytest.mark.parametrize("failing_rank, entry", [(0, "cuMulticastCreate"), (1, "cuMulticastBindMem")])
+def test_a_multicast_call_failing_on_one_rank_leaves_every_rank_the_heap_and_the_reason(tmp_path, failing_rank, entry) -> None:
+    """The driver refuses one rank's part of the multicast set-up: every rank goes on with the heap
+    alone, names that rank's reason, and releases what it made of the object, within the test's
+    time (not the 30 s a peer would wait for a barrier the failing rank never reaches)."""
+    env = {r: dict(e) for r, e in OWN_GPUS.items()}
+    env[failing_rank]["DRIVER_DOUBLE_FAIL"] = entry
+    outs, calls = _run(tmp_path, "engine", env)
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        assert f"multicast: None why: rank {failing_rank}: gpucomm symmetric heap: {entry} failed: CUDA_ERROR_OUT_OF_MEMORY" in out, out
+    multicast_releases = [c for c in calls if c.entry == "cuMemRelease" and c.get("multicast") == "1"]
+    made = [c for c in calls if c.entry == "cuMulticastCreate"] + [
+        c for c in calls if c.entry == "cuMemImportFromShareableHandle" and c.get("multicast") == "1"
+    ]
+    assert len(multicast_releases) == len(made)  # every handle made of the object is released

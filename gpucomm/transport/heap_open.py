@@ -19,11 +19,12 @@ Every choice that must be the same on every rank is agreed through the store
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable
 
 import torch
 
-from gpucomm.errors import CommTimeoutError
+from gpucomm.errors import CommTimeoutError, GpucommError
 from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.transport.opening import open_workspace
 from gpucomm.transport.workspace import Workspace
@@ -113,14 +114,25 @@ def open_vmm_parts(
     exchange = FdExchange(prefix, rank, world_size, timeout)
     mapping = multicast = None
     try:
-        mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes)
-        devices = agree(store, prefix + "device/", rank, world_size, timeout, str(index))
-        mine = vmm.multicast_unavailable([int(d) for d in devices])
-        reasons = agree(store, prefix + "multicast/", rank, world_size, timeout, mine)
-        why = next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
+        # Agreed before any heap is made: whether a multicast object will bind the heaps, and so
+        # the multicast granularity their size must be a multiple of.
+        identities = agree(store, prefix + "device/", rank, world_size, timeout, vmm.gpu_identity(index))
+        mine, granularity = vmm.multicast_unavailable(index, identities), 1
+        if not mine:
+            try:
+                granularity = vmm.multicast_granularity(index, world_size, nbytes)
+            except GpucommError as exc:
+                mine = str(exc)
+        verdicts = [json.loads(v) for v in agree(store, prefix + "multicast/", rank, world_size, timeout,
+                                                 json.dumps({"why": mine, "granularity": granularity}))]
+        why = next((f"rank {r}: {v['why']}" for r, v in enumerate(verdicts) if v["why"]), "")
+        align = 1 if why else max(v["granularity"] for v in verdicts)
+        mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes, align=align)
         if not why:
-            barrier = vmm.store_barrier(store, prefix, rank, world_size, timeout)
-            multicast = vmm.bind_multicast(exchange, barrier, rank, world_size, mapping)
+            def agreed(stage: str, mine: str) -> list[str]:
+                return agree(store, f"{prefix}{stage}/", rank, world_size, timeout, mine)
+
+            multicast, why = vmm.bind_multicast(exchange, agreed, rank, world_size, mapping)
     except BaseException:
         if mapping is not None:
             mapping.release()

@@ -15,16 +15,24 @@ The heap (:func:`open_vmm_heap`), on every local rank:
    range: rank p's heap at ``base + p * size`` in every process.
 
 The multicast object (:func:`bind_multicast`, NVLink SHARP), where every GPU of the node reports
-``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` and no two ranks share a GPU:
+``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` and no two ranks share a GPU (told apart by UUID, the
+same in every process whatever the GPU's ordinal there: with one visible GPU per rank every rank's
+is 0). The heap's size is then a multiple of the multicast granularity too
+(``CU_MULTICAST_GRANULARITY_MINIMUM``, what ``cuMulticastCreate`` and ``cuMulticastBindMem``
+require), agreed before any heap is made:
 
-1. rank 0 ``cuMulticastCreate``-s it for P devices and sends its descriptor to every peer, which
-   imports it;
-2. every rank ``cuMulticastAddDevice``-s its GPU; a store barrier: every device is added before
+1. rank 0 ``cuMulticastCreate``-s it for P devices; every rank says whether it could; rank 0
+   sends its descriptor to every peer, which imports it;
+2. every rank ``cuMulticastAddDevice``-s its GPU; a store agreement: every device is added before
    any rank binds memory (the driver requires every device before the first bind);
 3. every rank ``cuMulticastBindMem``-s its own heap to it and maps the object at an address of its
-   own (``cuMemMap``, ``cuMemSetAccess``); a store barrier: every rank has bound. Only after it
+   own (``cuMemMap``, ``cuMemSetAccess``); a store agreement: every rank has bound. Only after it
    does any rank release the object's handle (rank 0's, the creator's, included: its release
    before a peer's bind would leave the peer nothing to bind to).
+
+Each agreement carries every rank's verdict: a driver call that fails on one rank (no fabric
+manager, no resources) makes every rank release what it made of the object and go on with the
+heap alone, the failing rank's reason named, instead of the others waiting out the timeout.
 
 Release, per rank, in the reverse order: unmap and free the multicast address, unbind, release
 the object; unmap every heap part, free the range, release every handle. A VMM allocation lives
@@ -38,16 +46,18 @@ opens (at the group's first ``gpucomm.empty``).
 
 from __future__ import annotations
 
-import datetime
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from gpucomm.errors import CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import GpucommError, UnsupportedError
 from gpucomm.transport.fdpass import FdExchange
 
-__all__ = ["vmm_unavailable", "multicast_unavailable", "open_vmm_heap", "bind_multicast", "VmmHeap", "Multicast"]
+__all__ = [
+    "vmm_unavailable", "gpu_identity", "multicast_unavailable", "multicast_granularity", "open_vmm_heap", "bind_multicast",
+    "VmmHeap", "Multicast",
+]
 
 _POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 _ATTR_VMM = 102  # CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
@@ -105,23 +115,56 @@ def vmm_unavailable(device: int) -> str:
     return ""
 
 
-def multicast_unavailable(devices: list[int]) -> str:
-    """Why the node's GPUs (one per local rank, ``devices``) cannot share a multicast object
-    ("" if they can): the one-line reason the engine gives at init."""
-    if len(set(devices)) != len(devices):
-        return f"ranks share a GPU (devices {devices}): a multicast object takes each GPU once"
+def gpu_identity(device: int) -> str:
+    """``device``'s UUID in hex: one GPU reads the same in every process, whatever its ordinal
+    there ("" where the driver cannot say)."""
+    try:
+        driver = _driver()
+        _current_context(driver, device)
+        return bytes(_check(driver.cuDeviceGetUuid(device), "cuDeviceGetUuid").bytes).hex()
+    except (UnsupportedError, GpucommError):
+        return ""
+
+
+def multicast_unavailable(device: int, identities: list[str]) -> str:
+    """Why this rank's GPU (``device``) cannot join the node's multicast object ("" if it can):
+    ``identities`` is every local rank's :func:`gpu_identity`, in rank order. One line, as the
+    engine gives it at init."""
+    if "" in identities:
+        return f"the driver did not say which GPU rank {identities.index('')} has (cuDeviceGetUuid)"
+    if len(set(identities)) != len(identities):
+        shared = sorted({i[:8] for i in identities if identities.count(i) > 1})
+        return f"ranks share a GPU (UUID {', '.join(shared)}...): a multicast object takes each GPU once"
     try:
         driver = _driver()
         version = int(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
         if version < _MULTICAST_DRIVER:
             return f"the driver supports CUDA {version // 1000}.{version % 1000 // 10}, multicast needs 12.1"
-        for device in devices:
-            _current_context(driver, device)
-            if not _attribute(driver, _ATTR_MULTICAST, device):
-                return f"GPU {device} reports no CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (needs sm_90 or newer on NVSwitch)"
+        _current_context(driver, device)
+        if not _attribute(driver, _ATTR_MULTICAST, device):
+            return f"GPU {device} reports no CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (needs sm_90 or newer on NVSwitch)"
     except (UnsupportedError, GpucommError) as exc:
         return str(exc)
     return ""
+
+
+def multicast_granularity(device: int, world_size: int, nbytes: int) -> int:
+    """The size a heap bound to a multicast object of ``world_size`` GPUs must be a multiple of
+    (``CU_MULTICAST_GRANULARITY_MINIMUM``: what creating and binding require; the recommended
+    one is a performance hint, and reportedly far larger)."""
+    driver = _driver()
+    _current_context(driver, device)
+    minimum = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_MINIMUM
+    return int(_check(driver.cuMulticastGetGranularity(_multicast_prop(driver, world_size, nbytes), minimum), "cuMulticastGetGranularity"))
+
+
+def _multicast_prop(driver: ModuleType, world_size: int, size: int) -> object:
+    prop = driver.CUmulticastObjectProp()
+    prop.numDevices = world_size
+    prop.handleTypes = _POSIX_FD
+    prop.flags = 0
+    prop.size = size
+    return prop
 
 
 @dataclass
@@ -161,8 +204,10 @@ def _access(driver: ModuleType, device: int) -> object:
     return desc
 
 
-def open_vmm_heap(exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int) -> VmmHeap:
-    """Create, share and map every rank's heap (module docstring); collective over the node."""
+def open_vmm_heap(exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int = 1) -> VmmHeap:
+    """Create, share and map every rank's heap (module docstring); collective over the node. Its
+    size is ``nbytes`` rounded up to the allocation granularity and to ``align`` (a power of two:
+    the multicast granularity where the heap will be bound to a multicast object)."""
     driver = _driver()
     _current_context(driver, device)
     prop = driver.CUmemAllocationProp()
@@ -172,7 +217,8 @@ def open_vmm_heap(exchange: FdExchange, rank: int, world_size: int, device: int,
     prop.requestedHandleTypes = driver.CUmemAllocationHandleType(_POSIX_FD)
     recommended = driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
     granularity = int(_check(driver.cuMemGetAllocationGranularity(prop, recommended), "cuMemGetAllocationGranularity"))
-    size = -(-nbytes // granularity) * granularity
+    unit = max(granularity, align)  # both powers of two: the larger is a multiple of the other
+    size = -(-nbytes // unit) * unit
     heap = VmmHeap(bases=[0] * world_size, size=size, device=device, own_handle=None)
     try:
         handle = _check(driver.cuMemCreate(size, prop, 0), "cuMemCreate")
@@ -219,14 +265,18 @@ class Multicast:
     device: int
     _handle: object = None
     _bound: bool = False
+    _reserved: bool = False
     _mapped: bool = False
 
     def release(self) -> None:
+        """Undo what was made, in reverse (a set-up that stopped part-way releases its part)."""
         driver = _driver()
         if self._mapped:
             _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
             self._mapped = False
             _check(driver.cuMemUnmap(self.address, self.size), "cuMemUnmap")
+        if self._reserved:
+            self._reserved = False
             _check(driver.cuMemAddressFree(self.address, self.size), "cuMemAddressFree")
         if self._bound:
             self._bound = False
@@ -237,63 +287,80 @@ class Multicast:
 
 
 def bind_multicast(
-    exchange: FdExchange, barrier: Callable[[str], None], rank: int, world_size: int, heap: VmmHeap
-) -> Multicast:
-    """Create (rank 0), import, add every device, bind every heap, map (module docstring).
-    ``barrier(stage)`` returns once every local rank has reached ``stage``."""
+    exchange: FdExchange, agreed: Callable[[str, str], list[str]], rank: int, world_size: int, heap: VmmHeap
+) -> tuple[Multicast | None, str]:
+    """Create (rank 0), import, add every device, bind every heap, map (module docstring): the
+    mapped object and "", or None and the first failing rank's reason, the same on every rank.
+    ``agreed(stage, mine)`` returns every local rank's ``mine`` at ``stage`` ("" for done)."""
     driver = _driver()
     _current_context(driver, heap.device)
-    prop = driver.CUmulticastObjectProp()
-    prop.numDevices = world_size
-    prop.handleTypes = _POSIX_FD
-    prop.flags = 0
-    prop.size = heap.size
-    recommended = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_RECOMMENDED
-    granularity = int(_check(driver.cuMulticastGetGranularity(prop, recommended), "cuMulticastGetGranularity"))
-    if heap.size % granularity:
-        raise UnsupportedError(f"the heap's {heap.size} bytes are not a multiple of the multicast granularity {granularity}")
+    prop = _multicast_prop(driver, world_size, heap.size)
     mc = Multicast(address=0, size=heap.size, device=heap.device)
+    fd = -1
+
+    def settled(stage: str, failure: str) -> str:
+        reasons = agreed(stage, failure)
+        return next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
+
     try:
+        failure = ""
         if rank == 0:
-            mc._handle = _check(driver.cuMulticastCreate(prop), "cuMulticastCreate")
-            fd = int(_check(driver.cuMemExportToShareableHandle(mc._handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
             try:
-                exchange.send(list(range(1, world_size)), fd, _TAG_MULTICAST)
-            finally:
-                os.close(fd)
-        else:
-            fd = exchange.receive(1)[(0, _TAG_MULTICAST)]
-            try:
-                mc._handle = _check(driver.cuMemImportFromShareableHandle(fd, driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
-            finally:
-                os.close(fd)
-        _check(driver.cuMulticastAddDevice(mc._handle, heap.device), "cuMulticastAddDevice")
-        barrier("mc_added")  # every device added before any bind
-        _check(driver.cuMulticastBindMem(mc._handle, 0, heap.own_handle, 0, heap.size, 0), "cuMulticastBindMem")
-        mc._bound = True
-        mc.address = int(_check(driver.cuMemAddressReserve(heap.size, granularity, 0, 0), "cuMemAddressReserve"))
-        _check(driver.cuMemMap(mc.address, heap.size, 0, mc._handle, 0), "cuMemMap")
-        mc._mapped = True
-        _check(driver.cuMemSetAccess(mc.address, heap.size, [_access(driver, heap.device)], 1), "cuMemSetAccess")
-        barrier("mc_bound")  # every rank bound: from here any rank may release its handle
+                mc._handle = _check(driver.cuMulticastCreate(prop), "cuMulticastCreate")
+                fd = int(_check(driver.cuMemExportToShareableHandle(mc._handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+            except GpucommError as exc:
+                failure = str(exc)
+        why = settled("mc_created", failure)
+        if not why:
+            failure = _import_and_add(driver, exchange, rank, world_size, mc, fd)
+            why = settled("mc_added", failure)  # every device added before any bind
+        if not why:
+            failure = _bind_and_map(driver, heap, mc, prop)
+            why = settled("mc_bound", failure)  # every rank bound: from here any rank may release its handle
     except BaseException:
         mc.release()
         raise
-    return mc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if why:
+        mc.release()  # after the agreement: no rank binds to what another releases
+        return None, why
+    return mc, ""
 
 
-def store_barrier(store: object, prefix: str, rank: int, world_size: int, timeout: float) -> Callable[[str], None]:
-    """``barrier(stage)`` over the store: set ``{prefix}{stage}/{rank}``, wait for every rank's."""
+def _import_and_add(driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, mc: Multicast, fd: int) -> str:
+    """Rank 0 sends the object's descriptor, the others import it; every rank adds its GPU. The
+    driver's refusal as text ("" for done)."""
+    try:
+        if rank == 0:
+            exchange.send(list(range(1, world_size)), fd, _TAG_MULTICAST)
+        else:
+            received = exchange.receive(1)[(0, _TAG_MULTICAST)]
+            try:
+                mc._handle = _check(driver.cuMemImportFromShareableHandle(received, driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
+            finally:
+                os.close(received)
+        _check(driver.cuMulticastAddDevice(mc._handle, mc.device), "cuMulticastAddDevice")
+    except GpucommError as exc:
+        return str(exc)
+    return ""
 
-    def barrier(stage: str) -> None:
-        keys = [f"{prefix}{stage}/{r}" for r in range(world_size)]
-        store.set(keys[rank], b"1")
-        try:
-            store.wait(keys, datetime.timedelta(seconds=timeout))
-        except RuntimeError as exc:
-            missing = [r for r, key in enumerate(keys) if not store.check([key])]
-            if not missing:
-                raise
-            raise CommTimeoutError("multicast set-up", None, rank, missing, timeout, detail=f"no '{stage}' from them") from exc
 
-    return barrier
+def _bind_and_map(driver: ModuleType, heap: VmmHeap, mc: Multicast, prop: object) -> str:
+    """This rank's heap bound to the object, the object mapped at an address of its own ("" for
+    done, else the driver's refusal)."""
+    try:
+        _check(driver.cuMulticastBindMem(mc._handle, 0, heap.own_handle, 0, heap.size, 0), "cuMulticastBindMem")
+        mc._bound = True
+        recommended = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_RECOMMENDED
+        # Alignment only: address space is plentiful, and the recommended granularity suits any mapping.
+        granularity = int(_check(driver.cuMulticastGetGranularity(prop, recommended), "cuMulticastGetGranularity"))
+        mc.address = int(_check(driver.cuMemAddressReserve(heap.size, granularity, 0, 0), "cuMemAddressReserve"))
+        mc._reserved = True
+        _check(driver.cuMemMap(mc.address, heap.size, 0, mc._handle, 0), "cuMemMap")
+        mc._mapped = True
+        _check(driver.cuMemSetAccess(mc.address, heap.size, [_access(driver, heap.device)], 1), "cuMemSetAccess")
+    except GpucommError as exc:
+        return str(exc)
+    return ""

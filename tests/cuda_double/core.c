@@ -106,6 +106,7 @@ DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
     switch (error) {
         case CUDA_SUCCESS: *name = "CUDA_SUCCESS"; break;
         case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
+        case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
         case CUDA_ERROR_NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
         case CUDA_ERROR_INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
         case CUDA_ERROR_INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
@@ -137,6 +138,31 @@ DOUBLE_API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
     if (device != 0 || length <= 0) return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)length, "gpucomm driver double (sm_90)");
     return CUDA_SUCCESS;
+}
+
+// The GPU's UUID: DRIVER_DOUBLE_GPU_UUID (32 hex digits) where set, so that test processes can
+// each have a GPU of their own or share one; else one fixed UUID (every process on one GPU).
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+DOUBLE_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (device != 0 || uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    const char *hex = getenv("DRIVER_DOUBLE_GPU_UUID");
+    for (int i = 0; i < 16; i++) {
+        unsigned byte = 0x60 + (unsigned)i;
+        if (hex != NULL && strlen(hex) == 32) sscanf(hex + 2 * i, "%2x", &byte);
+        uuid->bytes[i] = (char)byte;
+    }
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) { return cuDeviceGetUuid_v2(uuid, device); }
+
+int double_fails(const char *entry) {
+    const char *failing = getenv("DRIVER_DOUBLE_FAIL");
+    return failing != NULL && strcmp(failing, entry) == 0;
 }
 
 // Attributes by cuda.h's numbering; the ones not listed read 0.

@@ -26,6 +26,7 @@ typedef struct DoubleGraph *CUgraphExec;
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
@@ -51,6 +52,10 @@ int double_initialised(void);
 CUgraph double_capturing(CUstream stream);
 // A launch captured into a graph: replayed (logged again) by every cuGraphLaunch of it.
 void double_graph_add(CUgraph graph, const char *line);
+
+// Test-only: whether DRIVER_DOUBLE_FAIL names `entry`, which then fails in this process with
+// CUDA_ERROR_OUT_OF_MEMORY (a rank whose driver refuses a call the others' make).
+int double_fails(const char *entry);
 
 // Device attributes another file answers (vmm.c: virtual memory, POSIX descriptors, multicast):
 // 1 with *value set if it knows `attribute`, else 0.

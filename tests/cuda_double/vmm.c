@@ -202,13 +202,16 @@ int double_attribute(int attribute, int *value) {
 DOUBLE_API CUresult cuMulticastGetGranularity(size_t *granularity, const CUmulticastObjectProp *prop, int option) {
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
     if (granularity == NULL || prop == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *granularity = GRANULARITY;
+    // As on a GPU, the recommended granularity (option 1) is larger than the minimum (0), which
+    // is what creating and binding require.
+    *granularity = option == 1 ? 4 * (size_t)GRANULARITY : GRANULARITY;
     double_log("cuMulticastGetGranularity", "option=%d", option);
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuMulticastCreate(CUmemGenericAllocationHandle *handle, const CUmulticastObjectProp *prop) {
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (double_fails("cuMulticastCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     if (handle == NULL || prop == NULL || prop->numDevices == 0 || prop->size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
     if (prop->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
     int fd = memfd_create("gpucomm-double-multicast", MFD_CLOEXEC);
@@ -233,6 +236,7 @@ DOUBLE_API CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle handle, CU
 DOUBLE_API CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_offset, CUmemGenericAllocationHandle mem, size_t mem_offset, size_t size, unsigned long long flags) {
     struct Handle *m = handle_of(mc), *h = handle_of(mem);
     if (m == NULL || h == NULL || !m->multicast || h->multicast || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (double_fails("cuMulticastBindMem")) return CUDA_ERROR_OUT_OF_MEMORY;
     if (mc_offset + size > m->size || mem_offset + size > h->size) return CUDA_ERROR_INVALID_VALUE;
     int added = __atomic_load_n(&m->header[1], __ATOMIC_SEQ_CST);
     if (added < m->header[0]) {
