@@ -86,9 +86,10 @@ class Region:
         return Region(addr, nbytes, alias_bytes(addr, nbytes, device))
 
 
-def alias_bytes(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+def alias_bytes(addr: int, nbytes: int, device: torch.device, owner: object = None) -> torch.Tensor:
     """A uint8 tensor over ``nbytes`` bytes at ``addr`` that does not own them, and whose
-    ``data_ptr()`` is ``addr`` (checked: a copy would read stale data forever after)."""
+    ``data_ptr()`` is ``addr`` (checked: a copy would read stale data forever after). On a GPU
+    the tensor's storage keeps ``owner`` alive (None: nothing)."""
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8, device=device)
     if device.type == "cpu":
@@ -99,7 +100,7 @@ def alias_bytes(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
         import cupy
 
         dev = device.index if device.index is not None else torch.cuda.current_device()
-        memory = cupy.cuda.UnownedMemory(addr, nbytes, None, dev)
+        memory = cupy.cuda.UnownedMemory(addr, nbytes, owner, dev)
         array = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
         # DLPack carries the device cupy was given; torch.as_tensor may instead infer the device
         # from the pointer (a peer GPU's) and copy to the one asked for, depending on the version.

@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.ops.contract import alias_bytes
 
 __all__ = ["SymmetricHeap", "FreeList", "StoreAgreement", "HEAP_ALIGN"]
 
@@ -162,7 +163,10 @@ class _Owner:
 def _tensor_over(owner: _Owner, device: torch.device) -> torch.Tensor:
     """A uint8 tensor over the owner's bytes whose storage holds the owner."""
     if device.type == "cuda":
-        return torch.as_tensor(owner, device=device)
+        # Not torch.as_tensor: it takes the device from the pointer, which for a peer's heap mapped
+        # here is the peer's GPU, and would copy to this one (alias_bytes checks it does not).
+        addr, nbytes = owner.__cuda_array_interface__["data"][0], owner.__cuda_array_interface__["shape"][0]
+        return alias_bytes(addr, nbytes, device, owner=owner)
     import numpy
 
     return torch.from_numpy(numpy.asarray(owner))
