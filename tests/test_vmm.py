@@ -43,6 +43,11 @@ assert len(me) == 32, me
 assert vmm.multicast_unavailable(0, [me, me[::-1]]) == ""
 assert "ranks share a GPU" in vmm.multicast_unavailable(0, [me, me])
 exchange = FdExchange("test/", rank, world, timeout=30)
+if order == "other_context":  # this thread holds another GPU's context when the heap opens
+    from cuda.bindings import driver
+    driver.cuInit(0)
+    _, other = driver.cuDevicePrimaryCtxRetain(1)
+    driver.cuCtxSetCurrent(other)
 heap = vmm.open_vmm_heap(exchange, rank, world, 0, nbytes)
 agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
 barrier = lambda stage: agreed(stage, "")
@@ -52,6 +57,11 @@ barrier("written")
 seen = [ctypes.c_int64.from_address(base + 64).value for base in heap.bases]
 assert seen == [1000 + p for p in range(world)], seen
 assert ctypes.c_int64.from_address(heap.bases[rank]).value == 0  # zeroed at creation
+if order == "other_context":
+    heap.release()
+    exchange.close()
+    print("context after open and release: device", int(driver.cuCtxGetDevice()[1]))
+    sys.exit(0)
 if order == "engine":  # the engine's path (gpucomm.transport.heap_open), GPUs as the test's env says
     heap.release()
     kind = lambda mine: heap_open.agree(store, "engine/kind/", rank, world, 30, mine)
@@ -215,3 +225,16 @@ def test_a_multicast_call_failing_on_one_rank_leaves_every_rank_the_heap_and_the
         c for c in calls if c.entry == "cuMemImportFromShareableHandle" and c.get("multicast") == "1"
     ]
     assert len(multicast_releases) == len(made)  # every handle made of the object is released
+
+
+def test_the_heap_opens_and_releases_on_its_gpu_whatever_context_the_thread_holds(tmp_path) -> None:
+    """A thread holding another GPU's context (a process driving several GPUs; a release run by
+    whichever thread drops the last tensor): the heap's calls run in its own GPU's primary
+    context (the double's memset refuses any other, as the driver's would fault), and the
+    thread's context is its own again after."""
+    outs, calls = _run(tmp_path, "other_context")
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        assert "context after open and release: device 1" in out, out
+    pushes = [c for c in calls if c.entry == "cuCtxPushCurrent"]
+    assert pushes and {c["device"] for c in pushes} == {"0"}

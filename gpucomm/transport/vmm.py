@@ -46,8 +46,9 @@ opens (at the group's first ``gpucomm.empty``).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -92,20 +93,29 @@ def _attribute(driver: ModuleType, attribute: int, device: int) -> int:
     return int(_check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute(attribute), device), "cuDeviceGetAttribute"))
 
 
-def _current_context(driver: ModuleType, device: int) -> None:
-    """Make ``device``'s primary context current (torch's runtime uses the same one)."""
+@contextlib.contextmanager
+def _on_device(driver: ModuleType, device: int) -> Iterator[None]:
+    """``device``'s primary context (the one torch's runtime uses) current for the calls inside,
+    the thread's own back after. The thread may hold another GPU's context (a process driving
+    several GPUs; a release run by whichever thread drops the last tensor), in which these calls
+    would act on the wrong GPU. The primary context stays retained: the heap's memory lives in it."""
     _check(driver.cuInit(0), "cuInit")
     ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
-        ctx = _check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
-        _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    if ctx is not None and int(ctx) != 0 and int(_check(driver.cuCtxGetDevice(), "cuCtxGetDevice")) == device:
+        yield
+        return
+    _check(driver.cuCtxPushCurrent(_check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        _check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
 
 def vmm_unavailable(device: int) -> str:
     """Why the heap cannot come from the virtual-memory API on ``device`` ("" if it can)."""
     try:
         driver = _driver()
-        _current_context(driver, device)
+        _check(driver.cuInit(0), "cuInit")  # a query: no context needed
         if not _attribute(driver, _ATTR_VMM, device):
             return f"GPU {device} does not support virtual memory management"
         if not _attribute(driver, _ATTR_POSIX_FD, device):
@@ -120,7 +130,7 @@ def gpu_identity(device: int) -> str:
     there ("" where the driver cannot say)."""
     try:
         driver = _driver()
-        _current_context(driver, device)
+        _check(driver.cuInit(0), "cuInit")  # a query: no context needed
         return bytes(_check(driver.cuDeviceGetUuid(device), "cuDeviceGetUuid").bytes).hex()
     except (UnsupportedError, GpucommError):
         return ""
@@ -140,7 +150,7 @@ def multicast_unavailable(device: int, identities: list[str]) -> str:
         version = int(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
         if version < _MULTICAST_DRIVER:
             return f"the driver supports CUDA {version // 1000}.{version % 1000 // 10}, multicast needs 12.1"
-        _current_context(driver, device)
+        _check(driver.cuInit(0), "cuInit")  # a query: no context needed
         if not _attribute(driver, _ATTR_MULTICAST, device):
             return f"GPU {device} reports no CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (needs sm_90 or newer on NVSwitch)"
     except (UnsupportedError, GpucommError) as exc:
@@ -153,7 +163,7 @@ def multicast_granularity(device: int, world_size: int, nbytes: int) -> int:
     (``CU_MULTICAST_GRANULARITY_MINIMUM``: what creating and binding require; the recommended
     one is a performance hint, and reportedly far larger)."""
     driver = _driver()
-    _current_context(driver, device)
+    _check(driver.cuInit(0), "cuInit")  # a query: no context needed
     minimum = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_MINIMUM
     return int(_check(driver.cuMulticastGetGranularity(_multicast_prop(driver, world_size, nbytes), minimum), "cuMulticastGetGranularity"))
 
@@ -183,6 +193,10 @@ class VmmHeap:
         """Unmap every part, free the range, release every handle (once), after the device has
         finished what it was doing (a kernel may still read a peer's heap)."""
         driver = _driver()
+        with _on_device(driver, self.device):
+            self._release(driver)
+
+    def _release(self, driver: ModuleType) -> None:
         if self._mapped:
             _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
         mapped, self._mapped = self._mapped, []
@@ -209,7 +223,11 @@ def open_vmm_heap(exchange: FdExchange, rank: int, world_size: int, device: int,
     size is ``nbytes`` rounded up to the allocation granularity and to ``align`` (a power of two:
     the multicast granularity where the heap will be bound to a multicast object)."""
     driver = _driver()
-    _current_context(driver, device)
+    with _on_device(driver, device):
+        return _open_vmm_heap(driver, exchange, rank, world_size, device, nbytes, align)
+
+
+def _open_vmm_heap(driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int) -> VmmHeap:
     prop = driver.CUmemAllocationProp()
     prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -271,6 +289,10 @@ class Multicast:
     def release(self) -> None:
         """Undo what was made, in reverse (a set-up that stopped part-way releases its part)."""
         driver = _driver()
+        with _on_device(driver, self.device):
+            self._release(driver)
+
+    def _release(self, driver: ModuleType) -> None:
         if self._mapped:
             _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
             self._mapped = False
@@ -293,7 +315,13 @@ def bind_multicast(
     mapped object and "", or None and the first failing rank's reason, the same on every rank.
     ``agreed(stage, mine)`` returns every local rank's ``mine`` at ``stage`` ("" for done)."""
     driver = _driver()
-    _current_context(driver, heap.device)
+    with _on_device(driver, heap.device):
+        return _bind_multicast(driver, exchange, agreed, rank, world_size, heap)
+
+
+def _bind_multicast(
+    driver: ModuleType, exchange: FdExchange, agreed: Callable[[str, str], list[str]], rank: int, world_size: int, heap: VmmHeap
+) -> tuple[Multicast | None, str]:
     prop = _multicast_prop(driver, world_size, heap.size)
     mc = Multicast(address=0, size=heap.size, device=heap.device)
     fd = -1

@@ -109,6 +109,7 @@ DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
         case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
         case CUDA_ERROR_NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
         case CUDA_ERROR_INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case CUDA_ERROR_INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
         case CUDA_ERROR_INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
         case CUDA_ERROR_NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
         case CUDA_ERROR_NOT_SUPPORTED: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
@@ -183,24 +184,49 @@ DOUBLE_API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev
     return CUDA_SUCCESS;
 }
 
-// -- contexts: the primary context of device 0 -------------------------------------------------
+// -- contexts: the primary context of device 0, and of a device 1 that has nothing else ---------
+// Device 1 exists only as a context a thread can hold, so that tests can make another GPU's
+// context current and see that gpucomm's calls for device 0 do not run in it.
 struct DoubleContext {
     int device;
 };
-static struct DoubleContext primary = {0};
+static struct DoubleContext primary[2] = {{0}, {1}};
 static __thread CUcontext current;
+enum { CONTEXT_STACK = 8 };
+static __thread CUcontext pushed[CONTEXT_STACK];
+static __thread int depth;
 
 DOUBLE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0) return CUDA_ERROR_INVALID_VALUE;
-    *context = &primary;
+    if (device != 0 && device != 1) return CUDA_ERROR_INVALID_VALUE;
+    *context = &primary[device];
     double_log("cuDevicePrimaryCtxRetain", "device=%d", device);
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    return device == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return device == 0 || device == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+
+DOUBLE_API CUresult cuCtxPushCurrent_v2(CUcontext context) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (context == NULL || depth == CONTEXT_STACK) return CUDA_ERROR_INVALID_VALUE;
+    pushed[depth++] = current;
+    current = context;
+    double_log("cuCtxPushCurrent", "device=%d", context->device);
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuCtxPopCurrent_v2(CUcontext *context) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (context != NULL) *context = current;
+    current = pushed[--depth];
+    double_log("cuCtxPopCurrent", "device=%d", current == NULL ? -1 : current->device);
+    return CUDA_SUCCESS;
+}
+
+int double_current_device(void) { return current == NULL ? -1 : current->device; }
 
 DOUBLE_API CUresult cuCtxGetCurrent(CUcontext *context) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;

@@ -57,6 +57,9 @@ void double_graph_add(CUgraph graph, const char *line);
 // CUDA_ERROR_OUT_OF_MEMORY (a rank whose driver refuses a call the others' make).
 int double_fails(const char *entry);
 
+// The device of the calling thread's current context, or -1 where none is current.
+int double_current_device(void);
+
 // Device attributes another file answers (vmm.c: virtual memory, POSIX descriptors, multicast):
 // 1 with *value set if it knows `attribute`, else 0.
 int double_attribute(int attribute, int *value);

@@ -182,6 +182,8 @@ DOUBLE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
 }
 
 DOUBLE_API CUresult cuMemsetD8_v2(CUdeviceptr ptr, unsigned char value, size_t count) {
+    // The memory is device 0's: from another GPU's context the driver's memset would fault.
+    if (double_current_device() != 0) return CUDA_ERROR_INVALID_CONTEXT;
     unsigned char *at = (unsigned char *)(uintptr_t)ptr;
     for (size_t i = 0; i < count; i++) at[i] = value;
     double_log("cuMemsetD8", "pid=%d ptr=%#llx count=%zu value=%u", getpid(), ptr, count, value);
