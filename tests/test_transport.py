@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -621,3 +622,25 @@ def test_the_engines_of_one_communicator_agree_under_prefixes_of_their_own() -> 
         shm, ipc = (engine_store_prefix("g/", t, topology) for t in ("shm", "cuda_ipc"))
         assert shm.startswith("g/") and ipc.startswith("g/")
         assert not shm.startswith(ipc) and not ipc.startswith(shm), (shm, ipc)
+
+
+def test_cuda_ipc_takes_nvmls_word_for_a_peer_gpu_this_process_cannot_see(monkeypatch) -> None:
+    """One GPU visible per rank: the peer's GPU is not in this process's list, but CUDA IPC opens
+    its handles anyway where the two GPUs reach each other, which NVML (every GPU, by bus) says."""
+    from gpucomm.transport import cuda_ipc
+
+    class _Runtime:
+        class CUDARuntimeError(RuntimeError):
+            pass
+
+        def deviceGetByPCIBusId(self, bus: str) -> int:  # noqa: N802 - CuPy's name
+            raise self.CUDARuntimeError("cudaErrorInvalidDevice")
+
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=_Runtime()))
+    for nvml, allowed in ((True, True), (False, False), (None, False)):
+        monkeypatch.setattr(cuda_ipc, "_nvml_p2p_ok", lambda a, b, verdict=nvml: verdict)
+        if allowed:
+            cuda_ipc._check_peer_access(cupy, 0, "0000:18:00.0", 1, "0000:2a:00.0")
+            continue
+        with pytest.raises(UnsupportedError, match=r"rank 1's GPU 0000:2a:00.0 is not visible to this process \(GPU 0000:18:00.0\)"):
+            cuda_ipc._check_peer_access(cupy, 0, "0000:18:00.0", 1, "0000:2a:00.0")

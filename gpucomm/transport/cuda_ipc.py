@@ -98,8 +98,15 @@ def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus
     try:
         peer_dev = runtime.deviceGetByPCIBusId(peer_bus)
     except runtime.CUDARuntimeError as exc:
+        # One GPU visible per rank (CUDA_VISIBLE_DEVICES per task): cudaIpcOpenMemHandle opens
+        # handles of GPUs this process cannot see, so NVML, which knows every GPU by its bus,
+        # decides whether the two reach each other.
+        nvml = _nvml_p2p_ok(bus, peer_bus)
+        if nvml:
+            return
         raise UnsupportedError(
-            f"gpucomm cuda_ipc: rank {peer}'s GPU {peer_bus} is not visible to this process (GPU {bus}); "
+            f"gpucomm cuda_ipc: rank {peer}'s GPU {peer_bus} is not visible to this process (GPU {bus}), and NVML "
+            f"{'says the two cannot reach each other peer to peer' if nvml is False else 'cannot say whether they reach each other'}; "
             "check CUDA_VISIBLE_DEVICES, or use GPUCOMM_TRANSPORT=gloo"
         ) from exc
     if peer_dev == dev:
