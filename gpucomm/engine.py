@@ -218,10 +218,21 @@ class Engine:
             )
         agree_alloc = StoreAgreement(self._store, self.heap_prefix, self.rank, self.world_size, self.timeout)
         if kind == "vmm":
-            heap, mc_base, mc_reason = vmm_heap(
-                self._store, prefix, self.rank, self.world_size, self.device, self.heap_bytes, agree_alloc, SIGNAL_PAD_BYTES, self.timeout
-            )
-        else:
+            from gpucomm.transport.vmm import VmmHeapRefused
+
+            try:
+                heap, mc_base, mc_reason = vmm_heap(
+                    self._store, prefix, self.rank, self.world_size, self.device, self.heap_bytes, agree_alloc, SIGNAL_PAD_BYTES,
+                    self.timeout,
+                )
+            except VmmHeapRefused as exc:  # raised by every local rank at the same step
+                kind = "workspace"
+                if self.rank == 0:
+                    log.logger.warning(
+                        f"gpucomm[rank {self.comm_rank}]: the symmetric heap is a CUDA IPC allocation (cudaIpcGetMemHandle): "
+                        f"the driver refused the virtual-memory one: {exc}"
+                    )
+        if kind != "vmm":
             try:
                 heap, self._heap_workspace = heap_of_its_own(
                     self.transport, self._store, prefix, self.rank, self.world_size, self.device, self.heap_bytes, agree_alloc,

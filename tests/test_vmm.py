@@ -15,6 +15,7 @@ has bound.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,14 @@ from gpucomm.transport import vmm
 rank, world, port, nbytes, order = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 store = torch.distributed.TCPStore("127.0.0.1", port, world, rank == 0, timeout=__import__("datetime").timedelta(seconds=30))
 from gpucomm.transport import heap_open
+if order == "engine_refused":  # the engine's path with a refusal the test's env plants
+    started = __import__("time").monotonic()
+    try:
+        heap_open.open_vmm_parts(store, "refused/", rank, world, 0, nbytes, 30)
+        print("opened")
+    except vmm.VmmHeapRefused as exc:
+        print(f"refused after {__import__('time').monotonic() - started:.1f} s: {exc}")
+    sys.exit(0)
 assert vmm.vmm_unavailable(0) == "", vmm.vmm_unavailable(0)
 me = vmm.gpu_identity(0)
 assert len(me) == 32, me
@@ -238,3 +247,22 @@ def test_the_heap_opens_and_releases_on_its_gpu_whatever_context_the_thread_hold
         assert "context after open and release: device 1" in out, out
     pushes = [c for c in calls if c.entry == "cuCtxPushCurrent"]
     assert pushes and {c["device"] for c in pushes} == {"0"}
+
+
+@pytest.mark.parametrize("failing_rank, entry", [(0, "cuMemCreate"), (1, "cuMemImportFromShareableHandle")])
+def test_a_heap_the_driver_refuses_on_one_rank_is_refused_on_every_rank_at_once(tmp_path, failing_rank, entry) -> None:
+    """A rank's driver refuses its part of the heap (no memory; an import it cannot take, as an
+    MPS client might): every rank raises VmmHeapRefused naming that rank, at the same step and
+    at once, not after the 30 s its peers would wait for a descriptor, and the engine then takes
+    a heap of its own (gpucomm.engine.Engine.open_heap)."""
+    env = {r: dict(e) for r, e in OWN_GPUS.items()}
+    env[failing_rank]["DRIVER_DOUBLE_FAIL"] = entry
+    outs, calls = _run(tmp_path, "engine_refused", env)
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        match = re.search(r"refused after ([\d.]+) s: rank (\d): gpucomm symmetric heap: (\w+) failed: CUDA_ERROR_OUT_OF_MEMORY", out)
+        assert match and (int(match[2]), match[3]) == (failing_rank, entry), out
+        assert float(match[1]) < 10, out
+    made = [c for c in calls if c.entry in ("cuMemCreate", "cuMemImportFromShareableHandle")]
+    released = [c for c in calls if c.entry == "cuMemRelease"]
+    assert len(released) == len(made)  # every handle made is released

@@ -107,7 +107,12 @@ def open_vmm_parts(
 ) -> tuple[object, object, Callable[[], None], str]:
     """The driver side of :func:`vmm_heap` (no torch tensor made: the driver double runs it):
     every rank's heap mapped, the multicast object where every rank's GPU takes one (else None
-    and the first rank's reason), and the release of both."""
+    and the first rank's reason), and the release of both.
+
+    Raises:
+        VmmHeapRefused: the driver refused a rank's part of the heap; every rank raises it at the
+            same step, with that rank's reason (the engine then takes a heap of its own).
+    """
     from gpucomm.transport import vmm
     from gpucomm.transport.fdpass import FdExchange
 
@@ -127,11 +132,12 @@ def open_vmm_parts(
                                                  json.dumps({"why": mine, "granularity": granularity}))]
         why = next((f"rank {r}: {v['why']}" for r, v in enumerate(verdicts) if v["why"]), "")
         align = 1 if why else max(v["granularity"] for v in verdicts)
-        mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes, align=align)
-        if not why:
-            def agreed(stage: str, mine: str) -> list[str]:
-                return agree(store, f"{prefix}{stage}/", rank, world_size, timeout, mine)
 
+        def agreed(stage: str, mine: str) -> list[str]:
+            return agree(store, f"{prefix}{stage}/", rank, world_size, timeout, mine)
+
+        mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes, align=align, agreed=agreed)
+        if not why:
             multicast, why = vmm.bind_multicast(exchange, agreed, rank, world_size, mapping)
     except BaseException:
         if mapping is not None:

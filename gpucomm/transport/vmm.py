@@ -57,7 +57,7 @@ from gpucomm.transport.fdpass import FdExchange
 
 __all__ = [
     "vmm_unavailable", "gpu_identity", "multicast_unavailable", "multicast_granularity", "open_vmm_heap", "bind_multicast",
-    "VmmHeap", "Multicast",
+    "VmmHeap", "VmmHeapRefused", "Multicast",
 ]
 
 _POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -218,16 +218,41 @@ def _access(driver: ModuleType, device: int) -> object:
     return desc
 
 
-def open_vmm_heap(exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int = 1) -> VmmHeap:
+class VmmHeapRefused(GpucommError):
+    """The driver refused a rank's part of the heap (no memory, an import it cannot take): every
+    rank raises it at the same step, with that rank's reason, and the engine takes another heap."""
+
+
+def open_vmm_heap(
+    exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int = 1,
+    agreed: Callable[[str, str], list[str]] | None = None,
+) -> VmmHeap:
     """Create, share and map every rank's heap (module docstring); collective over the node. Its
     size is ``nbytes`` rounded up to the allocation granularity and to ``align`` (a power of two:
-    the multicast granularity where the heap will be bound to a multicast object)."""
+    the multicast granularity where the heap will be bound to a multicast object).
+
+    ``agreed(stage, mine)`` (every local rank's ``mine`` at ``stage``, "" for done) settles each
+    step: a driver refusal on any rank raises :class:`VmmHeapRefused` on every rank, naming it,
+    instead of its peers waiting out the timeout for a descriptor that never comes. Without it
+    (None) a refusal raises here alone."""
     driver = _driver()
     with _on_device(driver, device):
-        return _open_vmm_heap(driver, exchange, rank, world_size, device, nbytes, align)
+        return _open_vmm_heap(driver, exchange, rank, world_size, device, nbytes, align, agreed)
 
 
-def _open_vmm_heap(driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int) -> VmmHeap:
+def _open_vmm_heap(
+    driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int,
+    agreed: Callable[[str, str], list[str]] | None,
+) -> VmmHeap:
+    def settle(stage: str, failure: str) -> None:
+        if agreed is None:
+            if failure:
+                raise VmmHeapRefused(failure)
+            return
+        why = next((f"rank {r}: {reason}" for r, reason in enumerate(agreed(stage, failure)) if reason), "")
+        if why:
+            raise VmmHeapRefused(why)
+
     prop = driver.CUmemAllocationProp()
     prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -238,30 +263,42 @@ def _open_vmm_heap(driver: ModuleType, exchange: FdExchange, rank: int, world_si
     unit = max(granularity, align)  # both powers of two: the larger is a multiple of the other
     size = -(-nbytes // unit) * unit
     heap = VmmHeap(bases=[0] * world_size, size=size, device=device, own_handle=None)
+    fd = -1
     try:
-        handle = _check(driver.cuMemCreate(size, prop, 0), "cuMemCreate")
-        heap._handles.append(handle)
-        heap.own_handle = handle
-        base = int(_check(driver.cuMemAddressReserve(size * world_size, granularity, 0, 0), "cuMemAddressReserve"))
-        heap._reserved = base
-        heap.bases = [base + p * size for p in range(world_size)]
-        _map(driver, heap, rank, handle, device)
-        _check(driver.cuMemsetD8(heap.bases[rank], 0, size), "cuMemsetD8")
-        _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroed before any peer maps it
-        fd = int(_check(driver.cuMemExportToShareableHandle(handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+        failure = ""
+        try:
+            handle = _check(driver.cuMemCreate(size, prop, 0), "cuMemCreate")
+            heap._handles.append(handle)
+            heap.own_handle = handle
+            base = int(_check(driver.cuMemAddressReserve(size * world_size, granularity, 0, 0), "cuMemAddressReserve"))
+            heap._reserved = base
+            heap.bases = [base + p * size for p in range(world_size)]
+            _map(driver, heap, rank, handle, device)
+            _check(driver.cuMemsetD8(heap.bases[rank], 0, size), "cuMemsetD8")
+            _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroed before any peer maps it
+            fd = int(_check(driver.cuMemExportToShareableHandle(handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+        except GpucommError as exc:
+            failure = str(exc)
+        settle("heap_made", failure)  # every rank has a heap to share before any waits for one
         try:
             peers = exchange.share(fd, _TAG_HEAP)
         finally:
             os.close(fd)
+            fd = -1
         try:
             for peer in sorted(peers):
                 imported = _check(driver.cuMemImportFromShareableHandle(peers[peer], driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
                 heap._handles.append(imported)
                 _map(driver, heap, peer, imported, device)
+        except GpucommError as exc:
+            failure = str(exc)
         finally:
-            for fd in peers.values():
-                os.close(fd)
+            for received in peers.values():
+                os.close(received)
+        settle("heap_mapped", failure)  # every rank maps every heap: none is used before
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         heap.release()
         raise
     return heap

@@ -92,6 +92,7 @@ DOUBLE_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUm
 }
 
 DOUBLE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
+    if (double_fails("cuMemCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
     if (handle == NULL || prop == NULL || flags != 0 || size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.id != 0 || prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
@@ -114,6 +115,7 @@ DOUBLE_API CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAl
 }
 
 DOUBLE_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type) {
+    if (double_fails("cuMemImportFromShareableHandle")) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
     if (handle == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
     int fd = dup((int)(intptr_t)os_handle);  // the caller closes its descriptor; the handle keeps its own
