@@ -66,6 +66,13 @@ barrier("written")
 seen = [ctypes.c_int64.from_address(base + 64).value for base in heap.bases]
 assert seen == [1000 + p for p in range(world)], seen
 assert ctypes.c_int64.from_address(heap.bases[rank]).value == 0  # zeroed at creation
+if order == "release_fails":  # every unmap refused: the rest of the release still happens
+    try:
+        heap.release()
+    except Exception as exc:
+        print("release raised:", exc)
+    exchange.close()
+    sys.exit(0)
 if order == "other_context":
     heap.release()
     exchange.close()
@@ -266,3 +273,15 @@ def test_a_heap_the_driver_refuses_on_one_rank_is_refused_on_every_rank_at_once(
     made = [c for c in calls if c.entry in ("cuMemCreate", "cuMemImportFromShareableHandle")]
     released = [c for c in calls if c.entry == "cuMemRelease"]
     assert len(released) == len(made)  # every handle made is released
+
+
+def test_a_release_step_the_driver_refuses_does_not_stop_the_others(tmp_path) -> None:
+    """Every unmap refused: the range is still freed and every handle released (the heap is GiBs
+    of device memory), and the first refusal is raised after."""
+    outs, calls = _run(tmp_path, "release_fails", {r: {"DRIVER_DOUBLE_FAIL": "cuMemUnmap"} for r in range(WORLD)})
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        assert "release raised: gpucomm symmetric heap: cuMemUnmap failed: CUDA_ERROR_OUT_OF_MEMORY" in out, out
+    made = [c for c in calls if c.entry in ("cuMemCreate", "cuMemImportFromShareableHandle")]
+    assert len([c for c in calls if c.entry == "cuMemRelease"]) == len(made) == 2 * WORLD
+    assert len([c for c in calls if c.entry == "cuMemAddressFree"]) == WORLD

@@ -197,17 +197,37 @@ class VmmHeap:
             self._release(driver)
 
     def _release(self, driver: ModuleType) -> None:
+        steps = _ReleaseSteps()
         if self._mapped:
-            _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+            steps(driver.cuCtxSynchronize(), "cuCtxSynchronize")
         mapped, self._mapped = self._mapped, []
         for addr in mapped:
-            _check(driver.cuMemUnmap(addr, self.size), "cuMemUnmap")
+            steps(driver.cuMemUnmap(addr, self.size), "cuMemUnmap")
         if self._reserved:
             reserved, self._reserved = self._reserved, 0
-            _check(driver.cuMemAddressFree(reserved, self.size * len(self.bases)), "cuMemAddressFree")
+            steps(driver.cuMemAddressFree(reserved, self.size * len(self.bases)), "cuMemAddressFree")
         handles, self._handles = self._handles, []
         for handle in handles:
-            _check(driver.cuMemRelease(handle), "cuMemRelease")
+            steps(driver.cuMemRelease(handle), "cuMemRelease")
+        steps.done()
+
+
+class _ReleaseSteps:
+    """Release calls that go on past a failure (what a stop would skip leaks: the heap is GiBs),
+    the first failure raised once all have been tried."""
+
+    def __init__(self) -> None:
+        self.first: GpucommError | None = None
+
+    def __call__(self, result: tuple, call: str) -> None:
+        try:
+            _check(result, call)
+        except GpucommError as exc:
+            self.first = self.first or exc
+
+    def done(self) -> None:
+        if self.first is not None:
+            raise self.first
 
 
 def _access(driver: ModuleType, device: int) -> object:
@@ -330,19 +350,21 @@ class Multicast:
             self._release(driver)
 
     def _release(self, driver: ModuleType) -> None:
+        steps = _ReleaseSteps()
         if self._mapped:
-            _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+            steps(driver.cuCtxSynchronize(), "cuCtxSynchronize")
             self._mapped = False
-            _check(driver.cuMemUnmap(self.address, self.size), "cuMemUnmap")
+            steps(driver.cuMemUnmap(self.address, self.size), "cuMemUnmap")
         if self._reserved:
             self._reserved = False
-            _check(driver.cuMemAddressFree(self.address, self.size), "cuMemAddressFree")
+            steps(driver.cuMemAddressFree(self.address, self.size), "cuMemAddressFree")
         if self._bound:
             self._bound = False
-            _check(driver.cuMulticastUnbind(self._handle, self.device, 0, self.size), "cuMulticastUnbind")
+            steps(driver.cuMulticastUnbind(self._handle, self.device, 0, self.size), "cuMulticastUnbind")
         handle, self._handle = self._handle, None
         if handle is not None:
-            _check(driver.cuMemRelease(handle), "cuMemRelease")
+            steps(driver.cuMemRelease(handle), "cuMemRelease")
+        steps.done()
 
 
 def bind_multicast(

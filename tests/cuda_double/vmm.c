@@ -168,6 +168,7 @@ DOUBLE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
 }
 
 DOUBLE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (double_fails("cuMemUnmap")) return CUDA_ERROR_OUT_OF_MEMORY;
     // Back to reserved, inaccessible address space, as the driver leaves it.
     void *at = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     if (at == MAP_FAILED) return CUDA_ERROR_INVALID_VALUE;
