@@ -297,7 +297,6 @@ def _cuda_kernels_on_the_double(nvcc_fatbins, double: str, arch: int):  # noqa: 
     kernels._layouts = {}
     kernels._driver = launcher.driver(double)
     kernels._raw_stream = lambda: 0xCAFE
-    kernels._copy = None
     kernels._cupy = _NoCupy()
     return kernels
 

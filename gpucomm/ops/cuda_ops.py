@@ -15,10 +15,9 @@ subnormals). Here the options are exactly :func:`compile_options`, which CI also
 Launches: every kernel goes through gpucomm's launcher (:mod:`gpucomm.ops.launcher`) where it
 can be built, each launch one ``cuLaunchKernel`` on the stream handle torch names. The program
 kernel's launch (one per call of a program on its buffers) is packed once (:func:`program_params`);
-``gpucomm_copy``'s is packed once and rewrites its three words and its grid in place per copy;
-reduce, signal and wait pack their words per call into a launch of the layout checked at their
-first (:data:`REDUCE_PARAMS`, :data:`SIGNAL_PARAMS`, :data:`WAIT_PARAMS`), all in the order and
-sizes of the kernels' ``extern "C"`` signatures. Where the launcher cannot be built
+copy, reduce, signal and wait pack their words per call into a launch of the layout checked at
+their first (:data:`COPY_PARAMS`, :data:`REDUCE_PARAMS`, :data:`SIGNAL_PARAMS`,
+:data:`WAIT_PARAMS`), all in the order and sizes of the kernels' ``extern "C"`` signatures. Where the launcher cannot be built
 (``GPUCOMM_NATIVE=0``, no C compiler), CuPy's ``Function`` launches them: it converts every
 argument on each call, and on the one H100 run so far (2026-11-25) its launches were the ones
 that results did not follow (docs/results/2026-11-25-h100.md, "not explained"), so it serves only
@@ -229,7 +228,6 @@ class CudaKernels:
         self._layouts: dict[tuple[str, str], tuple[int, list]] = {}
         self._driver = _launcher.driver(None) if launcher else None  # None: CuPy's Function launches everything
         self._raw_stream = functools.partial(torch._C._cuda_getCurrentRawStream, index)
-        self._copy: Any = None  # gpucomm_copy's bound launch, made at the first copy
 
     @property
     def device(self) -> torch.device:
@@ -248,20 +246,7 @@ class CudaKernels:
         self._check_cuda("copy", [dst, src])
         if dst.nbytes == 0:
             return
-        blocks = self._blocks(-(-dst.nbytes // 16))
-        if self._driver is None:
-            self._launch("copy.cu", "gpucomm_copy", blocks, COPY_PARAMS, (dst.addr, src.addr, dst.nbytes))
-            return
-        copy = self._copy
-        if copy is None:
-            function = self._bound_function("copy.cu", "gpucomm_copy")
-            copy = self._copy = _launcher.bind(self._driver, function, copy_params(0, 0, 0), grid=(1, 1, 1), block=(THREADS, 1, 1))
-        # Only the words that change per copy are rewritten: its addresses, size and grid.
-        copy.set(0, dst.addr)
-        copy.set(1, src.addr)
-        copy.set(2, dst.nbytes)
-        copy.set_grid(blocks)
-        copy.launch(self._raw_stream())
+        self._launch("copy.cu", "gpucomm_copy", self._blocks(-(-dst.nbytes // 16)), COPY_PARAMS, (dst.addr, src.addr, dst.nbytes))
 
     def prepare_copy(self, dst: Region, src: Region) -> Any:
         """The launch of one copy of ``src`` into ``dst``, checked and packed once: ``launch(stream)``
@@ -418,8 +403,8 @@ class CudaKernels:
             return
         function, layout = self._checked_layout(file, kernel, spec)
         # A launch of its own per call (its words packed by the launcher, no Python object per
-        # word): the flag kernels run from the host executor and the point-to-point channels,
-        # whose threads may call at once, and a shared buffer rewritten in place would race.
+        # word), not one launch's words rewritten in place: the host executor and the
+        # point-to-point channels may call from several threads at once.
         self._driver.bind(function, (blocks, 1, 1), (THREADS, 1, 1), 0, layout, values).launch(self._raw_stream())
 
     def _checked_layout(self, file: str, kernel: str, spec: Sequence[tuple[str, int]]) -> tuple[int, list]:

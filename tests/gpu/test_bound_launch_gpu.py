@@ -73,7 +73,7 @@ def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str
             failures.append(f"rank {rank}, call {k}: {t[:2].tolist()}, expected {want}")
     if kernels == "cuda":
         dst.zero_()
-        ops.copy(Region.of(dst[1:]), Region.of(src[: N - 1]))  # its words and grid rewritten in place
+        ops.copy(Region.of(dst[1:]), Region.of(src[: N - 1]))  # other words, another grid
         if not torch.equal(dst[1:], src[: N - 1]):
             failures.append(f"rank {rank}: gpucomm_copy copied {dst[:4].tolist()}")
         # reduce, signal and wait: through the launcher too (CuPy's Function made these launches
