@@ -225,11 +225,8 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             function = drv.load(nvcc_fatbins.cubin("program.cu", arch), name, 0)
             bound = launcher.bind(drv, function, program_params(*program_values), grid=(3, 1, 1), block=(THREADS, 1, 1))
             bound.launch(stream)
-        copy = launcher.bind(drv, drv.load(nvcc_fatbins.cubin("copy.cu", arch), "gpucomm_copy", 0), copy_params(0, 0, 0),
-                             grid=(1, 1, 1), block=(THREADS, 1, 1))
-        copy.set(0, 0x7F00_0000_3000)  # as CudaKernels.copy rewrites its words per call
-        copy.set(1, 0x7F00_0000_4000)
-        copy.set(2, 12345)
+        copy = launcher.bind(drv, drv.load(nvcc_fatbins.cubin("copy.cu", arch), "gpucomm_copy", 0),
+                             copy_params(0x7F00_0000_3000, 0x7F00_0000_4000, 12345), grid=(1, 1, 1), block=(THREADS, 1, 1))
         copy.launch(len(names) + 1)
     finally:
         cuda_double.log_to(double, None)

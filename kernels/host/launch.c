@@ -6,7 +6,8 @@
 // argument; a bare cuLaunchKernel costs 1.3-1.6 us. Here the arguments are packed once into the
 // kernel's parameter buffer (each at its offset, the layout the kernel's .entry declares) and a
 // launch is one cuLaunchKernel with that buffer (CU_LAUNCH_PARAM_BUFFER_POINTER): no Python object
-// is built per call. A parameter that changes between calls is rewritten in place (Bound.set).
+// is built per call. A launch whose words change per call is bound anew per call (Driver.bind packs
+// them in C), never rewritten in place: several threads may launch the same kernel at once.
 //
 // The driver is reached with dlopen() ("libcuda.so.1", or a path the caller gives: the tests'
 // driver double), so nothing links against a driver at build time, and the entry points are
@@ -364,34 +365,6 @@ static PyObject *Bound_call(Bound *self, PyObject *args, PyObject *kwargs) {
     return launch_on(self, self->stream);
 }
 
-// set(index, value): rewrite one parameter in place, for the next launches.
-static PyObject *Bound_set(Bound *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "Bound.set: expected 2 arguments (index, value), got %zd", nargs);
-        return NULL;
-    }
-    Py_ssize_t index = PyLong_AsSsize_t(args[0]);
-    if (index == -1 && PyErr_Occurred()) return NULL;
-    if (index < 0 || index >= self->count) {
-        PyErr_Format(PyExc_IndexError, "Bound.set: parameter %zd of %zd", index, self->count);
-        return NULL;
-    }
-    if (store_word(self->buffer + self->offsets[index], self->sizes[index], args[1], index) < 0) return NULL;
-    Py_RETURN_NONE;
-}
-
-// set_grid(x): the grid's x dimension of the next launches.
-static PyObject *Bound_set_grid(Bound *self, PyObject *x) {
-    unsigned long value = PyLong_AsUnsignedLong(x);
-    if (value == (unsigned long)-1 && PyErr_Occurred()) return NULL;
-    if (value == 0 || value > 0x7fffffffUL) {
-        PyErr_Format(PyExc_ValueError, "Bound.set_grid: grid x must be in [1, 2**31 - 1], got %lu", value);
-        return NULL;
-    }
-    self->grid[0] = (unsigned)value;
-    Py_RETURN_NONE;
-}
-
 static PyObject *Bound_params(Bound *self, void *closure) { return PyBytes_FromStringAndSize((const char *)self->buffer, (Py_ssize_t)self->bytes); }
 
 static PyObject *Bound_layout(Bound *self, void *closure) {
@@ -416,8 +389,6 @@ static PyObject *Bound_function(Bound *self, void *closure) { return PyLong_From
 
 static PyMethodDef Bound_methods[] = {
     {"launch", (PyCFunction)Bound_launch, METH_O, "launch(stream): one cuLaunchKernel on that stream"},
-    {"set", (PyCFunction)(void (*)(void))Bound_set, METH_FASTCALL, "set(index, value): rewrite one parameter"},
-    {"set_grid", (PyCFunction)Bound_set_grid, METH_O, "set_grid(x): the grid's x dimension"},
     {NULL, NULL, 0, NULL},
 };
 
