@@ -392,3 +392,18 @@ def test_cudagraph_refuses_what_it_cannot_capture(monkeypatch):
     cli._check_cudagraph(cli.build_parser().parse_args(["all_reduce", "-G", "5", "--backend", "gpucomm", "--compare", "nccl"]))
     with pytest.raises(ValueError, match="time_graph: CUDA graphs need a CUDA device, got cpu"):
         time_graph(lambda: None, torch.device("cpu"), 1, 1, 1)
+
+
+def test_gpu_check_brief_runs_every_gpu_test_file():
+    """bench/gpu_check.sh brief names the files of tests/gpu one by one (in the order they most need
+    a GPU): a file added there and not named would never run on a lent GPU."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = (root / "bench" / "gpu_check.sh").read_text()
+    brief = script[script.index("\nbrief)") : script.index("\n    ;;", script.index("\nbrief)"))]
+    kernel_files = re.search(r'kernel_files="([^"]+)"', brief)[1].split()
+    rank_files = re.search(r'rank_files="([^"]+)"', brief)[1].split()
+    named = {Path(f).name for f in kernel_files} | {f"{name}.py" for name in rank_files}
+    assert named == {p.name for p in (root / "tests" / "gpu").glob("test_*.py")}
+    assert len(rank_files) == len(set(rank_files))
