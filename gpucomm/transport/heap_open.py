@@ -51,10 +51,9 @@ def heap_kind(device: torch.device, agreed: Callable[[str], list[str]]) -> tuple
     ("workspace", why not). ``agreed(mine)`` returns every rank's string (:func:`agree`)."""
     if device.type != "cuda":
         return "workspace", ""
-    from gpucomm.transport.vmm import vmm_unavailable
+    from gpucomm.transport.vmm import first_reason, vmm_unavailable
 
-    reasons = agreed(vmm_unavailable(device.index if device.index is not None else torch.cuda.current_device()))
-    why = next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
+    why = first_reason(agreed(vmm_unavailable(device.index if device.index is not None else torch.cuda.current_device())))
     return ("workspace", why) if why else ("vmm", "")
 
 
@@ -130,7 +129,7 @@ def open_vmm_parts(
                 mine = str(exc)
         verdicts = [json.loads(v) for v in agree(store, prefix + "multicast/", rank, world_size, timeout,
                                                  json.dumps({"why": mine, "granularity": granularity}))]
-        why = next((f"rank {r}: {v['why']}" for r, v in enumerate(verdicts) if v["why"]), "")
+        why = vmm.first_reason([v["why"] for v in verdicts])
         align = 1 if why else max(v["granularity"] for v in verdicts)
 
         def agreed(stage: str, mine: str) -> list[str]:

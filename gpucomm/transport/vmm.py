@@ -56,7 +56,7 @@ from gpucomm.errors import GpucommError, UnsupportedError
 from gpucomm.transport.fdpass import FdExchange
 
 __all__ = [
-    "vmm_unavailable", "gpu_identity", "multicast_unavailable", "multicast_granularity", "open_vmm_heap", "bind_multicast",
+    "first_reason", "vmm_unavailable", "gpu_identity", "multicast_unavailable", "multicast_granularity", "open_vmm_heap", "bind_multicast",
     "VmmHeap", "VmmHeapRefused", "Multicast",
 ]
 
@@ -87,6 +87,12 @@ def _check(result: tuple, call: str) -> object:
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def first_reason(reasons: list[str]) -> str:
+    """"rank r: reason" of the first rank in ``reasons`` (every local rank's, in rank order) that
+    gave one; "" where none did."""
+    return next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
 
 
 def _attribute(driver: ModuleType, attribute: int, device: int) -> int:
@@ -269,7 +275,7 @@ def _open_vmm_heap(
             if failure:
                 raise VmmHeapRefused(failure)
             return
-        why = next((f"rank {r}: {reason}" for r, reason in enumerate(agreed(stage, failure)) if reason), "")
+        why = first_reason(agreed(stage, failure))
         if why:
             raise VmmHeapRefused(why)
 
@@ -386,8 +392,7 @@ def _bind_multicast(
     fd = -1
 
     def settled(stage: str, failure: str) -> str:
-        reasons = agreed(stage, failure)
-        return next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
+        return first_reason(agreed(stage, failure))
 
     try:
         failure = ""
