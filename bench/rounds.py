@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Sequence
 from typing import TypeVar
 
+from .timing import slowest_rank
+
 __all__ = ["round_order", "combine_rounds"]
 
 T = TypeVar("T")
@@ -22,16 +24,18 @@ def round_order(items: Sequence[T], k: int) -> list[T]:
 
 
 def combine_rounds(size: int, factor: float, cells: Sequence[Sequence[dict | None]]) -> dict | None:
-    """One variant's table cell from ``cells[rank][round] = {"seconds", "wrong"}`` (None: no such variant).
+    """One variant's table cell from ``cells[rank][round] = {"samples", "wrong"}`` (None: no such
+    variant), ``samples`` the seconds of each timed iteration.
 
-    A round's time is the mean over ranks of their medians over iterations; the cell's time is
-    the median of the rounds' times. ``wrong`` sums over ranks and rounds (every round is checked),
-    None where the check was off.
+    A round's time is :func:`timing.slowest_rank` of its samples (per iteration the slowest rank,
+    then the median over iterations); the cell's time is the median of the rounds' times.
+    ``wrong`` sums over ranks and rounds (every round is checked after its timed calls), None where
+    the check was off.
     """
     if any(c is None for per_rank in cells for c in per_rank):
         return None
     rounds = len(cells[0])
-    round_s = [statistics.fmean(per_rank[k]["seconds"] for per_rank in cells) for k in range(rounds)]
+    round_s = [slowest_rank([per_rank[k]["samples"] for per_rank in cells]) for k in range(rounds)]
     seconds = statistics.median(round_s)
     algbw = size / seconds / 1e9
     wrongs = [c["wrong"] for per_rank in cells for c in per_rank]
@@ -40,7 +44,8 @@ def combine_rounds(size: int, factor: float, cells: Sequence[Sequence[dict | Non
         "algbw": algbw,
         "busbw": algbw * factor,
         "wrong": None if None in wrongs else sum(wrongs),
-        "rank_time_us": [statistics.median(c["seconds"] for c in per_rank) * 1e6 for per_rank in cells],
+        # Each rank's own median over every timed iteration: which rank was the slow one.
+        "rank_time_us": [statistics.median(t for c in per_rank for t in c["samples"]) * 1e6 for per_rank in cells],
         "round_time_us": [s * 1e6 for s in round_s],
         "time_min_us": min(round_s) * 1e6,
         "time_max_us": max(round_s) * 1e6,

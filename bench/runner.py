@@ -32,7 +32,7 @@ from .collectives import SPECS, Case, poison_value
 from .hostinfo import device_name, versions
 from .report import VARIANTS, avg_busbw, comparison_table, table_footer, table_header, table_row
 from .rounds import combine_rounds, round_order
-from .timing import time_calls, time_graph
+from .timing import check_after, count_wrong, time_calls, time_graph
 
 __all__ = ["Settings", "run_rank", "DTYPES", "PLANT_ERROR_ENV"]
 
@@ -123,29 +123,29 @@ def _plant_error(result: torch.Tensor) -> None:
 
 
 def _measure(spec, case: Case, backend, inplace: bool, s: Settings) -> dict | None:
-    """This rank's median time and wrong-element count for one variant, None if it has none."""
+    """This rank's per-iteration times and wrong-element count for one variant, None if it has none.
+
+    The check is made after the timed calls (after the graph's replays with -G), on inputs reset
+    before it: a collective that goes wrong after its first calls is caught (timing.check_after)."""
     prepared = spec.prepare(case, backend.mod, backend.op(case.op), inplace)
     if prepared is None:
         return None
+    prepared.reset()
+    backend.mod.barrier()
+    if s.graph_launches:
+        samples = time_graph(prepared.call, case.device, s.warmup, s.iters, s.graph_launches)
+    else:
+        samples = time_calls(prepared.call, case.device, s.warmup, s.iters)
     wrong = None
     if s.check:
-        prepared.reset()
-        prepared.call()
-        if case.device.type == "cuda":
-            torch.cuda.synchronize(case.device)
+        check_after(prepared.reset, prepared.call, case.device)
         if prepared.result is None:
             wrong = 0
         else:
             if os.environ.get(PLANT_ERROR_ENV) == "1":
                 _plant_error(prepared.result)
-            wrong = int((prepared.result != prepared.expected()).sum().item())
-    prepared.reset()
-    backend.mod.barrier()
-    if s.graph_launches:
-        seconds = time_graph(prepared.call, case.device, s.warmup, s.iters, s.graph_launches)
-    else:
-        seconds = time_calls(prepared.call, case.device, s.warmup, s.iters)
-    return {"seconds": seconds, "wrong": wrong}
+            wrong = count_wrong(prepared.result, prepared.expected())
+    return {"samples": samples, "wrong": wrong}
 
 
 def _measure_rounds(spec, case: Case, backends: list[Backend], s: Settings, bar) -> dict:
@@ -399,10 +399,10 @@ def _gpucomm_line(served: dict, device: torch.device) -> str:
 
 
 def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
-    timing = "# time: median over iterations of each rank, averaged over ranks"
+    timing = "# time: per iteration the slowest rank's, median over iterations"
     if s.graph_launches:
-        timing = (f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times, "
-                  "per iteration, averaged over ranks")
+        timing = (f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times; "
+                  "per replay the slowest rank's time per iteration, median over replays")
     if s.rounds > 1:
         timing += f", median over {s.rounds} rounds (backends in alternating order)"
     lines = [
@@ -412,6 +412,9 @@ def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
         f"# dtype {s.dtype}  op {s.op}  root {s.root}  backends: {', '.join(s.backends)}",
         f"{timing} ({'CUDA events' if device.type == 'cuda' else 'wall clock'})",
     ]
+    if s.check:
+        after = "the graph's replays" if s.graph_launches else "the timed calls"
+        lines.append(f"# check: one call after {after}, inputs reset before it, on every rank")
     if served is not None:
         lines.append(_gpucomm_line(served, device))
     for item in skipped:

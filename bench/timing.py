@@ -1,20 +1,32 @@
-"""Per-call times: CUDA events on a GPU, the wall clock after a synchronize on the CPU; or, with
+"""Per-call times, how ranks' times make one figure, and the check of a timed call.
+
+Times: CUDA events on a GPU, the wall clock after a synchronize on the CPU; or, with
 ``graph_launches`` (nccl-tests' ``-G``), the calls captured into a CUDA graph and replayed, which
-times the device's work without the host's enqueue in it."""
+times the device's work without the host's enqueue in it. Each returns one sample per iteration.
+
+One convention for every bench module, :func:`slowest_rank`: per iteration the slowest rank's
+time, then the median over iterations. A collective ends when its last rank ends, so the slowest
+rank's time is the collective's (nccl-tests reports the slowest rank too).
+
+One check for every bench module, :func:`check_after`: after the timed calls (after the replays
+with ``-G``), inputs reset, one more call, its result compared on every rank. A collective that is
+right on its first calls and then does nothing (each rank keeps its own input) passes a check made
+before the timed calls and fails this one.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["time_calls", "time_graph"]
+__all__ = ["time_calls", "time_graph", "slowest_rank", "check_after", "count_wrong"]
 
 
-def time_calls(call: Callable[[], None], device: torch.device, warmup: int, iters: int) -> float:
-    """Median seconds of one ``call`` over ``iters`` timed calls, after ``warmup`` untimed ones."""
+def time_calls(call: Callable[[], None], device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Seconds of each of ``iters`` timed calls of ``call``, after ``warmup`` untimed ones."""
     if iters < 1 or warmup < 0:
         raise ValueError(f"time_calls: expected iters >= 1 and warmup >= 0, got iters={iters} warmup={warmup}")
     for _ in range(warmup):
@@ -26,10 +38,10 @@ def time_calls(call: Callable[[], None], device: torch.device, warmup: int, iter
         start = time.perf_counter()
         call()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return samples
 
 
-def _time_cuda(call: Callable[[], None], iters: int) -> float:
+def _time_cuda(call: Callable[[], None], iters: int) -> list[float]:
     # One event pair per call, read after a single synchronize, so that timing adds no host
     # round trip between calls.
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
@@ -39,14 +51,14 @@ def _time_cuda(call: Callable[[], None], iters: int) -> float:
         call()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in pairs) / 1e3
+    return [start.elapsed_time(end) / 1e3 for start, end in pairs]
 
 
-def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iters: int, launches: int) -> float:
-    """Seconds of one ``call`` on the device: ``iters`` calls captured into one CUDA graph, the
-    graph replayed ``launches`` times between two events, the time divided by every call (as
-    nccl-tests' ``-G``). The ``warmup`` calls (at least one) run first on a side stream, as a
-    capture asks: kernels compiled, launches bound, memory allocated before it.
+def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iters: int, launches: int) -> list[float]:
+    """Seconds of one ``call`` on the device, one sample per replay: ``iters`` calls captured into
+    one CUDA graph, each of ``launches`` replays between two events of its own, its time divided
+    by the calls it holds (as nccl-tests' ``-G``). The ``warmup`` calls (at least one) run first on
+    a side stream, as a capture asks: kernels compiled, launches bound, memory allocated before it.
 
     On a GPU whose host enqueues slower than the device runs (per-call times of small messages),
     this is the device's time per call, which :func:`time_calls` cannot see: its events then hold
@@ -67,11 +79,39 @@ def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iter
         for _ in range(iters):
             call()
     graph.replay()  # the first replay uploads the graph: untimed
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # One event pair per replay, back to back on the stream: no host round trip between replays.
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(launches)]
     stream.synchronize()
-    start.record(stream)
-    for _ in range(launches):
+    for start, end in pairs:
+        start.record(stream)
         graph.replay()
-    end.record(stream)
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / (launches * iters)
+        end.record(stream)
+    stream.synchronize()
+    return [start.elapsed_time(end) / 1e3 / iters for start, end in pairs]
+
+
+def slowest_rank(per_rank: Sequence[Sequence[float]]) -> float:
+    """The figure of one measurement from ``per_rank[rank][iteration]``: each iteration's slowest
+    rank, then the median over iterations. Every rank must give the same number of iterations."""
+    counts = {len(samples) for samples in per_rank}
+    if not per_rank or len(counts) != 1 or 0 in counts:
+        raise ValueError(f"slowest_rank: expected one or more ranks with the same number (>= 1) of samples, "
+                         f"got {[len(s) for s in per_rank]}")
+    return statistics.median(max(iteration) for iteration in zip(*per_rank))
+
+
+def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
+    """Elements of ``got`` that differ from ``want`` (NaN, the outputs' poison, is never equal)."""
+    if got.shape != want.shape:
+        raise ValueError(f"count_wrong: expected the shape {tuple(want.shape)}, got {tuple(got.shape)}")
+    return int((got != want).sum().item())
+
+
+def check_after(reset: Callable[[], None], call: Callable[[], object], device: torch.device) -> object:
+    """Made after the timed calls: ``reset()`` (inputs restored, outputs poisoned), one ``call()``,
+    its end awaited; returns what the call returned, for the caller to compare."""
+    reset()
+    result = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result

@@ -1,0 +1,126 @@
+"""The benchmarks check what they time: gpucomm-bench's rows go wrong, and the run fails, when
+its collective is right on its first calls and then silently does nothing; a right one passes.
+And the convention that makes one figure of every rank's times."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpucomm._bench.backends import gpucomm_api_available
+from gpucomm._bench.collectives import Case, rank_values
+from gpucomm._bench.timing import count_wrong, slowest_rank
+
+# Run as each rank (torchrun's variables set): all_reduce of the backend under test is wrapped so
+# that each tensor gets RIGHT right calls and every later call on it returns without writing
+# (each rank keeps its own input: the class of failure a check before the timed calls misses).
+LAZY_RANK = """
+import sys
+import torch.distributed as dist
+import gpucomm
+from gpucomm._bench.cli import main
+
+backend, right = sys.argv[1], int(sys.argv[2])
+mod = dist if backend == "gloo" else gpucomm
+real = mod.all_reduce
+
+def lazy(tensor, *args, **kwargs):
+    tensor._calls = getattr(tensor, "_calls", 0) + 1
+    if tensor._calls > right:
+        return None
+    return real(tensor, *args, **kwargs)
+
+mod.all_reduce = lazy
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_ranks(backend: str, right: int, bench_args: list[str], world: int = 2) -> list[subprocess.CompletedProcess]:
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_")}
+    procs = []
+    for rank in range(world):
+        env = {**base, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-c", LAZY_RANK, backend, str(right), *bench_args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+BACKENDS = ["gloo", pytest.param("gpucomm", marks=pytest.mark.skipif(not gpucomm_api_available(),
+                                                                    reason="gpucomm's collective API is not in this install"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_collective_that_stops_writing_after_its_first_call_fails_every_row(tmp_path, backend):
+    """Right on each buffer's first call, then nothing: a check of the first call passes it, the
+    check after the timed calls does not."""
+    out_json = tmp_path / "r.json"
+    args = ["all_reduce", "--backend", backend, "-b", "8", "-e", "4K", "-f", "8", "-n", "3", "-w", "1",
+            "--device", "cpu", "--json", str(out_json)]
+    ranks = _run_ranks(backend, 1, args)
+    logs = "".join(p.stdout + p.stderr for p in ranks)
+    assert [p.returncode for p in ranks] == [1, 1], logs
+    assert "# check: one call after the timed calls, inputs reset before it, on every rank" in ranks[0].stdout
+    assert "# Out of bounds values : " in ranks[0].stdout and "FAILED" in ranks[0].stdout, logs
+    data = json.loads(out_json.read_text())
+    assert data["failed"] is True
+    (table,) = data["tables"]
+    assert len(table["rows"]) == 4  # 8 B, 64 B, 512 B, 4 KiB
+    for row in table["rows"]:
+        # Each rank holds its own input where the sum was due: wrong wherever the other rank's
+        # input is not 0 (inputs rebuilt from the run's seed, as the bench builds them).
+        case = Case(0, 2, row["count"], torch.float32, torch.device("cpu"), "sum", 0, data["settings"]["seed"])
+        inputs = [rank_values(case, r, row["count"], "sum") for r in range(2)]
+        expected = sum(int((inputs[1 - r] != 0).sum()) for r in range(2))
+        assert expected > 0
+        for variant in ("out_of_place", "in_place"):
+            assert row[variant]["wrong"] == expected, (row["size"], variant, row[variant])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_same_collective_right_on_every_call_passes(tmp_path, backend):
+    out_json = tmp_path / "r.json"
+    args = ["all_reduce", "--backend", backend, "-b", "8", "-e", "4K", "-f", "8", "-n", "3", "-w", "1",
+            "--device", "cpu", "--json", str(out_json)]
+    ranks = _run_ranks(backend, 10**9, args)
+    logs = "".join(p.stdout + p.stderr for p in ranks)
+    assert [p.returncode for p in ranks] == [0, 0], logs
+    assert ranks[0].stdout.rstrip().endswith("# OK"), logs
+    data = json.loads(out_json.read_text())
+    assert data["failed"] is False
+    assert all(row[v]["wrong"] == 0 for row in data["tables"][0]["rows"] for v in ("out_of_place", "in_place"))
+
+
+def test_slowest_rank_takes_each_iterations_slowest_then_the_median():
+    # Rank 1 is slow on iteration 0, rank 0 on iterations 1 and 2: per iteration 5, 4, 6 -> 5.
+    # (The mean over ranks of their medians, the old figure, would be 2.5.)
+    assert slowest_rank([[1.0, 4.0, 6.0], [5.0, 1.0, 1.0]]) == 5.0
+    assert slowest_rank([[3.0]]) == 3.0
+    with pytest.raises(ValueError, match="slowest_rank: expected .* got \\[2, 1\\]"):
+        slowest_rank([[1.0, 2.0], [1.0]])
+    with pytest.raises(ValueError, match="slowest_rank"):
+        slowest_rank([])
+
+
+def test_count_wrong_counts_poison_and_refuses_other_shapes():
+    got = torch.tensor([1.0, float("nan"), 3.0])
+    assert count_wrong(got, torch.tensor([1.0, 2.0, 3.0])) == 1
+    with pytest.raises(ValueError, match="count_wrong: expected the shape \\(2,\\), got \\(3,\\)"):
+        count_wrong(got, torch.zeros(2))
