@@ -4,6 +4,10 @@ bandwidth of torch's own ``copy_`` measured in the same run (the roofline).
 Bytes counted are bytes moved: a copy reads and writes ``size`` (2 × size); a k-input reduce
 reads k × size and writes size ((k + 1) × size). ``%roof`` is a kernel's GB/s over ``copy_``'s at
 the same size: the fraction of attainable memory bandwidth it reaches.
+
+A kernel's time is the median over its timed calls (one process: :func:`timing.slowest_rank` of
+one rank). Its check is one call after the timed calls (after the replays with ``-G``), inputs
+refilled and the output poisoned before it (:func:`timing.check_after`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from gpucomm.reduce_op import ReduceOp
 from .hostinfo import device_name, versions
 from .collectives import CHECK_RANGES, poison_value
 from .runner import DTYPES
-from .timing import time_calls, time_graph
+from .timing import check_after, count_wrong, slowest_rank, time_calls, time_graph
 
 __all__ = ["run_kernels"]
 
@@ -105,7 +109,7 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
         ints = _inputs(max(REDUCE_INPUTS), numel, op_name, device)
         src = ints[0].to(dtype)
         out = torch.empty(numel, dtype=dtype, device=device)
-        copy_s = timed(partial(out.copy_, src), device, warmup, iters)
+        copy_s = slowest_rank([timed(partial(out.copy_, src), device, warmup, iters)])
         roof = 2 * nbytes / copy_s / 1e9
         base = {"size": nbytes, "count": numel, "type": dtype_name}
         row = {**base, "impl": "torch", "kernel": "copy_", "k": 1, "time_us": copy_s * 1e6, "gbps": roof,
@@ -116,23 +120,28 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
             cases = [("copy", 1)] + [(f"reduce{k}", k) for k in REDUCE_INPUTS]
             for kernel, k in cases:
                 if kernel == "copy":
+                    ins = [ints[0]]
+                    typed = [src]
                     call = partial(kernels.copy, Region.of(out), Region.of(src))
-                    expected = src
                 else:
                     # AVG divides by k: the inputs are multiples of the divisor of their own k.
                     ins = [x * k // max(REDUCE_INPUTS) for x in ints[:k]] if op_name == "avg" else ints[:k]
-                    typed = [Region.of(x.to(dtype)) for x in ins]
-                    call = partial(kernels.reduce, Region.of(out), typed, dtype, op, k if op_name == "avg" else 1)
-                    expected = _reference(ins, op_name).to(dtype) if check else None
+                    typed = [x.to(dtype) for x in ins]
+                    call = partial(kernels.reduce, Region.of(out), [Region.of(t) for t in typed], dtype, op,
+                                   k if op_name == "avg" else 1)
+                seconds = slowest_rank([timed(call, device, warmup, iters)])
                 wrong = None
                 if check:
-                    out.fill_(poison_value(dtype))
-                    call()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    wrong = int((out != expected).sum().item())
+                    expected = _reference(ins, op_name).to(dtype)
+
+                    def reset(typed=typed, ins=ins) -> None:
+                        for t, x in zip(typed, ins):
+                            t.copy_(x.to(dtype))
+                        out.fill_(poison_value(dtype))
+
+                    check_after(reset, call, device)
+                    wrong = count_wrong(out, expected)
                     wrong_total += wrong
-                seconds = timed(call, device, warmup, iters)
                 gbps = (k + 1) * nbytes / seconds / 1e9
                 row = {**base, "impl": name, "kernel": kernel, "k": k, "time_us": seconds * 1e6, "gbps": gbps,
                        "roof_fraction": gbps / roof, "wrong": wrong}

@@ -124,3 +124,39 @@ def test_count_wrong_counts_poison_and_refuses_other_shapes():
     assert count_wrong(got, torch.tensor([1.0, 2.0, 3.0])) == 1
     with pytest.raises(ValueError, match="count_wrong: expected the shape \\(2,\\), got \\(3,\\)"):
         count_wrong(got, torch.zeros(2))
+
+
+class _LazyKernels:
+    """The torch kernels, right on their first ``right`` calls and then returning without writing."""
+
+    def __init__(self, inner, right: int) -> None:
+        self.inner, self.right, self.calls = inner, right, 0
+
+    def _go(self) -> bool:
+        self.calls += 1
+        return self.calls <= self.right
+
+    def copy(self, *args, **kwargs):
+        return self.inner.copy(*args, **kwargs) if self._go() else None
+
+    def reduce(self, *args, **kwargs):
+        return self.inner.reduce(*args, **kwargs) if self._go() else None
+
+
+@pytest.mark.parametrize("right", [1, 10**9], ids=["stops-after-one-call", "right-on-every-call"])
+def test_kernels_bench_checks_a_call_after_the_timed_ones(tmp_path, monkeypatch, capsys, right):
+    from gpucomm._bench import kernels_bench
+
+    real = kernels_bench.get_kernels
+    monkeypatch.setattr(kernels_bench, "get_kernels", lambda name, device: _LazyKernels(real(name, device), right))
+    out_json = tmp_path / "k.json"
+    code = kernels_bench.run_kernels([64, 4096], "float", "sum", 2, 0, True, "cpu", str(out_json), None, [])
+    rows = [r for r in json.loads(out_json.read_text())["rows"] if r["kernel"] != "copy_"]
+    assert len(rows) == 2 * 8  # copy and reduce2..reduce8 at each size
+    if right == 1:
+        # Only the first call of the run wrote; each checked call came after timed ones, wrote nothing and left the
+        # poisoned output: every element wrong.
+        assert code == 1 and "# FAILED" in capsys.readouterr().out
+        assert all(r["wrong"] == r["count"] for r in rows), [(r["size"], r["kernel"], r["wrong"]) for r in rows]
+    else:
+        assert code == 0 and all(r["wrong"] == 0 for r in rows)
