@@ -12,11 +12,14 @@ alternating order round after round:
 - with ``--multimem``: ``symmetric_multimem`` (GPUCOMM_ALGO=multimem).
 
 Each rank times each call alone (wall clock; on a GPU after a synchronize); a series' figure
-in a round is the slowest rank's median call, and at a size the median over rounds; a ratio
-is taken round by round (the series of a pair ran one after the other) and its median and range
-over the rounds are given. The op
-is AVG, so the values stay where they started (every rank's tensor holds its rank + 1 before
-the first call); each series' result is checked at the end of every size.
+in a round is :func:`timing.slowest_rank` of its calls (per call the slowest rank, then the median
+over calls), and at a size the median over rounds; a ratio is taken round by round (the series
+of a pair ran one after the other) and its median and range over the rounds are given. The op is
+AVG, so the values stay where they started (every rank's tensor holds its rank + 1 before the
+first call). After a size's timed rounds each series' tensor is refilled with rank + 1 and one
+more call is checked on every rank (:func:`timing.check_after`): without the refill, a call that
+did nothing would leave the mean the earlier calls wrote, and pass. A wrong series marks the
+size's row (``wrong``) and fails the run.
 
 Example::
 
@@ -34,6 +37,7 @@ import time
 
 from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
+from .timing import check_after, slowest_rank
 
 __all__ = ["main", "SIZES"]
 
@@ -80,8 +84,10 @@ def _rank(
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     AVG = gpucomm.ReduceOp.AVG
     expected = (world + 1) / 2
-    out: dict[str, dict[int, list[float]]] = {name: {} for name in comms}
-    wrong: list[str] = []
+    dev = torch.device(device, torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    # out[series][size][round]: the seconds of each timed call of that round.
+    out: dict[str, dict[int, list[list[float]]]] = {name: {} for name in comms}
+    wrong: dict[int, list[str]] = {}
     for nbytes in sizes:
         n = max(1, nbytes // 4)
         tensors = {}
@@ -104,15 +110,17 @@ def _rank(
                     comm.all_reduce(t, AVG)
                     sync()
                     times.append(time.perf_counter() - start)
-                out[name].setdefault(nbytes, []).append(statistics.median(times))
+                out[name].setdefault(nbytes, []).append(times)
         for name, t in tensors.items():
+            check_after(lambda t=t: t.fill_(rank + 1), lambda name=name, t=t: comms[name].all_reduce(t, AVG), dev)
             if not torch.all(t == expected):
-                wrong.append(f"{name} at {nbytes} bytes: {t.flatten()[:4].tolist()}, expected {expected}")
+                wrong.setdefault(nbytes, []).append(f"{name}: {t.flatten()[:4].tolist()}, expected {expected}")
         del tensors
     for comm in {id(c): c for c in comms.values() if c is not world_comm}.values():
         comm.close()
     gpucomm.destroy_process_group()
-    results.put((rank, {"rounds": {k: {str(s): v for s, v in d.items()} for k, d in out.items()}, "wrong": wrong,
+    results.put((rank, {"rounds": {k: {str(s): v for s, v in d.items()} for k, d in out.items()},
+                        "wrong": {str(s): v for s, v in wrong.items()},
                         "no_multimem": why if multimem else None}))
 
 
@@ -131,17 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     per_rank = spawn_ranks(
         _rank, args.nproc, args.device, args.kernels, sizes, args.rounds, args.multimem, heap_bytes, timeout=3600,
     )
-    wrong = [w for r in sorted(per_rank) for w in per_rank[r]["wrong"]]
+    wrong = [f"rank {r} at {nbytes} bytes: {w}" for r in sorted(per_rank) for nbytes, ws in per_rank[r]["wrong"].items()
+             for w in ws]
     no_multimem = per_rank[0]["no_multimem"]
     if no_multimem:
         print(f"multimem: not run here: {no_multimem}")
     series = list(per_rank[0]["rounds"])
     rows = []
     for nbytes in sizes:
-        row: dict = {"bytes": nbytes}
-        # A round's figure of a series: the slowest rank's median call in that round.
+        # Which series' checked call was wrong at this size, on any rank: the row is wrong.
+        row: dict = {"bytes": nbytes, "wrong": sorted({w.split(":")[0] for r in per_rank for w in per_rank[r]["wrong"].get(str(nbytes), [])})}
+        # A round's figure of a series: per call the slowest rank, then the median over calls.
         per_round = {
-            name: [max(per_rank[r]["rounds"][name][str(nbytes)][i] for r in per_rank) for i in range(args.rounds)] for name in series
+            name: [slowest_rank([per_rank[r]["rounds"][name][str(nbytes)][i] for r in sorted(per_rank)]) for i in range(args.rounds)]
+            for name in series
         }
         for name in series:
             row[name] = round(statistics.median(per_round[name]) * 1e6, 1)
@@ -152,12 +163,14 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{a}/{b}"] = round(statistics.median(ratios), 3)
             row[f"{a}/{b} range"] = [round(ratios[0], 3), round(ratios[-1], 3)]
         rows.append(row)
-    print(f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "      sym/ord (range)      sym2/ord2 (range)   (us per call, slowest rank)")
+    print(f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "      sym/ord (range)      sym2/ord2 (range)"
+          "   (us per call: per call the slowest rank, median over calls and rounds)")
     for row in rows:
         cells = " ".join(f"{row[s]:18.1f}" for s in series)
         a, b = "symmetric/ordinary", "symmetric_2shot/ordinary_2shot"
         print(f"{row['bytes']:>10} {cells}  {row[a]:6.3f} ({row[a + ' range'][0]:.2f}-{row[a + ' range'][1]:.2f})"
-              f"  {row[b]:6.3f} ({row[b + ' range'][0]:.2f}-{row[b + ' range'][1]:.2f})")
+              f"  {row[b]:6.3f} ({row[b + ' range'][0]:.2f}-{row[b + ' range'][1]:.2f})"
+              + (f"  WRONG: {', '.join(row['wrong'])}" if row["wrong"] else ""))
     print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
     if args.json:
         write_json(args.json, run_settings(args), rows=rows, wrong=wrong, no_multimem=no_multimem)

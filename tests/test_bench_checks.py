@@ -160,3 +160,51 @@ def test_kernels_bench_checks_a_call_after_the_timed_ones(tmp_path, monkeypatch,
         assert all(r["wrong"] == r["count"] for r in rows), [(r["size"], r["kernel"], r["wrong"]) for r in rows]
     else:
         assert code == 0 and all(r["wrong"] == 0 for r in rows)
+
+
+# A main script for the spawning bench modules: spawned ranks run its top level (not the main
+# block) before their target, so the wrapped Communicator.all_reduce is theirs too.
+LAZY_MAIN = """
+import importlib
+import sys
+
+from gpucomm.communicator import Communicator
+
+RIGHT = {right}
+real = Communicator.all_reduce
+
+
+def lazy(self, tensor, *args, **kwargs):
+    tensor._calls = getattr(tensor, "_calls", 0) + 1
+    if tensor._calls > RIGHT:
+        return None
+    return real(self, tensor, *args, **kwargs)
+
+
+Communicator.all_reduce = lazy
+
+if __name__ == "__main__":
+    sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.skipif(not gpucomm_api_available(), reason="gpucomm's collective API is not in this install")
+@pytest.mark.parametrize("right", [1, 10**9], ids=["stops-after-one-call", "right-on-every-call"])
+def test_symmetric_bench_checks_a_call_after_the_timed_ones(tmp_path, right):
+    """bench/symmetric.py's op is AVG: after one right call every value is already the mean, so a
+    check without refilled inputs passes a collective that then does nothing."""
+    script, out_json = tmp_path / "lazy_main.py", tmp_path / "s.json"
+    script.write_text(LAZY_MAIN.format(right=right))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_")}
+    proc = subprocess.run([sys.executable, str(script), "gpucomm._bench.symmetric", "--nproc", "2", "--max-bytes", "32",
+                           "--rounds", "1", "--json", str(out_json)],
+                          capture_output=True, text=True, timeout=300, env={**env, "OMP_NUM_THREADS": "1"})
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [8, 32]
+    series = ["ordinary", "ordinary_2shot", "symmetric", "symmetric_2shot"]
+    if right == 1:
+        assert proc.returncode == 1 and "results: WRONG" in proc.stdout, proc.stdout + proc.stderr
+        assert all(r["wrong"] == series for r in rows), rows
+    else:
+        assert proc.returncode == 0 and "results: all correct" in proc.stdout, proc.stdout + proc.stderr
+        assert all(r["wrong"] == [] for r in rows), rows
