@@ -9,9 +9,17 @@ Three pairs, measured in alternating order round after round, each checked:
   ``all_gather_into_tensor`` + ``torch.matmul``; within bf16 matmul tolerance;
 - ``oneshot n``: ``GPUCOMM_ALGO=oneshot_lang`` against ``oneshot`` (bf16 SUM); equal bit for bit.
 
-Each rank times each call alone (wall clock; on a GPU after a synchronize); a figure is the
-median call of each round, the median over rounds, the slowest rank's. ``--device cpu`` runs the
-same under ``TRITON_INTERPRET=1`` (a check that it works, not a speed: the interpreter).
+The inputs of a reduction are small integers, and every rank rebuilds every rank's inputs, so
+each rank holds the exact reference of each pair, built without a collective. After a pair's
+timed rounds its inputs are reset (outputs poisoned) and one more call of each side is checked
+against that reference on every rank (:func:`timing.check_after`): a collective that did nothing
+on both sides would leave the two sides equal, and is caught. A wrong side marks the pair's row
+(``wrong``) and fails the run.
+
+Each rank times each call alone (wall clock; on a GPU after a synchronize); a round's figure is
+:func:`timing.slowest_rank` of its calls (per call the slowest rank, then the median over calls),
+and a pair's the median over rounds. ``--device cpu`` runs the same under ``TRITON_INTERPRET=1``
+(a check that it works, not a speed: the interpreter).
 
 Example::
 
@@ -27,10 +35,25 @@ import statistics
 import sys
 import time
 
+import torch
+
 from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
+from .timing import check_after, slowest_rank
 
 __all__ = ["main"]
+
+
+def _rank_tensor(q: int, tag: int, shape: tuple[int, ...], integers: bool) -> torch.Tensor:
+    """Rank ``q``'s input ``tag`` on the host, which every rank can rebuild: small integers (their
+    sums exact in bf16 at any rank count up to 8, so a reduction's reference is exact) or normals."""
+    gen = torch.Generator(device="cpu").manual_seed(1234 + 7919 * q + tag)
+    values = torch.randint(-4, 5, shape, generator=gen).float() if integers else torch.randn(shape, generator=gen)
+    return values.to(torch.bfloat16)
+
+
+def _same_bits(got: tuple, want: tuple) -> bool:
+    return all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(got, want))
 
 
 def _rank(rank: int, world: int, port: int, device: str, args: dict, results: multiprocessing.Queue) -> None:
@@ -40,8 +63,6 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
     )
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: this process's first import
-    import torch
-
     import gpucomm
     import gpucomm.fused as gf
 
@@ -55,13 +76,19 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
     gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
     bf16 = torch.bfloat16
     H = args["hidden"]
+    # Each pair: its two calls, how to reset their inputs (and poison their outputs) before the
+    # check after the timed calls, and the reference both must give, built without a collective.
     pairs: dict[str, dict[str, object]] = {}
     wrong: list[str] = []
 
+    def ranks_sum(tag: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return sum(_rank_tensor(q, tag, shape, True).float() for q in range(world)).to(bf16).to(dev)
+
     for T in args["tokens"]:
-        x = torch.randn(T, H, generator=gen).to(bf16).to(dev)
-        res = torch.randn(T, H, generator=gen).to(bf16).to(dev)
+        x0 = _rank_tensor(rank, T, (T, H), True).to(dev)
+        res0 = torch.randn(T, H, generator=gen).to(bf16).to(dev)
         w = torch.randn(H, generator=torch.Generator().manual_seed(7)).to(bf16).to(dev)
+        x, res = x0.clone(), res0.clone()
 
         def fused(x=x, res=res, w=w):
             return gf.all_reduce_residual_rmsnorm(x, res, w, 1e-6)
@@ -71,9 +98,15 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
             comm.all_reduce(s)
             return gf.residual_rmsnorm(s, res, w, 1e-6)
 
-        pairs[f"rmsnorm {T}"] = {"fused": fused, "unfused": unfused, "check": "bits"}
+        def reset(x=x, res=res, x0=x0, res0=res0):
+            x.copy_(x0)
+            res.copy_(res0)
+
+        # The sum of small integers is exact: the reference of the fused op's bits (its contract).
+        want = gf.residual_rmsnorm(ranks_sum(T, (T, H)), res0, w, 1e-6)
+        pairs[f"rmsnorm {T}"] = {"fused": fused, "unfused": unfused, "reset": reset, "want": want, "check": "bits"}
     m, k, n = args["m"], args["k"], args["n"]
-    a = (torch.randn(m, k, generator=gen) / k**0.5).to(bf16).to(dev)
+    a = (_rank_tensor(rank, -1, (m, k), False).float() / k**0.5).to(bf16).to(dev)
     b = torch.randn(k, n, generator=gen).to(bf16).to(dev)
     gathered = torch.empty(world * m, k, dtype=bf16, device=dev)
 
@@ -81,9 +114,11 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
         comm.all_gather_into_tensor(gathered, a)
         return torch.matmul(gathered, b)
 
-    pairs["ag_matmul"] = {"fused": lambda: gf.all_gather_matmul(a, b), "unfused": ag_unfused, "check": "close"}
+    every_a = torch.cat([(_rank_tensor(q, -1, (m, k), False).float() / k**0.5).to(bf16) for q in range(world)]).to(dev)
+    pairs["ag_matmul"] = {"fused": lambda: gf.all_gather_matmul(a, b), "unfused": ag_unfused,
+                          "reset": lambda: gathered.fill_(float("nan")), "want": torch.matmul(every_a, b), "check": "close"}
     for count in args["oneshot"]:
-        t0 = torch.randn(count, generator=gen).to(bf16).to(dev)
+        t0 = _rank_tensor(rank, count, (count,), True).to(dev)
         t_lang, t_prog = t0.clone(), t0.clone()
 
         def one_lang(t=t_lang, t0=t0):
@@ -96,19 +131,18 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
             comm.all_reduce(t)
             return t
 
-        pairs[f"oneshot {count}"] = {"fused": one_lang, "unfused": one_prog, "check": "bits"}
+        def poison(ts=(t_lang, t_prog)):
+            for t in ts:
+                t.fill_(float("nan"))
 
-    times: dict[str, dict[str, list[float]]] = {name: {"fused": [], "unfused": []} for name in pairs}
+        pairs[f"oneshot {count}"] = {"fused": one_lang, "unfused": one_prog, "reset": poison,
+                                     "want": ranks_sum(count, (count,)), "check": "bits"}
+
+    times: dict[str, dict[str, list[list[float]]]] = {name: {"fused": [], "unfused": []} for name in pairs}
     for name, pair in pairs.items():
-        got = {kind: pair[kind]() for kind in ("fused", "unfused")}  # warm-up (compiles) and the check
+        for kind in ("fused", "unfused"):  # warm-up: compiles
+            pair[kind]()
         sync()
-        f, u = got["fused"], got["unfused"]
-        if pair["check"] == "bits":
-            same = all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(f if isinstance(f, tuple) else (f,), u if isinstance(u, tuple) else (u,)))
-        else:
-            same = torch.allclose(f.float(), u.float(), rtol=2e-2, atol=2e-2 * (k**0.5))
-        if not same:
-            wrong.append(f"{name}: fused and unfused differ")
         for r in range(args["rounds"]):
             for kind in ("fused", "unfused") if r % 2 == 0 else ("unfused", "fused"):
                 comm.barrier()
@@ -118,7 +152,18 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
                     pair[kind]()
                     sync()
                     calls.append(time.perf_counter() - start)
-                times[name][kind].append(statistics.median(calls))
+                times[name][kind].append(calls)
+        # The check, after the timed calls: inputs reset, one more call of each, against the
+        # reference (not against each other: a collective that did nothing in both would agree).
+        want = pair["want"]
+        for kind in ("fused", "unfused"):
+            got = check_after(pair["reset"], pair[kind], dev)
+            if pair["check"] == "bits":
+                same = _same_bits(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,))
+            else:
+                same = torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2 * (k**0.5))
+            if not same:
+                wrong.append(f"{name}: {kind} differs from the reference")
     lang.close()
     gpucomm.destroy_process_group()
     results.put((rank, {"times": times, "wrong": wrong}))
@@ -142,14 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     wrong = [w for r in sorted(per_rank) for w in per_rank[r]["wrong"]]
     rows = []
     for name in per_rank[0]["times"]:
-        row = {"pair": name}
+        row = {"pair": name, "wrong": [w for r in sorted(per_rank) for w in per_rank[r]["wrong"] if w.startswith(f"{name}:")]}
         for kind in ("fused", "unfused"):
-            row[f"{kind}_us"] = round(max(statistics.median(per_rank[r]["times"][name][kind]) for r in per_rank) * 1e6, 1)
+            # Per round: per call the slowest rank, the median over calls; then the median over rounds.
+            by_round = zip(*(per_rank[r]["times"][name][kind] for r in sorted(per_rank)))
+            row[f"{kind}_us"] = round(statistics.median(slowest_rank(calls) for calls in by_round) * 1e6, 1)
         row["fused/unfused"] = round(row["fused_us"] / row["unfused_us"], 3)
         rows.append(row)
     print(f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   (oneshot: language / program kernel; slowest rank)")
     for row in rows:
-        print(f"{row['pair']:>16} {row['fused_us']:10.1f} {row['unfused_us']:11.1f} {row['fused/unfused']:7.3f}")
+        print(f"{row['pair']:>16} {row['fused_us']:10.1f} {row['unfused_us']:11.1f} {row['fused/unfused']:7.3f}"
+              + ("  WRONG" if row["wrong"] else ""))
     print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
     if args.json:
         write_json(args.json, run_settings(args), rows=rows, wrong=wrong)

@@ -188,17 +188,22 @@ if __name__ == "__main__":
 """
 
 
+def _lazy_main(tmp_path, right: int, module: str, args: list[str]) -> subprocess.CompletedProcess:
+    script = tmp_path / "lazy_main.py"
+    script.write_text(LAZY_MAIN.format(right=right))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_")}
+    return subprocess.run([sys.executable, str(script), module, *args], capture_output=True, text=True, timeout=600,
+                          env={**env, "OMP_NUM_THREADS": "1"})
+
+
 @pytest.mark.skipif(not gpucomm_api_available(), reason="gpucomm's collective API is not in this install")
 @pytest.mark.parametrize("right", [1, 10**9], ids=["stops-after-one-call", "right-on-every-call"])
 def test_symmetric_bench_checks_a_call_after_the_timed_ones(tmp_path, right):
     """bench/symmetric.py's op is AVG: after one right call every value is already the mean, so a
     check without refilled inputs passes a collective that then does nothing."""
-    script, out_json = tmp_path / "lazy_main.py", tmp_path / "s.json"
-    script.write_text(LAZY_MAIN.format(right=right))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_")}
-    proc = subprocess.run([sys.executable, str(script), "gpucomm._bench.symmetric", "--nproc", "2", "--max-bytes", "32",
-                           "--rounds", "1", "--json", str(out_json)],
-                          capture_output=True, text=True, timeout=300, env={**env, "OMP_NUM_THREADS": "1"})
+    out_json = tmp_path / "s.json"
+    proc = _lazy_main(tmp_path, right, "gpucomm._bench.symmetric",
+                      ["--nproc", "2", "--max-bytes", "32", "--rounds", "1", "--json", str(out_json)])
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["bytes"] for r in rows] == [8, 32]
     series = ["ordinary", "ordinary_2shot", "symmetric", "symmetric_2shot"]
@@ -208,3 +213,21 @@ def test_symmetric_bench_checks_a_call_after_the_timed_ones(tmp_path, right):
     else:
         assert proc.returncode == 0 and "results: all correct" in proc.stdout, proc.stdout + proc.stderr
         assert all(r["wrong"] == [] for r in rows), rows
+
+
+@pytest.mark.skipif(not gpucomm_api_available(), reason="gpucomm's collective API is not in this install")
+def test_fused_bench_checks_a_call_after_the_timed_ones(tmp_path):
+    """bench/fused.py on the Triton interpreter, gpucomm's all_reduce right on each tensor's first
+    call only: both one-shot sides, which reduce one tensor on every call, are wrong against the
+    reference, though their first call (the old check, at the warm-up) was right."""
+    out_json = tmp_path / "f.json"
+    proc = _lazy_main(tmp_path, 1, "gpucomm._bench.fused",
+                      ["--nproc", "2", "--device", "cpu", "--hidden", "64", "--tokens", "2", "--m", "4", "--k", "16",
+                       "--n", "8", "--oneshot", "4", "--rounds", "1", "--calls", "2", "--json", str(out_json)])
+    assert proc.returncode == 1 and "results: WRONG" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    rows = {r["pair"]: r["wrong"] for r in json.loads(out_json.read_text())["rows"]}
+    # The unfused rmsnorm reduces a fresh clone on every call: right each time.
+    assert rows["rmsnorm 2"] == []
+    assert rows["oneshot 4"] == [f"oneshot 4: {kind} differs from the reference" for _ in range(2)
+                                 for kind in ("fused", "unfused")]
+    assert rows["ag_matmul"] == []  # all_gather, not all_reduce: untouched, and right
