@@ -9,20 +9,28 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
+import os
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Backend", "BACKENDS", "DEFAULT_TIMEOUT_S", "gpucomm_api_available", "why_unavailable", "make_backend",
-           "describe_gpucomm"]
+__all__ = ["Backend", "BACKENDS", "DEFAULT_TIMEOUT_S", "NCCL_MULTI_RANK_ENV", "NCCL_MULTI_RANK_SINCE",
+           "gpucomm_api_available", "why_unavailable", "nccl_version", "nccl_refusal", "nccl_shares_gpus",
+           "nccl_spawn_env", "make_backend", "describe_gpucomm"]
 
 BACKENDS = ("gpucomm", "gloo", "nccl")
 
 # The torch backends' (and the bench's rendezvous store's) wait when --timeout is not given.
 # gpucomm then keeps its own (GPUCOMM_TIMEOUT, else also 300 s), so that its variable still works.
 DEFAULT_TIMEOUT_S = 300.0
+
+# NCCL refuses two ranks of one communicator on one GPU, unless (from NCCL 2.30) this variable is
+# 1 in the rank's environment when NCCL initialises: then it runs in the layout gpucomm's ranks
+# share one GPU in.
+NCCL_MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
+NCCL_MULTI_RANK_SINCE = (2, 30)
 
 
 def gpucomm_api_available() -> bool:
@@ -41,17 +49,62 @@ def why_unavailable(name: str, device: torch.device, world_size: int, local_worl
     if name == "gloo":
         return None if dist.is_gloo_available() else "torch was built without gloo"
     if name == "nccl":
-        if device.type != "cuda":
-            return "nccl needs CUDA tensors and this run is on CPU"
-        if not dist.is_nccl_available():
-            return "torch was built without NCCL"
-        if local_world_size > torch.cuda.device_count():
-            return (
-                f"nccl needs one GPU per rank; {local_world_size} local ranks would share "
-                f"{torch.cuda.device_count()} GPU(s)"
-            )
-        return None
+        return nccl_refusal(device.type, dist.is_nccl_available(), nccl_version(),
+                            torch.cuda.device_count() if device.type == "cuda" else 0, local_world_size,
+                            os.environ.get(NCCL_MULTI_RANK_ENV))
     raise ValueError(f"why_unavailable: expected a backend in {BACKENDS}, got {name!r}")
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """The NCCL torch was built with, as ``(major, minor, patch)``; None where torch has none."""
+    if not dist.is_nccl_available():
+        return None
+    version = torch.cuda.nccl.version()
+    if isinstance(version, int):  # older torch: NCCL_VERSION_CODE, major * 10000 + minor * 100 + patch
+        return (version // 10000, version // 100 % 100, version % 100)
+    return tuple(version)
+
+
+def _version_text(version: tuple[int, ...] | None) -> str:
+    return "none" if version is None else ".".join(map(str, version))
+
+
+def nccl_shares_gpus(version: tuple[int, ...] | None, gpus: int, local_world_size: int) -> bool:
+    """Whether NCCL runs here with several ranks on one GPU: more local ranks than GPUs, and an
+    NCCL that accepts that (2.30 and later, with :data:`NCCL_MULTI_RANK_ENV` set)."""
+    return local_world_size > gpus >= 1 and version is not None and version[:2] >= NCCL_MULTI_RANK_SINCE
+
+
+def nccl_refusal(device_type: str, nccl_built: bool, version: tuple[int, ...] | None, gpus: int,
+                 local_world_size: int, env_value: str | None) -> str | None:
+    """Why NCCL cannot run in this layout, in words (None: it can). ``version`` is the installed
+    NCCL's, ``env_value`` this rank's :data:`NCCL_MULTI_RANK_ENV`."""
+    if device_type != "cuda":
+        return "nccl needs CUDA tensors and this run is on CPU"
+    if not nccl_built:
+        return "torch was built without NCCL"
+    if local_world_size <= gpus:
+        return None
+    shared = f"{local_world_size} local ranks would share {gpus} GPU(s)"
+    if not nccl_shares_gpus(version, gpus, local_world_size):
+        since = ".".join(map(str, NCCL_MULTI_RANK_SINCE))
+        return (f"nccl: {shared}, and NCCL {_version_text(version)} takes one GPU per rank (several ranks on one "
+                f"GPU from NCCL {since}, with {NCCL_MULTI_RANK_ENV}=1)")
+    if env_value != "1":
+        return (f"nccl: {shared}: NCCL {_version_text(version)} accepts that with {NCCL_MULTI_RANK_ENV}=1 in the "
+                f"ranks' environment before they start, and it is {env_value!r} here (gpucomm-bench sets it in the "
+                "ranks it spawns; under torchrun, set it in torchrun's environment)")
+    return None
+
+
+def nccl_spawn_env(backends: list[str], device_kind: str, nproc: int) -> dict[str, str]:
+    """The variables ``nproc`` ranks about to be spawned need in their environment for NCCL: on a
+    host with fewer GPUs than ranks, :data:`NCCL_MULTI_RANK_ENV` where the installed NCCL accepts
+    it. Set at spawn, not mid-run: NCCL reads it when it initialises. ``{}`` where NCCL is not
+    asked for, runs on a GPU per rank, or cannot share one (the ranks then say why)."""
+    if "nccl" not in backends or device_kind == "cpu" or not torch.cuda.is_available():
+        return {}
+    return {NCCL_MULTI_RANK_ENV: "1"} if nccl_shares_gpus(nccl_version(), torch.cuda.device_count(), nproc) else {}
 
 
 @dataclass

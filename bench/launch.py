@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 
+from .backends import nccl_spawn_env
 from .runner import Settings, run_rank
 
 __all__ = ["BIND_MODES", "launch", "under_launcher"]
@@ -52,10 +53,12 @@ def _cores_for(nproc: int, bind: str) -> list[set[int] | None]:
     return [{cores[r]} for r in range(nproc)]
 
 
-def _rank_main(rank: int, world: int, port: int, settings: Settings, cores: set[int] | None) -> None:
+def _rank_main(rank: int, world: int, port: int, settings: Settings, cores: set[int] | None,
+               env: dict[str, str]) -> None:
     if cores is not None:
         os.sched_setaffinity(0, cores)
     os.environ.update(
+        env,  # what the backends read when they start (backends.nccl_spawn_env)
         RANK=str(rank),
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
@@ -82,7 +85,8 @@ def launch(settings: Settings, nproc: int) -> int:
     ctx = multiprocessing.get_context("spawn")
     port = _free_port()
     cores = _cores_for(nproc, settings.bind)
-    procs = [ctx.Process(target=_rank_main, args=(r, nproc, port, settings, cores[r])) for r in range(nproc)]
+    env = nccl_spawn_env(settings.backends, settings.device, nproc)
+    procs = [ctx.Process(target=_rank_main, args=(r, nproc, port, settings, cores[r], env)) for r in range(nproc)]
     for p in procs:
         p.start()
     failed_at = None

@@ -22,10 +22,13 @@ import torch.distributed as dist
 
 from .backends import (
     DEFAULT_TIMEOUT_S,
+    NCCL_MULTI_RANK_ENV,
     Backend,
     describe_gpucomm,
     gpucomm_api_available,
     make_backend,
+    nccl_shares_gpus,
+    nccl_version,
     why_unavailable,
 )
 from .collectives import SPECS, Case, poison_value
@@ -232,13 +235,17 @@ def _emit(bar, text: str) -> None:
 
 
 def _run_collective(coll: str, backends: list[Backend], rank, world, device, s: Settings, ex: _Exchange, bar,
-                    seed: int) -> list[dict]:
-    """Every size of one collective on every started backend; rank 0's tables (empty list elsewhere)."""
+                    seed: int, not_run: list[dict]) -> list[dict]:
+    """Every size of one collective on every started backend; rank 0's tables (empty list elsewhere),
+    in the order of ``s.backends``, with a table saying why for each peer in ``not_run``."""
     spec = SPECS[coll]
     dtype = DTYPES[s.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
     tables = {b.name: {"backend": b.name, "collective": coll, "rows": [], "error": None, "skipped": None}
               for b in backends}
+    refused = {item["backend"]: {"backend": item["backend"], "collective": coll, "rows": [], "error": None,
+                                 "skipped": f"not run: {item['reason']}", "wrong": 0, "avg_busbw": None}
+               for item in not_run}
     sizes = s.sizes
     if world < spec.min_world:
         for table in tables.values():
@@ -267,16 +274,34 @@ def _run_collective(coll: str, backends: list[Backend], rank, world, device, s: 
     for table in tables.values():
         table["wrong"] = sum(r[v]["wrong"] or 0 for r in table["rows"] for v in VARIANTS if r[v])
         table["avg_busbw"] = avg_busbw(table["rows"])
-    return list(tables.values())
+    _add_ratios(list(tables.values()))
+    every = {**tables, **refused}
+    return [every[name] for name in s.backends if name in every]
+
+
+def _add_ratios(tables: list[dict]) -> None:
+    """Rank 0: on each cell of the first backend's table, ``ratio``: its time over each peer's at the
+    same size and variant, where both ran (below 1: the first backend is faster)."""
+    first, peers = tables[0], [t for t in tables[1:] if t["rows"]]
+    for row in first["rows"]:
+        for variant in VARIANTS:
+            cell = row[variant]
+            if cell is None:
+                continue
+            cell["ratio"] = {}
+            for peer in peers:
+                other = next((r[variant] for r in peer["rows"] if r["size"] == row["size"]), None)
+                if other is not None:
+                    cell["ratio"][peer["backend"]] = cell["time_us"] / other["time_us"]
 
 
 def _table_text(table: dict) -> str:
+    if table["skipped"]:
+        return f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n# skipped: {table['skipped']}\n#"
     lines = [f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n#", table_header()]
     lines += [table_row(row) for row in table["rows"]]
     if table["error"]:
         lines.append(f"# ERROR: {table['error']}")
-    if table["skipped"]:
-        lines.append(f"# skipped: {table['skipped']}")
     lines.append(table_footer(table["rows"], table["wrong"]))
     return "\n".join(lines)
 
@@ -349,16 +374,17 @@ def run_rank(s: Settings) -> int:
     infos = ex.gather(_rank_info(device))
 
     runnable, skipped = _runnable(s, device, world, local_world)
+    nccl = _nccl_info(device, local_world) if "nccl" in runnable else None
     backends = _start_backends(runnable, store, rank, world, device, s, skipped)
     try:
         # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
         served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
         bar = _progress(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and _show_bar())
         if rank == 0:
-            _emit(bar, _header(s, world, seed, served, device, infos, skipped))
-        by_backend: dict[str, list[dict]] = {b.name: [] for b in backends}
+            _emit(bar, _header(s, world, seed, served, device, infos, skipped, nccl))
+        by_backend: dict[str, list[dict]] = {name: [] for name in s.backends}
         for coll in s.collectives:
-            tables = _run_collective(coll, backends, rank, world, device, s, ex, bar, seed)
+            tables = _run_collective(coll, backends, rank, world, device, s, ex, bar, seed, skipped)
             if rank == 0:
                 _print_collective(tables, s, bar)
             for table in tables:
@@ -379,7 +405,7 @@ def run_rank(s: Settings) -> int:
             f"# FAILED: {wrong} wrong value(s), {len(primary_errors)} collective(s) with errors on {s.backends[0]}"
         )
         if s.json_path:
-            _write_json(s, world, seed, served, infos, skipped, tables, failed)
+            _write_json(s, world, seed, served, infos, skipped, tables, failed, nccl)
         if s.plot_path:
             from .plot import plot_tables
 
@@ -398,7 +424,7 @@ def _gpucomm_line(served: dict, device: torch.device) -> str:
     return f"# gpucomm: {device.type} tensors -> {served['paths'][device.type]} ({knobs})"
 
 
-def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
+def _header(s: Settings, world, seed, served, device, infos, skipped, nccl) -> str:
     timing = "# time: per iteration the slowest rank's, median over iterations"
     if s.graph_launches:
         timing = (f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times; "
@@ -417,6 +443,9 @@ def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
         lines.append(f"# check: one call after {after}, inputs reset before it, on every rank")
     if served is not None:
         lines.append(_gpucomm_line(served, device))
+    if nccl is not None and nccl["multi_rank_gpu"]:
+        lines.append(f"# nccl: NCCL {nccl['version']}, {nccl['local_ranks']} local ranks on {nccl['gpus']} GPU(s): "
+                     f"{NCCL_MULTI_RANK_ENV}=1 in the ranks' environment, as gpucomm's ranks share them")
     for item in skipped:
         lines.append(f"# {item['backend']}: not run: {item['reason']}")
     lines.append("#\n# Using devices")
@@ -426,9 +455,18 @@ def _header(s: Settings, world, seed, served, device, infos, skipped) -> str:
     return "\n".join(lines)
 
 
-def _write_json(s: Settings, world, seed, served, infos, skipped, tables, failed) -> None:
+def _nccl_info(device: torch.device, local_world: int) -> dict:
+    """The NCCL this run's nccl rows come from, and whether its ranks share GPUs."""
+    version, gpus = nccl_version(), torch.cuda.device_count()
+    return {"version": ".".join(map(str, version)) if version else None, "gpus": gpus, "local_ranks": local_world,
+            "multi_rank_gpu": nccl_shares_gpus(version, gpus, local_world),
+            NCCL_MULTI_RANK_ENV: os.environ.get(NCCL_MULTI_RANK_ENV)}
+
+
+def _write_json(s: Settings, world, seed, served, infos, skipped, tables, failed, nccl) -> None:
     settings = asdict(s)
     settings.update(
+        nccl=nccl,
         world_size=world,
         seed=seed,
         gpucomm_knobs=s.knobs if "gpucomm" in s.backends else None,

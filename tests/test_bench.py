@@ -242,6 +242,7 @@ def test_rounds_against_gloo(tmp_path):
                 assert _printed(text, us), (text, us)
             expected = cell["time_us"] / times["gloo", size, variant]["time_us"]
             assert abs(float(ratio) - expected) <= 0.005 + 1e-9
+            assert cell["ratio"] == {"gloo": expected}  # the JSON's ratio column
     # The markdown summary of the same JSON: one row per size, the same medians and ratios.
     summary = subprocess.run([sys.executable, "-m", "gpucomm._bench.summarize", str(out_json)],
                              capture_output=True, text=True, timeout=60)
