@@ -43,6 +43,9 @@ def table(data: dict, peer: str) -> str:
         theirs = by_key.get((peer, collective))
         if backend != "gpucomm" or theirs is None:
             continue
+        if theirs.get("skipped") and not theirs["rows"]:  # e.g. NCCL refused the layout: say why
+            lines += [f"**{collective}**: {peer} {theirs['skipped']}", ""]
+            continue
         lines += [
             f"**{collective}**, {settings['world_size']} ranks, {settings['dtype']}{_op(ours)}, "
             f"{len(ours['rows'][0]['out_of_place'].get('round_time_us', [0]))} rounds (us: median [min-max] over rounds)",

@@ -137,3 +137,13 @@ def test_compare_nccl_on_cpu_says_why_in_each_table_and_keeps_the_ratios(tmp_pat
     assert data["settings"]["nccl"] is None  # nccl did not run: no NCCL to describe
     # Nothing to set a ratio against: the cells carry an empty one.
     assert all(row[v]["ratio"] == {} for row in data["tables"][0]["rows"] for v in ("out_of_place", "in_place"))
+
+
+def test_summary_says_why_nccl_did_not_run():
+    from gpucomm._bench.summarize import table
+
+    reason = "not run: nccl: 2 local ranks would share 1 GPU(s), and NCCL 2.27.3 takes one GPU per rank"
+    data = {"settings": {"world_size": 2, "dtype": "float"},
+            "tables": [{"backend": "gpucomm", "collective": "all_reduce", "rows": [], "skipped": None},
+                       {"backend": "nccl", "collective": "all_reduce", "rows": [], "skipped": reason}]}
+    assert table(data, "nccl") == f"**all_reduce**: nccl {reason}\n"
