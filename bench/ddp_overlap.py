@@ -14,7 +14,8 @@ several gradient buckets) on CPU tensors, under DDP on a gloo process group, in 
 - ``hook-shm-blocking``: the same hook waiting for its all-reduce before returning.
 
 Modes take turns in rounds (a different order each round), and each figure is the median over
-rounds of the median step time in a round, with the spread (min-max over rounds). Overlap shows as
+rounds of a round's step time (per step the slowest rank, then the median over steps:
+:func:`timing.slowest_rank`), with the spread (min-max over rounds). Overlap shows as
 ``hook`` close to ``gloo`` and below ``hook-blocking`` (and ``hook-shm`` below
 ``hook-shm-blocking``).
 
@@ -38,6 +39,7 @@ import time
 
 from .hostinfo import run_settings, write_json
 from .ranks import spawn_ranks
+from .timing import slowest_rank
 
 __all__ = ["main", "MODES"]
 
@@ -94,12 +96,12 @@ def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, resu
         return times
 
     modes = tuple(args.modes)
-    rounds: dict[str, list[float]] = {m: [] for m in modes}
+    rounds: dict[str, list[list[float]]] = {m: [] for m in modes}  # each round's step times
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else tuple(reversed(modes)):
             model = wrapped(mode)
             steps(model, mode)  # warm-up
-            rounds[mode].append(statistics.median(steps(model, mode)))
+            rounds[mode].append(steps(model, mode))
     for comm in comms.values():
         comm.close()
     dist.destroy_process_group()
@@ -122,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if "gloo" not in args.modes:
         args.modes = ["gloo", *args.modes]
     per_rank = spawn_ranks(_step_times, args.nproc, args)
-    # A step ends when the slowest rank's does: the figure of a round is the largest rank median.
-    rounds = {m: [max(per_rank[r][m][k] for r in per_rank) for k in range(args.rounds)] for m in args.modes}
+    # A step ends when the slowest rank's does (the steps start together, after a barrier): the
+    # figure of a round is per step the slowest rank, then the median over steps.
+    rounds = {m: [slowest_rank([per_rank[r][m][k] for r in sorted(per_rank)]) for k in range(args.rounds)]
+              for m in args.modes}
     threads = os.environ.get("OMP_NUM_THREADS", f"not set: torch's default, {os.cpu_count()} cores")
     print(f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
           f" buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; median [min-max] over {args.rounds} rounds, ms")
