@@ -41,6 +41,7 @@ from gpucomm.ops import launcher as _launcher
 from gpucomm.ops.launcher import Param
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.tables import held
 from gpucomm.program import FP_BITS, OPERAND_WORDS, WORDS
 from gpucomm.reduce_op import ReduceOp
 
@@ -383,7 +384,8 @@ class CudaKernels:
         return max(1, min(-(-vectors // THREADS), self._sm_count * _BLOCKS_PER_SM))
 
     def _table(self, addrs: list[int]) -> torch.Tensor:
-        """A device int64 tensor holding ``addrs`` (cached: tables repeat call after call)."""
+        """A device int64 tensor holding ``addrs`` (cached: tables repeat call after call), held by
+        the current stream, which the launch that reads it goes on (:func:`gpucomm.ops.tables.held`)."""
         key = tuple(addrs)
         table = self._tables.get(key)
         if table is None:
@@ -391,7 +393,7 @@ class CudaKernels:
                 self._tables.clear()
             table = torch.tensor(addrs, dtype=torch.int64).to(self._device)
             self._tables[key] = table
-        return table
+        return held(table)
 
     def _status(self, n: int, epoch: int) -> torch.Tensor:
         """A fresh error record {0, epoch, ..., epoch} (see wait_flags_block in common.cuh)."""
