@@ -130,9 +130,8 @@ static void Driver_dealloc(Driver *self) {
 // load(image: bytes, name: str, device: int) -> function handle. The module holding `name` loaded
 // into the device's primary context (torch's context of that device), whatever context is current:
 // it is made current for the load, and the caller's is restored after. The function is loaded
-// whole before it is handed out: cuFuncLoad where the driver has it (CUDA 12.4, when handles that
-// are not yet loaded came in); before it, cuModuleGetFunction itself loads the kernel (CUDA 12.2's
-// programming guide, "Lazy Loading").
+// whole before it is handed out: cuFuncLoad where the driver has it (CUDA 12.4); before it,
+// cuModuleGetFunction itself loads the kernel (CUDA 12.2's programming guide, "Lazy Loading").
 static PyObject *Driver_load(Driver *self, PyObject *args) {
     Py_buffer image;
     const char *name;
