@@ -8,7 +8,8 @@
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
 #   bash bench/gpu_check.sh symmetric # all_reduce of symmetric tensors (gpucomm.empty) against ordinary ones, multimem on and off
 #   bash bench/gpu_check.sh fused     # gpucomm.fused against the unfused calls (checked, timed), the device API's tests
-#   bash bench/gpu_check.sh tests     # tests/gpu
+#   bash bench/gpu_check.sh tests-a   # tests/gpu, first of two calls: the kernel files, then the rank files that check fixes
+#   bash bench/gpu_check.sh tests-b   # tests/gpu, second call: graph replays and timeouts, workspace collectives, fused, DDP
 #   bash bench/gpu_check.sh sanitize-memcheck   # every collective at 2 ranks under compute-sanitizer,
 #   bash bench/gpu_check.sh sanitize-racecheck  # one-shot and two-shot all_reduce forced, Triton and
 #   bash bench/gpu_check.sh sanitize-synccheck  # CUDA C++ kernels: the tool's verdict per run
@@ -16,8 +17,8 @@
 #   bash bench/gpu_check.sh cpuhost-default  # the CPU path on this host's many cores (DDP overlap, all_reduce beside
 #   bash bench/gpu_check.sh cpuhost-1        # gloo), with torch's default threads and with one
 #
-# A session has about 30 minutes of device time, not enough for every part: run tests, latency
-# and bench2 first (does it work, and the two goals of the speed work), then sanitize-memcheck,
+# A session has about 30 minutes of device time, not enough for every part: run tests-a, tests-b,
+# latency and bench2 first (does it work, and the two goals of the speed work), then sanitize-memcheck,
 # then the others as time allows.
 #
 # Every part installs gpucomm first (kernels/ and bench/ exist as gpucomm._kernels and
@@ -25,7 +26,7 @@
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh brief|bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
+part=${1:?usage: bash bench/gpu_check.sh brief|bench2|bench4|latency|symmetric|fused|tests-a|tests-b|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -170,8 +171,21 @@ fused)
     step fused_np2 240 python3 -m gpucomm._bench.fused --nproc 2 --device cuda --json "$work/fused_np2.json"
     step tutorial_np2 90 python3 -m torch.distributed.run --nproc-per-node 2 docs/tutorials/one_shot_all_reduce.py
     ;;
-tests)
-    step tests_gpu 540 python3 -m pytest tests/gpu -q -p no:cacheprovider -x --durations=15
+tests-a|tests-b)
+    # Every case of tests/gpu in one step of tests-a or tests-b (bench/gpu_test_parts.py names the
+    # steps, their limits from the 2026-11-25 H100 run's durations, and their cases; a CPU test
+    # checks each case is named once). No -x: one failure must not hide the others; pytest-timeout
+    # (there on the lent image) ends a hung test instead of the step.
+    per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout=120"
+    mapfile -t steps < <(python3 -m gpucomm._bench.gpu_test_parts "$part")
+    [ ${#steps[@]} -gt 0 ] || { echo "no steps for $part"; exit 1; }
+    for line in "${steps[@]}"; do
+        eval "set -- $line"  # name, limit, then pytest's arguments, quoted by shlex.join
+        name=$1 limit=$2
+        shift 2
+        step "$name" "$limit" python3 -m pytest "$@" -q -p no:cacheprovider $per_test -rfE --tb=short --durations=15
+    done
+    grep -hE "^(FAILED|ERROR) " "$work"/tests_gpu_*.log | cut -c1-200 | sort | uniq | head -60
     ;;
 sanitize-memcheck|sanitize-racecheck|sanitize-synccheck)
     # `all` runs every collective (all_gather and broadcast among them) with checked results;
@@ -204,7 +218,7 @@ cpuhost-default|cpuhost-1)
     done
     ;;
 *)
-    echo "unknown part: $part (brief|bench2|bench4|latency|symmetric|fused|tests|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
+    echo "unknown part: $part (brief|bench2|bench4|latency|symmetric|fused|tests-a|tests-b|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac

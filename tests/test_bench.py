@@ -408,3 +408,31 @@ def test_gpu_check_brief_runs_every_gpu_test_file():
     named = {Path(f).name for f in kernel_files} | {f"{name}.py" for name in rank_files}
     assert named == {p.name for p in (root / "tests" / "gpu").glob("test_*.py")}
     assert len(rank_files) == len(set(rank_files))
+
+
+def _collected(args: list[str]) -> list[str]:
+    """The test ids pytest collects for ``args`` here (tests/gpu's are collected on CPU and skipped)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_the_gpu_check_parts_name_every_gpu_test_case_once():
+    """bench/gpu_check.sh tests-a and tests-b (steps in bench/gpu_test_parts.py) together run every
+    case of tests/gpu exactly once, within their calls' time."""
+    from gpucomm._bench import gpu_test_parts
+
+    everything = _collected(["tests/gpu"])
+    named = [case for steps in gpu_test_parts.PARTS.values() for step in steps
+             for case in _collected(gpu_test_parts.pytest_args(step, xdist=False))]
+    twice = sorted({case for case in named if named.count(case) > 1})
+    assert twice == [], twice[:10]
+    assert sorted(named) == sorted(everything), sorted(set(everything) ^ set(named))[:10]
+    assert len(everything) > 1000  # the kernel files' cases: collected, not an empty selection
+    for part, steps in gpu_test_parts.PARTS.items():
+        # One call is 600 s; the install and MPS's probe take the rest.
+        assert sum(step.limit_s for step in steps) <= 520, part

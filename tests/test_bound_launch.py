@@ -183,6 +183,7 @@ def test_triton_program_launch_carries_the_parameters_its_entry_declares(triton_
     meant = bound["meant"] + [0, 0]
     assert mismatches(declared, bound["layout"], bytes.fromhex(launch["params"]), meant) == []
     assert (launch["name"], launch["grid"], launch["block"], launch["form"]) == ("program_kernel", f"{bound['grid']},1,1", "256,1,1", "buffer")
+    assert launch["loaded"] == "1"  # loaded when its launch was bound, not by this launch (tests/test_kernel_load.py)
 
 
 def test_the_cases_cover_each_way_triton_types_the_parameters(triton_bound) -> None:

@@ -130,6 +130,29 @@ def test_signal_stores_with_release_at_system_scope(compiled, arch: int) -> None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_signal_fences_at_system_scope_before_it_releases(compiled, arch: int) -> None:
+    """The memory contract's signal, in the PTX both families are checked in (docs/kernel-contract.md;
+    tests/test_triton_aot.py checks Triton's): membar.sys, then the release stores."""
+    ptx = compiled["flags.cu", arch].ptx["gpucomm_signal"]
+    order = re.findall(r"\b(?:membar|fence|st\.release|atom)\.[\w.]+|\bst\.release\b", ptx)
+    releases = [i for i, op in enumerate(order) if op.startswith("st.release.sys")]
+    assert "membar.sys" in order and releases and order.index("membar.sys") < releases[0], order
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_peer_data_loads_are_cg(compiled, arch: int) -> None:
+    """The memory contract's loads (docs/kernel-contract.md; Triton's in tests/test_triton_aot.py):
+    data that may be a peer's is loaded ``.cg``, L2 only; the plain loads left are of the kernel's
+    own tables (addresses, instruction words: 8 bytes, or 4 for the program's counts)."""
+    kernels = [("copy.cu", "gpucomm_copy")] + [("reduce.cu", name) for name in EXPECTED_KERNELS["reduce.cu"]]
+    kernels += [("program.cu", name) for name in PROGRAM_KERNELS]
+    for file, name in kernels:
+        loads = set(re.findall(r"\bld\.global(?:\.\w+)+", compiled[file, arch].ptx[name]))
+        assert any(".cg." in load for load in loads), (name, loads)
+        assert {load for load in loads if ".cg." not in load} <= {"ld.global.u64", "ld.global.u32"}, (name, loads)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_program_kernels_release_flags_at_system_scope(compiled, arch: int) -> None:
     # A SYNC's signal, the error record's kind and the poison word: release stores at system
     # scope, each lowered to a system-wide fence and a strong system-scope store.

@@ -23,6 +23,8 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 # Memory instructions and divisions, e.g. "atom.global.sys.release.exch.b64", "div.rn.f32".
 _INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div|bar)\.[\w.]+")
+# Fences and atomics, in the order the PTX has them.
+_ORDERING = re.compile(r"\b(?:atom|red|fence|membar)\.[\w.]+")
 
 
 def _variants() -> dict[str, tuple]:
@@ -151,6 +153,8 @@ def _worker() -> dict[str, list[str] | str]:
             ptx = compiled.asm["ptx"]
             markers = ["%globaltimer"] if "%globaltimer" in ptx else []
             report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(ptx))) + markers
+            if name.startswith("signal"):
+                report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
             if name.startswith("program"):
                 report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
                 report[f"{name}-sm{arch}-timer"] = _timer_facts(compiled.asm["ttgir"])
@@ -273,6 +277,28 @@ def test_signal_is_a_release_at_system_scope(ptx, arch: int) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ("signal", "signal-epoch1"))
+def test_signal_fences_at_system_scope_before_it_releases(ptx, arch: int, name: str) -> None:
+    """The memory contract's signal (docs/kernel-contract.md): ``membar.sys``, CUDA's
+    ``__threadfence_system()``, then the release stores; the data was written by earlier kernels."""
+    order = ptx[f"{name}-sm{arch}-order"]
+    releases = [i for i, op in enumerate(order) if _has([op], "atom", "release", "sys")]
+    assert "membar.sys" in order and releases and order.index("membar.sys") < releases[0], order
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["copy-aligned0", "copy-aligned1", "reduce-SUM-float32", "reduce-MAX-bfloat16",
+                                  "reduce-SUM-float16", "program-SUM-float32", "program-MIN-bfloat16", "program-SUM-int64"])
+def test_peer_data_loads_are_cg(ptx, arch: int, name: str) -> None:
+    """The memory contract's loads (docs/kernel-contract.md): data that may be a peer's is loaded
+    ``.cg`` (L2 only), as the CUDA kernels' ``__ldcg``; no 16-byte load of data goes through L1."""
+    seen = _instructions(ptx, f"{name}-sm{arch}")
+    assert _has(seen, "ld", "global", "cg"), seen
+    vectors = [i for i in seen if i.startswith("ld.global") and any(q in ("v2", "v4") for q in i.split("."))]
+    assert all("cg" in i.split(".") for i in vectors), vectors
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_wait_is_an_acquire_at_system_scope(ptx, arch: int) -> None:
     seen = _instructions(ptx, f"wait-sm{arch}")
     # triton 3.9 emits atom.global.sys.acquire.add.u64 (an atomic add of 0)
@@ -314,7 +340,7 @@ def test_program_kernel_compiles_with_system_scope_flags_a_clock_and_vectors(ptx
     assert _has(seen, "atom", "acquire", "sys", "add"), seen  # SYNC's wait
     assert "%globaltimer" in seen, seen  # the deadline of every wait
     assert _has(seen, "bar", "sync"), seen  # the channel's threads line up around SYNC and moves
-    assert any(i.startswith(("ld.global.v", "ld.global.nc.v")) for i in seen), seen  # 16-byte vectors
+    assert any(i.startswith(("ld.global.cg.v", "ld.global.v")) for i in seen), seen  # 16-byte vectors
     if variant.endswith("float32"):
         # AVG's division is the IEEE one (the program's integer divisions are its own arithmetic).
         divisions = [i for i in seen if i.startswith("div.") and i.endswith("f32")]

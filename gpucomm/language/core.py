@@ -94,9 +94,10 @@ def translate(ptr, peer, ctx):
 
 @triton.jit
 def load(ptr, peer, ctx, mask=None, other=None):
-    """``tl.load`` of ``ptr`` (a pointer or a block of them) translated to ``peer``. For 16-byte
-    vectors translate the scalar base instead (see :func:`translate`)."""
-    return tl.load(translate(ptr, peer, ctx), mask=mask, other=other)
+    """``tl.load`` of ``ptr`` (a pointer or a block of them) translated to ``peer``, ``.cg`` as every
+    peer load of gpucomm's kernels (docs/kernel-contract.md). For 16-byte vectors translate the
+    scalar base instead (see :func:`translate`)."""
+    return tl.load(translate(ptr, peer, ctx), mask=mask, other=other, cache_modifier=".cg")
 
 
 @triton.jit

@@ -41,6 +41,7 @@ from gpucomm.ops import launcher as _launcher
 from gpucomm.ops.launcher import Param
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.tables import held
 from gpucomm.program import FP_BITS, OPERAND_WORDS, WORDS
 from gpucomm.reduce_op import ReduceOp
 
@@ -291,13 +292,15 @@ class CudaKernels:
         """Indices of the flags still below ``epoch`` at the deadline (``time.monotonic()``); [] if none.
 
         Blocks the host until the wait kernel ends. The kernel's time limit is what is left of the
-        deadline at launch; a kernel queued behind earlier work starts its clock late.
+        deadline at launch, taken after the kernel is compiled and loaded (a first wait's NVRTC
+        compile is no part of its wait); a kernel queued behind earlier work starts its clock late.
         """
         self._check_flags("wait", flags, epoch)
         if not flags:
             return []
         table = self._table([f.addr for f in flags])
         status = self._status(len(flags), epoch)
+        self._load("flags.cu", "gpucomm_wait", WAIT_PARAMS)
         values = (table.data_ptr(), len(flags), epoch, _timeout_ns(deadline), status.data_ptr())
         self._launch("flags.cu", "gpucomm_wait", 1, WAIT_PARAMS, values)
         return _missing(status, epoch)
@@ -381,7 +384,8 @@ class CudaKernels:
         return max(1, min(-(-vectors // THREADS), self._sm_count * _BLOCKS_PER_SM))
 
     def _table(self, addrs: list[int]) -> torch.Tensor:
-        """A device int64 tensor holding ``addrs`` (cached: tables repeat call after call)."""
+        """A device int64 tensor holding ``addrs`` (cached: tables repeat call after call), held by
+        the current stream, which the launch that reads it goes on (:func:`gpucomm.ops.tables.held`)."""
         key = tuple(addrs)
         table = self._tables.get(key)
         if table is None:
@@ -389,7 +393,7 @@ class CudaKernels:
                 self._tables.clear()
             table = torch.tensor(addrs, dtype=torch.int64).to(self._device)
             self._tables[key] = table
-        return table
+        return held(table)
 
     def _status(self, n: int, epoch: int) -> torch.Tensor:
         """A fresh error record {0, epoch, ..., epoch} (see wait_flags_block in common.cuh)."""
@@ -406,6 +410,13 @@ class CudaKernels:
         # word), not one launch's words rewritten in place: the host executor and the
         # point-to-point channels may call from several threads at once.
         self._driver.bind(function, (blocks, 1, 1), (THREADS, 1, 1), 0, layout, values).launch(self._raw_stream())
+
+    def _load(self, file: str, kernel: str, spec: Sequence[tuple[str, int]]) -> None:
+        """Compile and load ``kernel`` now if not yet, the way :meth:`_launch` will launch it."""
+        if self._driver is None:
+            self._function(file, kernel)
+        else:
+            self._checked_layout(file, kernel, spec)
 
     def _checked_layout(self, file: str, kernel: str, spec: Sequence[tuple[str, int]]) -> tuple[int, list]:
         """``kernel``'s CUfunction and its parameters' [(offset, size)], checked against the

@@ -22,6 +22,7 @@ from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher, triton_launch
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import Region
+from gpucomm.ops.tables import held
 from gpucomm.reduce_op import ReduceOp
 
 __all__ = ["TritonKernels", "HostOnlyTritonKernels", "JitDispatchTritonKernels"]
@@ -63,7 +64,7 @@ class TritonKernels:
                 self._tables.clear()
             table = torch.tensor(key, dtype=torch.int64, device=self.device)
             self._tables[key] = table
-        return table
+        return held(table)  # by the current stream, which the launch that reads it goes on
 
     def _check_device(self, fn: str, region: Region) -> None:
         if region.device.type != self.device.type:

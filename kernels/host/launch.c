@@ -12,6 +12,11 @@
 // The driver is reached with dlopen() ("libcuda.so.1", or a path the caller gives: the tests'
 // driver double), so nothing links against a driver at build time, and the entry points are
 // resolved once, when the Driver is made.
+//
+// A function is loaded when it is handed out (Driver.load), not at its first launch: under lazy
+// loading (the driver's default since CUDA 12.2) a function cuModuleGetFunction returns may be
+// loaded only when first used, and a first launch that loads it can wait behind a kernel already
+// spinning on a flag that this very launch would set (NCCL loads its kernels at init for this).
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,6 +50,7 @@ typedef CUresult (*cuModuleLoadData_t)(CUmodule *, const void *);
 typedef CUresult (*cuModuleGetFunction_t)(CUfunction *, CUmodule, const char *);
 typedef CUresult (*cuFuncSetAttribute_t)(CUfunction, int, int);
 typedef CUresult (*cuFuncGetParamInfo_t)(CUfunction, size_t, size_t *, size_t *);
+typedef CUresult (*cuFuncLoad_t)(CUfunction);
 typedef CUresult (*cuLaunchKernel_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **,
                                      void **);
 typedef CUresult (*cuGetErrorName_t)(CUresult, const char **);
@@ -60,6 +66,7 @@ typedef struct {
     cuModuleGetFunction_t module_get_function;
     cuFuncSetAttribute_t func_set_attribute;
     cuFuncGetParamInfo_t func_get_param_info;  // NULL before CUDA 12.4
+    cuFuncLoad_t func_load;                    // NULL before CUDA 12.4
     cuLaunchKernel_t launch_kernel;
     cuGetErrorName_t get_error_name;
 } Driver;
@@ -105,6 +112,7 @@ static int Driver_init(Driver *self, PyObject *args, PyObject *kwargs) {
     self->launch_kernel = (cuLaunchKernel_t)resolve(library, "cuLaunchKernel", 1);
     self->get_error_name = (cuGetErrorName_t)resolve(library, "cuGetErrorName", 0);
     self->func_get_param_info = (cuFuncGetParamInfo_t)resolve(library, "cuFuncGetParamInfo", 0);
+    self->func_load = (cuFuncLoad_t)resolve(library, "cuFuncLoad", 0);
     if (PyErr_Occurred()) return -1;
     CUresult result = init(0);
     if (result != CUDA_SUCCESS) {
@@ -121,7 +129,9 @@ static void Driver_dealloc(Driver *self) {
 
 // load(image: bytes, name: str, device: int) -> function handle. The module holding `name` loaded
 // into the device's primary context (torch's context of that device), whatever context is current:
-// it is made current for the load, and the caller's is restored after.
+// it is made current for the load, and the caller's is restored after. The function is loaded
+// whole before it is handed out: cuFuncLoad where the driver has it (CUDA 12.4); before it,
+// cuModuleGetFunction itself loads the kernel (CUDA 12.2's programming guide, "Lazy Loading").
 static PyObject *Driver_load(Driver *self, PyObject *args) {
     Py_buffer image;
     const char *name;
@@ -138,6 +148,7 @@ static PyObject *Driver_load(Driver *self, PyObject *args) {
     if (result == CUDA_SUCCESS && primary != previous) call = "cuCtxSetCurrent", result = self->ctx_set_current(primary);
     if (result == CUDA_SUCCESS) call = "cuModuleLoadData", result = self->module_load_data(&module, image.buf);
     if (result == CUDA_SUCCESS) call = "cuModuleGetFunction", result = self->module_get_function(&function, module, name);
+    if (result == CUDA_SUCCESS && self->func_load != NULL) call = "cuFuncLoad", result = self->func_load(function);
     // The primary context stays retained: the module, and every launch of its functions, live in it.
     if (primary != NULL && primary != previous && previous != NULL) {
         CUresult restored = self->ctx_set_current(previous);

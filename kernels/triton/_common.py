@@ -44,17 +44,19 @@ def f32_to_bf16_bits(x):
 def load_acc(addr, offs, mask, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
     """Load ``DTYPE`` elements ``offs`` of the region at integer ``addr`` in the accumulation type.
 
-    16-bit floats widen to fp32 (exact); every other type accumulates in itself.
+    16-bit floats widen to fp32 (exact); every other type accumulates in itself. The region may be
+    a peer's: loads are ``.cg`` (L2, not L1, which peers' writes do not keep coherent), as the CUDA
+    kernels' ``__ldcg`` (docs/kernel-contract.md, "One memory contract").
     """
     if DTYPE == tl.bfloat16:
         ptr = as_pointer(addr, tl.uint16, ALIGNED)
-        return bf16_bits_to_f32(tl.load(ptr + offs, mask=mask))
+        return bf16_bits_to_f32(tl.load(ptr + offs, mask=mask, cache_modifier=".cg"))
     elif DTYPE == tl.float16:
         ptr = as_pointer(addr, tl.float16, ALIGNED)
-        return tl.load(ptr + offs, mask=mask).to(tl.float32)
+        return tl.load(ptr + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
     else:
         ptr = as_pointer(addr, DTYPE, ALIGNED)
-        return tl.load(ptr + offs, mask=mask)
+        return tl.load(ptr + offs, mask=mask, cache_modifier=".cg")
 
 
 @triton.jit

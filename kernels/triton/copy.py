@@ -27,7 +27,8 @@ def copy_kernel(
     mask = offs < n_elements
     dst = as_pointer(tl.load(addr_ptr), ELEM, ALIGNED)
     src = as_pointer(tl.load(addr_ptr + 1), ELEM, ALIGNED)
-    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+    # src may be a peer's: .cg, as every peer load (docs/kernel-contract.md, "One memory contract").
+    tl.store(dst + offs, tl.load(src + offs, mask=mask, cache_modifier=".cg"), mask=mask)
 
 
 def element_bytes(dst_addr: int, src_addr: int, nbytes: int) -> int:

@@ -1,14 +1,17 @@
 """Epoch flags: signal (release store) and bounded wait (acquire loads), at system scope.
 
 Flags are monotonic int64 counters that live in a rank's workspace and are written by peers.
-Only atomics with ``sem``/``scope`` are used (no inline PTX), so the same kernels run under the
-Triton interpreter on POSIX shared memory. Both kernels run as a single program: programs of one
+Atomics with ``sem``/``scope`` do the handoff, and the signal's system-scope fence is
+:mod:`fence`'s (inline PTX on a GPU, nothing under the interpreter), so the same kernels run
+under the Triton interpreter on POSIX shared memory. Both kernels run as a single program: programs of one
 launch never wait on each other.
 """
 
 import torch
 import triton
 import triton.language as tl
+
+from gpucomm._kernels.triton.fence import fence_sys
 
 __all__ = ["signal_kernel", "wait_kernel", "signal", "wait"]
 
@@ -24,6 +27,9 @@ def signal_kernel(
     mask = offs < n_flags
     flags = tl.load(addr_ptr + offs, mask=mask, other=0).to(tl.pointer_type(tl.int64))
     value = tl.full((BLOCK,), 0, tl.int64) + epoch  # int64 whether epoch came as a value or a constant
+    # The data was written by this rank's earlier kernels, not by this thread: a system-scope
+    # fence first, as CUDA's gpucomm_signal has (__threadfence_system).
+    fence_sys(offs)
     # Release at system scope: the data this rank wrote before is visible to any peer (another
     # GPU, or the host) that acquire-loads the new epoch.
     tl.atomic_xchg(flags, value, mask=mask, sem="release", scope="sys")

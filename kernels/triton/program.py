@@ -107,15 +107,16 @@ def _copy_range(dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.conste
     s = as_pointer(src, COPY_ELEM, ALIGNED)
     body = _vector_body(n, COPY_BYTES, ALIGNED)
     # Each thread loads _COPY_VECTORS 16-byte vectors, all in flight at once, before it stores any.
+    # src may be a peer's: .cg, as every peer load (docs/kernel-contract.md, "One memory contract").
     STEP: tl.constexpr = _COPY_VECTORS * 16 * LANES // COPY_BYTES
     for start in range(0, body, STEP):
         offs = start + tl.arange(0, STEP)
         mask = offs < body
-        tl.store(d + offs, tl.load(s + offs, mask=mask), mask=mask)
+        tl.store(d + offs, tl.load(s + offs, mask=mask, cache_modifier=".cg"), mask=mask)
     # The last elements that do not fill a 16-byte vector (none unless ALIGNED).
     offs = body + tl.arange(0, 16)
     mask = offs < n
-    tl.store(d + offs, tl.load(s + offs, mask=mask), mask=mask)
+    tl.store(d + offs, tl.load(s + offs, mask=mask, cache_modifier=".cg"), mask=mask)
 
 
 @triton.jit

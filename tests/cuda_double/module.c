@@ -7,6 +7,12 @@
 // CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) are recorded as given; parameters passed as an array of
 // pointers (`kernelParams`) can be read only with their sizes, which a test hands the double with
 // doubleSetParamInfo (the real driver reads them from the cubin) and cuFuncGetParamInfo answers.
+//
+// Loading is lazy, as the driver's default since CUDA 12.2 (CUDA_MODULE_LOADING=LAZY): a function
+// handed out by cuModuleGetFunction is not loaded until cuFuncLoad loads it or its first launch
+// does (on a GPU that launch can then wait behind a kernel that spins on a flag). Each launch
+// records whether its function was loaded before it (`loaded=`); CUDA_MODULE_LOADING=EAGER, read
+// at each cuModuleGetFunction, hands out functions loaded.
 
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -25,7 +31,16 @@ struct DoubleModule {
 struct DoubleFunction {
     char name[NAME_BYTES];
     CUmodule module;
+    int loaded;
 };
+
+// cuda.h's CUfunctionLoadingState.
+enum { FUNCTION_UNLOADED = 0, FUNCTION_LOADED = 1 };
+
+static int eager_loading(void) {
+    const char *mode = getenv("CUDA_MODULE_LOADING");
+    return mode != NULL && strcmp(mode, "EAGER") == 0;
+}
 
 // Parameter layouts the test declared, by kernel name.
 static struct {
@@ -83,9 +98,26 @@ DOUBLE_API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, c
     CUfunction f = calloc(1, sizeof *f);
     memcpy(f->name, name, length + 1);
     f->module = module;
+    f->loaded = eager_loading();
     *function = f;
-    double_log("cuModuleGetFunction", "module=%#llx name=%s found=1 function=%#llx", (unsigned long long)(uintptr_t)module, name,
-               (unsigned long long)(uintptr_t)f);
+    double_log("cuModuleGetFunction", "module=%#llx name=%s found=1 function=%#llx loaded=%d", (unsigned long long)(uintptr_t)module, name,
+               (unsigned long long)(uintptr_t)f, f->loaded);
+    return CUDA_SUCCESS;
+}
+
+// cuFuncLoad (CUDA 12.4): load the function now; no effect on one already loaded.
+DOUBLE_API CUresult cuFuncLoad(CUfunction function) {
+    if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (function == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    double_log("cuFuncLoad", "name=%s function=%#llx was_loaded=%d", function->name, (unsigned long long)(uintptr_t)function, function->loaded);
+    function->loaded = 1;
+    return CUDA_SUCCESS;
+}
+
+DOUBLE_API CUresult cuFuncIsLoaded(int *state, CUfunction function) {
+    if (function == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (state == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *state = function->loaded ? FUNCTION_LOADED : FUNCTION_UNLOADED;
     return CUDA_SUCCESS;
 }
 
@@ -181,8 +213,9 @@ static CUresult record_launch(const char *entry, CUfunction f, unsigned gx, unsi
     launches++;
     char line[2 * PARAM_BYTES + 512];
     CUgraph graph = double_capturing(stream);
-    snprintf(line, sizeof line, "name=%s grid=%u,%u,%u block=%u,%u,%u shared=%u stream=%#llx captured=%d form=%s params=%s", f->name, gx, gy, gz, bx,
-             by, bz, shared, (unsigned long long)(uintptr_t)stream, graph != NULL, form, hex);
+    snprintf(line, sizeof line, "name=%s grid=%u,%u,%u block=%u,%u,%u shared=%u stream=%#llx captured=%d loaded=%d form=%s params=%s", f->name, gx, gy,
+             gz, bx, by, bz, shared, (unsigned long long)(uintptr_t)stream, graph != NULL, f->loaded, form, hex);
+    f->loaded = 1;  // a lazy function loads at its first launch
     if (graph != NULL) double_graph_add(graph, line);
     double_log(entry, "%s", line);
     return CUDA_SUCCESS;
