@@ -20,7 +20,7 @@ the channel's record and poisons the workspace, and :meth:`DeviceExecutor.check`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -29,11 +29,10 @@ from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.program import fingerprint
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.roles import NodeWorkspace
+from gpucomm.stream_order import StreamOrder
 
-if TYPE_CHECKING:
-    from gpucomm.engine import Engine
-
-__all__ = ["SmallAllReduce", "MAX_WORLD", "ALGO"]
+__all__ = ["SmallAllReduce", "SmallEngine", "MAX_WORLD", "ALGO"]
 
 # The algorithm's name (GPUCOMM_ALGO, the call's fingerprint, the log).
 ALGO = "oneshot_small"
@@ -46,10 +45,24 @@ _OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 _KEPT = 64
 
 
+@runtime_checkable
+class SmallEngine(NodeWorkspace, Protocol):
+    """What this path reads of its engine (:class:`gpucomm.engine.Engine`): the node's workspace,
+    its kernels and executor (whose state words and error records the kernels share), its channels
+    and the order of its launches on a GPU."""
+
+    channels: int  # channels of the flag layout: the most a launch runs
+    channels_by_size: bool  # a launch's grid follows its size (else every channel)
+    executor: object  # gpucomm.device_executor.DeviceExecutor where the kernels are Triton's or CUDA C++'s
+
+    @property
+    def order(self) -> StreamOrder | None: ...  # None off a GPU
+
+
 class SmallAllReduce:
     """The small-message all_reduce of ``engine`` (module docstring)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: SmallEngine) -> None:
         self.engine = engine
         ws, P = engine.workspace, engine.world_size
         self.reason = ""
