@@ -157,6 +157,25 @@ def test_a_message_larger_than_a_half_is_refused_before_any_launch() -> None:
         assert "oneshot_small" in text and "do not fit one half" in text, text
 
 
+def _torch_kernels(rank: int, world_size: int) -> str:
+    import torch
+
+    import gpucomm
+
+    gpucomm.init_process_group(transport="shm", kernels="torch", algo="oneshot_small", timeout=20)
+    t = torch.ones(7)
+    try:
+        gpucomm.all_reduce(t)
+    except gpucomm.UnsupportedError as err:
+        return str(err) if torch.equal(t, torch.ones(7)) else "refused after moving data"
+    return "served"
+
+
+def test_the_torch_kernels_are_refused_by_name() -> None:
+    for text in run_ranks(_torch_kernels, 2, timeout=120):
+        assert "oneshot_small" in text and "kernels=torch" in text, text
+
+
 def test_auto_takes_the_small_path_on_cuda_tensors_up_to_64_kib() -> None:
     from gpucomm.algorithms import select
 
