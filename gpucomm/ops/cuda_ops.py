@@ -1,7 +1,8 @@
 """The CUDA C++ kernels (``kernels/cuda/*.cu``): run-time compilation and launchers.
 
 :class:`CudaKernels` implements the kernel contract (:mod:`gpucomm.ops.contract`) on one CUDA
-device, and runs the device executor's programs (``run_program``, with ``program.cu``). The
+device, runs the device executor's programs (``run_program``, with ``program.cu``) and the
+small-message all_reduce (``prepare_small``, with ``small.cu``: gpucomm.small). The
 ``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is compiled by
 NVRTC on first use for the device's architecture and memoised in the instance, keyed by (file,
 sorted defines, architecture). Launches go on torch's current stream of that device.
