@@ -15,7 +15,7 @@ __all__ = ["Config", "DEFAULT_HEAP_BYTES", "TRANSPORTS", "KERNELS", "ALGOS", "CH
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
-ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "multimem", "oneshot_lang")
+ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "multimem", "oneshot_lang", "oneshot_small")
 CHECKS = ("fingerprint", "full", "off")
 ASYNC_ERROR_HANDLING = ("raise", "abort")
 

@@ -118,6 +118,13 @@ class DeviceExecutor:
             bound["launch"]()
             self.check()  # the launch has run: its errors are there now
 
+    def remember(self, fingerprint: int, name: str) -> None:
+        """Name the call whose flags carry ``fingerprint``, for the error an error record that
+        points at it raises (kernels that share this executor's records: gpucomm.small)."""
+        self._names[fingerprint] = name
+        if len(self._names) > _NAMES_KEPT:
+            self._names.pop(next(iter(self._names)))
+
     def _no_upload_in_capture(self, program: Program) -> None:
         """Tables go to the device by a host-to-device copy, which a CUDA graph would replay from
         host memory that is gone by then: a shape is captured only after an eager call made them."""
@@ -196,9 +203,7 @@ class DeviceExecutor:
         # the half each where the program uses the workspace; copies outside it (between this
         # rank's own buffers) wrap around the channels. The grid follows the program's size
         # (gpucomm.channels), the same on every rank.
-        self._names[program.fingerprint] = program.name  # to name the call an error record points at
-        if len(self._names) > _NAMES_KEPT:
-            self._names.pop(next(iter(self._names)))
+        self.remember(program.fingerprint, program.name)  # to name the call an error record points at
         extent = program.extent or largest
         sized = max(extent, program.grid_bytes)
         grid = launch_channels(sized, self.channels) if self.channels_by_size else self.channels

@@ -56,6 +56,7 @@ from gpucomm.capture import capturing
 from gpucomm.program import Builder, Program, overlaps
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import Group
+from gpucomm.small import SmallAllReduce
 from gpucomm.stream_order import StreamOrder
 from gpucomm.engine_layout import ALIGN, DataLayout, FlagLayout
 from gpucomm.transport import Workspace, open_workspace
@@ -168,6 +169,7 @@ class Engine:
         self.multimem = MultimemAllReduce(None, 0, self._multimem_reason(""), self.channels, self.timeout)
         try:
             self.executor = self._make_executor()
+            self.small = SmallAllReduce(self)
             self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
         except BaseException:
             self.workspace.close()
@@ -357,7 +359,10 @@ class Engine:
             return None
         nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
         topology = "hierarchical" if self.topology.hierarchical else self.transport
-        return select.choose(fn, nbytes, self.comm_size, topology, self.knob_algo)
+        algo = select.choose(fn, nbytes, self.comm_size, topology, self.knob_algo)
+        if algo == select.SMALL and select.forced_algo(fn, self.knob_algo) == "auto" and self.small.unsupported(tensor):
+            return "oneshot"  # the same algorithm through the program kernel (named, it raises why not)
+        return algo
 
     def describe(self, algo: str) -> dict[str, object]:
         return {"algo": algo, "transport": self.transport, "kernels": self.kernels.name}
@@ -433,6 +438,8 @@ class Engine:
             hierarchical.all_reduce(self, tensor, op)
         elif algo == "oneshot_lang":
             self._all_reduce_lang(tensor, op)
+        elif algo == select.SMALL:
+            self.small.run(tensor, op)
         elif algo == "multimem" or self._multimem_by_default(tensor, op, algo):
             self.multimem.run(tensor, op)
         else:
@@ -512,6 +519,8 @@ class Engine:
         once), for :mod:`gpucomm.repeat`: the program and the buffer's address, no tensor."""
         if algo == "oneshot_lang":
             return self._lang_launch(tensor, op, ordered=True)
+        if algo == select.SMALL:
+            return self.small.repeat(tensor, op)
         if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
             launch = self.multimem.bind(tensor, op)
             if self.stream is None:

@@ -15,8 +15,8 @@ KIB, MIB = 1 << 10, 1 << 20
 @pytest.mark.parametrize(
     ("fn", "nbytes", "world_size", "expected"),
     [
-        ("all_reduce", 4 * KIB, 4, "oneshot"),
-        ("all_reduce", select.ONESHOT_MAX_BYTES, 4, "oneshot"),
+        ("all_reduce", 4 * KIB, 4, select.SMALL),  # the one-shot with its addresses as parameters
+        ("all_reduce", select.ONESHOT_MAX_BYTES, 4, select.SMALL),
         ("all_reduce", select.ONESHOT_MAX_BYTES + 4, 4, "twoshot"),
         ("all_reduce", 64 * MIB, 2, "twoshot"),
         ("all_reduce", 64 * MIB, 8, "twoshot"),

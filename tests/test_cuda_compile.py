@@ -30,8 +30,10 @@ from gpucomm.ops.cuda_ops import (
     _target,
     compile_options,
     kernel_source,
+    SMALL_OPS,
     program_kernel_name,
     reduce_kernel_name,
+    small_kernel_name,
 )
 from gpucomm.reduce_op import ReduceOp
 
@@ -90,8 +92,10 @@ EXPECTED_KERNELS = {
     "reduce.cu": {reduce_kernel_name(dtype, op) for dtype in SUPPORTED_DTYPES for op in ReduceOp},
     "program.cu": {program_kernel_name(None, ReduceOp.SUM)}
     | {program_kernel_name(dtype, op) for dtype in SUPPORTED_DTYPES for op in PROGRAM_FOLDS},
+    "small.cu": {small_kernel_name(dtype, op) for dtype in SUPPORTED_DTYPES for op in SMALL_OPS},
 }
 PROGRAM_KERNELS = sorted(EXPECTED_KERNELS["program.cu"])
+SMALL_KERNELS = sorted(EXPECTED_KERNELS["small.cu"])
 
 
 def test_every_shipped_source_is_compiled_here() -> None:
@@ -156,10 +160,10 @@ def test_peer_data_loads_are_cg(compiled, arch: int) -> None:
 def test_program_kernels_release_flags_at_system_scope(compiled, arch: int) -> None:
     # A SYNC's signal, the error record's kind and the poison word: release stores at system
     # scope, each lowered to a system-wide fence and a strong system-scope store.
-    for name in PROGRAM_KERNELS:
-        ptx = compiled["program.cu", arch].ptx[name]
+    for file, name in [("program.cu", name) for name in PROGRAM_KERNELS] + [("small.cu", name) for name in SMALL_KERNELS]:
+        ptx = compiled[file, arch].ptx[name]
         assert ptx.count("st.release.sys.global.b64") >= 3, name  # signal, record kind, poison
-        sass = compiled["program.cu", arch].sass[name]
+        sass = compiled[file, arch].sass[name]
         stores = [i for i, ins in enumerate(sass) if ins.startswith("STG.E.64.STRONG.SYS ")]
         assert stores, (name, sass)
         for i in stores:
@@ -170,6 +174,7 @@ def test_program_kernels_release_flags_at_system_scope(compiled, arch: int) -> N
 @pytest.mark.parametrize("arch", ARCHS)
 def test_waits_load_with_acquire_at_system_scope_and_a_deadline(compiled, arch: int) -> None:
     waiting = [("flags.cu", "gpucomm_wait")] + [("program.cu", name) for name in PROGRAM_KERNELS]
+    waiting += [("small.cu", name) for name in SMALL_KERNELS]
     for file, name in waiting:
         ptx = compiled[file, arch].ptx[name]
         assert "ld.acquire.sys.global.b64" in ptx, name

@@ -28,11 +28,20 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "choose", "forced_algo", "family_of", "keeps_contract"]
+__all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "SMALL", "choose", "forced_algo", "family_of", "keeps_contract"]
+
+# The small-message all_reduce (gpucomm.small): the one-shot's copy, SYNC and fold in one launch
+# whose addresses are its parameters. On CUDA tensors it takes one-shot's sizes: it moves the same
+# bytes with the same one SYNC and reaches a peer's data after one global load where the program
+# kernel waits for three in series (tests/test_small_ptx.py counts them in the sm_90 PTX). Chosen
+# by that construction, not by a GPU measurement (none yet); the engine runs the program kernel's
+# one-shot where this path cannot serve a call (kernels=torch, more than 8 ranks on a node, a
+# message larger than a half).
+SMALL = "oneshot_small"
 
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem", "oneshot_lang"),
+    "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem", "oneshot_lang", SMALL),
     "broadcast": ("direct", "tree"),
     "reduce": ("direct", "tree"),
     "all_gather": ("direct", "ring"),
@@ -181,7 +190,7 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
     Example::
 
         >>> choose("all_reduce", 4096, 4, "cuda_ipc", "auto")
-        'oneshot'
+        'oneshot_small'
         >>> choose("all_gather_into_tensor", 4096, 4, "cuda_ipc", "all_gather=ring")
         'ring'
     """
@@ -199,5 +208,7 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
             _warn_order_changing(family, forced, knob)
         return forced
     if family == "all_reduce":
-        return "oneshot" if nbytes <= ONESHOT_MAX_BYTES else "twoshot"
+        if nbytes <= ONESHOT_MAX_BYTES:
+            return SMALL if topology == "cuda_ipc" else "oneshot"
+        return "twoshot"
     return "direct"

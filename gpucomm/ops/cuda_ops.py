@@ -1,7 +1,8 @@
 """The CUDA C++ kernels (``kernels/cuda/*.cu``): run-time compilation and launchers.
 
 :class:`CudaKernels` implements the kernel contract (:mod:`gpucomm.ops.contract`) on one CUDA
-device, and runs the device executor's programs (``run_program``, with ``program.cu``). The
+device, runs the device executor's programs (``run_program``, with ``program.cu``) and the
+small-message all_reduce (``prepare_small``, with ``small.cu``: gpucomm.small). The
 ``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is compiled by
 NVRTC on first use for the device's architecture and memoised in the instance, keyed by (file,
 sorted defines, architecture). Launches go on torch's current stream of that device.
@@ -64,10 +65,15 @@ __all__ = [
     "WAIT_PARAMS",
     "program_params",
     "copy_params",
+    "SMALL_PARAMS",
+    "SMALL_OPS",
+    "MAX_SMALL_WORLD",
+    "small_kernel_name",
+    "small_params",
 ]
 
 KERNEL_PACKAGE = "gpucomm._kernels.cuda"
-SOURCES = ("copy.cu", "reduce.cu", "flags.cu", "program.cu")
+SOURCES = ("copy.cu", "reduce.cu", "flags.cu", "program.cu", "small.cu")
 HEADER = "common.cuh"
 
 # Threads per block of every launch, passed to the sources as -DGPUCOMM_THREADS (their
@@ -109,6 +115,16 @@ PROGRAM_PARAMS = (
     ("world", 4), ("fingerprint", 8), ("half_bytes", 8), ("granule", 8), ("timeout_ns", 8), ("all_channels", 4),
 )
 COPY_PARAMS = (("dst", 8), ("src", 8), ("nbytes", 8))
+# The parameters of small.cu's kernels (GPUCOMM_SMALL_PARAMS): every rank's half 0 and flag area
+# travel as parameters of their own, up to MAX_SMALL_WORLD ranks (0 past the workspace's).
+MAX_SMALL_WORLD = 8
+SMALL_PARAMS = (
+    ("x", 8), ("n", 8), *((f"stage{p}", 8) for p in range(MAX_SMALL_WORLD)), *((f"flags{p}", 8) for p in range(MAX_SMALL_WORLD)),
+    ("half_bytes", 8), ("state", 8), ("record", 8), ("rank", 4), ("world", 4), ("fingerprint", 8), ("timeout_ns", 8),
+    ("all_channels", 4), ("divisor", 8),
+)
+# The small kernels fold with every op, AVG included (it divides once at the end).
+SMALL_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # reduce.cu's gpucomm_reduce_<op>_<dtype> and flags.cu's gpucomm_signal / gpucomm_wait.
 REDUCE_PARAMS = (("out", 8), ("srcs", 8), ("k", 4), ("n", 8), ("divisor", 8))
 SIGNAL_PARAMS = (("flag_addrs", 8), ("n", 4), ("epoch", 8))
@@ -143,6 +159,25 @@ def program_kernel_name(dtype: torch.dtype | None, op: ReduceOp) -> str:
     if dtype is None:
         return "gpucomm_program_copy"
     return f"gpucomm_program_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
+
+
+def small_kernel_name(dtype: torch.dtype, op: ReduceOp) -> str:
+    """The ``extern "C"`` name of small.cu's kernel for dtype × op (one of SMALL_OPS)."""
+    return f"gpucomm_small_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
+
+
+def small_params(
+    x: int, n: int, stages: Sequence[int], flags: Sequence[int], half_bytes: int, state_addr: int, record_addr: int,
+    rank: int, fingerprint: int, timeout_ns: int, all_channels: int, divisor: int,
+) -> list[Param]:
+    """small.cu's parameters (GPUCOMM_SMALL_PARAMS) carrying a launch's values."""
+    world = len(stages)
+    pad = [0] * (MAX_SMALL_WORLD - world)
+    values = (
+        x, n, *stages, *pad, *flags, *pad, half_bytes, state_addr, record_addr, rank, world, fingerprint, timeout_ns,
+        all_channels, divisor,
+    )
+    return [Param(name, size, value) for (name, size), value in zip(SMALL_PARAMS, values, strict=True)]
 
 
 def compile_options(arch: str, defines: Mapping[str, object]) -> tuple[str, ...]:
@@ -356,6 +391,49 @@ class CudaKernels:
         if self._driver is None:
             return _CupyLaunch(self, "program.cu", kernel, channels, params)
         function = self._bound_function("program.cu", kernel)
+        return _launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
+
+    def prepare_small(
+        self,
+        x: int,
+        n: int,
+        stages: Sequence[int],
+        flags: Sequence[int],
+        *,
+        half_bytes: int,
+        state_addr: int,
+        record_addr: int,
+        rank: int,
+        fingerprint: int,
+        timeout_ns: int,
+        channels: int,
+        all_channels: int,
+        divisor: int,
+        dtype: torch.dtype,
+        op: ReduceOp,
+    ) -> Any:
+        """The launch of ``kernels/cuda/small.cu``'s all_reduce of the ``n`` elements of ``dtype``
+        at ``x`` over ``channels`` blocks (gpucomm.small describes the arguments), packed once:
+        ``launch(stream)`` of the result is one ``cuLaunchKernel``. It neither waits for the
+        device nor allocates, and its parameters are all it reads besides the workspace: a CUDA
+        graph can capture it."""
+        fn = "CudaKernels.prepare_small"
+        _check_int(fn, "world", len(stages), 1, MAX_SMALL_WORLD)
+        if len(flags) != len(stages):
+            raise ValueError(f"{fn}: one flag area per rank expected, got {len(flags)} for {len(stages)} ranks")
+        _check_int(fn, "rank", rank, 0, len(stages) - 1)
+        _check_int(fn, "channels", channels, 1, 2**31 - 1)
+        _check_int(fn, "all_channels", all_channels, channels, 2**31 - 1)
+        _check_int(fn, "fingerprint", fingerprint, 0, (1 << FP_BITS) - 1)
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{fn}: dtype must be one of {list(SUPPORTED_DTYPES)}, got {dtype}")
+        if op not in SMALL_OPS:
+            raise ValueError(f"{fn}: op must be one of {[o.name for o in SMALL_OPS]}, got {op!r}")
+        kernel = small_kernel_name(dtype, ReduceOp(op))
+        params = small_params(x, n, stages, flags, half_bytes, state_addr, record_addr, rank, fingerprint, timeout_ns, all_channels, divisor)
+        if self._driver is None:
+            return _CupyLaunch(self, "small.cu", kernel, channels, params)
+        function = self._bound_function("small.cu", kernel)
         return _launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
 
     # -- checks (shared ones in gpucomm.ops._validate, plus: the memory must be CUDA's) --------

@@ -18,6 +18,7 @@ from gpucomm._kernels.triton import copy as copy_kernel
 from gpucomm._kernels.triton import flags as flag_kernels
 from gpucomm._kernels.triton import program as program_kernel
 from gpucomm._kernels.triton import reduce as reduce_kernel
+from gpucomm._kernels.triton import small as small_kernel
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher, triton_launch
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
@@ -177,6 +178,51 @@ class TritonKernels:
             return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
         kernel = triton_launch.compile_for(program_kernel.program_kernel, self._target(), values, constexprs, options)
         named = dict(zip(program_kernel.program_kernel.arg_names, values))
+        return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
+
+    def prepare_small(
+        self,
+        x: int,
+        n: int,
+        stages: Sequence[int],
+        flags: Sequence[int],
+        *,
+        half_bytes: int,
+        state_addr: int,
+        record_addr: int,
+        rank: int,
+        fingerprint: int,
+        timeout_ns: int,
+        channels: int,
+        all_channels: int,
+        divisor: int,
+        dtype: torch.dtype,
+        op: ReduceOp,
+    ) -> Any:
+        """The launch of ``kernels/triton/small.py``'s all_reduce of the ``n`` elements of ``dtype``
+        at ``x`` over ``channels`` programs (gpucomm.small describes the arguments), packed once,
+        as :meth:`prepare_program` packs the program kernel's: on a GPU bound through gpucomm's
+        launcher (``launch(stream)``), under the interpreter a callable that runs it."""
+        if not 1 <= len(stages) <= small_kernel.MAX_WORLD or len(flags) != len(stages):
+            raise ValueError(
+                f"prepare_small: 1 to {small_kernel.MAX_WORLD} ranks, one half and one flag area each, got "
+                f"{len(stages)} halves and {len(flags)} flag areas"
+            )
+        launch_args = (x, n, stages, flags)
+        launch_kwargs = dict(
+            half_bytes=half_bytes, state_addr=state_addr, record_addr=record_addr, rank=rank, fingerprint=fingerprint,
+            timeout_ns=timeout_ns, channels=channels, all_channels=all_channels, divisor=divisor,
+            dtype=reduce_kernel.TL_DTYPES[dtype], elem_bytes=dtype.itemsize, op=int(op),
+        )
+        if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
+            return small_kernel.prepare(*launch_args, **launch_kwargs)
+        grid, values, constexprs, options = small_kernel.arguments(*launch_args, **launch_kwargs)
+        drv = self._driver()
+        if drv is None:  # gpucomm's launcher cannot be built (GPUCOMM_NATIVE=0): Triton's compiled kernel's
+            kernel = small_kernel.small_kernel.warmup(*values, grid=grid, **constexprs, **options)
+            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
+        kernel = triton_launch.compile_for(small_kernel.small_kernel, self._target(), values, constexprs, options)
+        named = dict(zip(small_kernel.small_kernel.arg_names, values))
         return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
 
     # -- where the program kernel is compiled for and launched through ----------------------------
