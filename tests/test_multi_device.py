@@ -4,10 +4,9 @@ calling thread holds device 0's, and the thread holds device 0's again after.
 No GPU: the driver double (tests/cuda_double) has two GPUs, each with its primary context, records
 with every call the context current at it (``ctx=``), and refuses a launch of a function whose
 module was loaded in another context than the current one (CUDA_ERROR_INVALID_CONTEXT), as the
-driver does. torch here
-has no CUDA, so torch.cuda.device is played on the double (:func:`runtime_device`):
-``torch.cuda.device(d)`` makes d's primary context current and restores the thread's after, which
-is what cudaSetDevice does to the driver's current context.
+driver does. torch here has no CUDA, so ``torch.cuda.device`` is played on the double
+(:func:`runtime_device`): ``torch.cuda.device(d)`` makes d's primary context current and restores
+the thread's after, which is what cudaSetDevice does to the driver's current context.
 
 What each test reaches, and how:
 
@@ -16,17 +15,19 @@ What each test reaches, and how:
 - the Triton program kernel: whole, to the driver: compiled for sm_90 and bound for device 1 by
   ``HostOnlyTritonKernels`` (a worker without TRITON_INTERPRET, as tests/test_bound_launch.py);
 - point-to-point (send and recv through the mailboxes), on either kernel family;
+- the multimem set-up (the symmetric heap and its multicast object, gpucomm.transport.vmm):
+  whole, to the driver, by two rank processes (tests/test_vmm.py's) through cuda.bindings;
 - Triton's JIT launches (``TritonKernels``' copy, reduce, signal, wait; the multimem kernel): up
   to the call into Triton. Triton's JIT is not run (it needs torch's CUDA); in its place each
   kernel module's launch function records the context current when it is called, which is the
   context Triton would load the module into and the device whose stream it would take. Tables
-  these launchers allocate "on cuda:1" are CPU tensors (:func:`cpu_backed`).
+  these launchers allocate "on cuda:1" are CPU tensors (:func:`cpu_backed`);
+- the device API's launches (``DeviceContext.launch``, the engine's one-shot written with it) and
+  the device executor's launch of a bound program: their guard, on stand-ins for the objects (a
+  context, an engine and an executor on GPU 1 take a GPU to build).
 
-Not reached here: the device executor and the engine (their launches go through the kernels
-above, the bound program launch through the launcher's own context), the device API's kernels
-(``DeviceContext.launch``, the same guard), and torch's own allocations, streams and events
-(each names its device: torch's guard, not gpucomm's). The multimem set-up's driver calls
-(the symmetric heap on another GPU than the current one) are tests/test_vmm.py's.
+Not reached here: a whole engine or communicator on GPU 1 (its allocations, streams and events
+name their device: torch's guard, not gpucomm's).
 """
 
 from __future__ import annotations
@@ -365,6 +366,63 @@ def test_the_multimem_launch_for_gpu_1_runs_with_it_current_while_gpu_0_is_curre
     path.run(heap.memory[:1024], ReduceOp.SUM)
     assert jit_launches == [("multimem", 1)]
     assert contexts.device() == 0
+
+
+def test_the_device_apis_launches_for_gpu_1_run_with_it_current(double, jit_launches, monkeypatch) -> None:
+    """``DeviceContext.launch`` (the fused ops' and users' kernels of gpucomm.language) and the
+    engine's one-shot written with it, each called on a stand-in for its object (a context and an
+    engine on GPU 1 take a GPU to build)."""
+    from gpucomm._kernels.triton import oneshot
+    from gpucomm.engine import Engine
+    from gpucomm.language.context import DeviceContext
+    from gpucomm.reduce_op import ReduceOp
+
+    _, _, contexts = double
+    seen = jit_launches
+    context = types.SimpleNamespace(device=ONE, check=lambda op="": None, _on_caller_stream=lambda: None, stage_half_bytes=1 << 20)
+    DeviceContext.launch(context, "my_kernel", lambda: seen.append(("device api", contexts.device())))
+    engine = types.SimpleNamespace(
+        device=ONE, kernels=types.SimpleNamespace(name="triton"), device_context=lambda fn: context, channels=4, world_size=2,
+        stream=None, order=None,
+    )
+    monkeypatch.setattr(oneshot, "prepare", lambda *args: (lambda: seen.append(("oneshot", contexts.device()))))
+    Engine._lang_launch(engine, torch.zeros(64), ReduceOp.SUM, ordered=False)()
+    assert seen == [("device api", 1), ("oneshot", 1)]
+    assert contexts.device() == 0
+
+
+def test_the_device_executors_launch_for_gpu_1_runs_with_it_current(double, monkeypatch) -> None:
+    """A bound program's launch from ``DeviceExecutor.run`` (Triton's own launcher where gpucomm's
+    cannot be built launches in the current context), on a stand-in for an executor on GPU 1.
+    The executor guarded its launches before the others did: this keeps it so."""
+    from gpucomm import device_executor
+
+    _, _, contexts = double
+    monkeypatch.setattr(device_executor, "capturing", lambda device: False)
+    seen: list[tuple[int, int]] = []
+    launch = lambda stream: seen.append((stream, contexts.device()))  # noqa: E731
+    program = types.SimpleNamespace(cache={"device": {"bound": {(0x1000,): {"launch": launch, "captured": False}}}})
+    executor = types.SimpleNamespace(check=lambda: None, device=ONE, _on_gpu=True, _stream=lambda: 0x5EA)
+    device_executor.DeviceExecutor.run(executor, program, (0x1000,))
+    assert seen == [(0x5EA, 1)]
+    assert contexts.device() == 0
+
+
+def test_the_symmetric_heap_and_its_multicast_object_for_gpu_1_are_set_up_in_its_context(tmp_path) -> None:
+    """The multimem path's set-up (gpucomm.transport.vmm: the heap, then the multicast object every
+    rank binds it to) for GPU 1, by ranks whose thread holds GPU 0's context (tests/test_vmm.py's
+    ranks, each a process on the double)."""
+    pytest.importorskip("cuda.bindings", reason="cuda.bindings is the optional vmm extra")
+    from test_vmm import _run
+
+    outs, calls = _run(tmp_path, "device_one")
+    for rank, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {rank}:\n{err[-4000:]}"
+        assert "multicast: made why: " in out and "context after: device 0" in out, out
+    driven = [c for c in calls if c.entry.startswith(("cuMem", "cuMulticast")) and c.entry != "cuMemGetAllocationGranularity"]
+    assert {c.entry for c in driven} >= {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemsetD8", "cuMulticastAddDevice", "cuMulticastBindMem"}
+    assert [(c.entry, c["ctx"]) for c in driven if c["ctx"] != "1"] == []
+    assert {c["device"] for c in calls if c.entry in ("cuMemCreate", "cuMulticastAddDevice")} == {"1"}
 
 
 # -- the Triton program kernel, bound through gpucomm's launcher ---------------------------------
