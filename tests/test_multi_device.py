@@ -24,7 +24,9 @@ What each test reaches, and how:
   these launchers allocate "on cuda:1" are CPU tensors (:func:`cpu_backed`);
 - the device API's launches (``DeviceContext.launch``, the engine's one-shot written with it) and
   the device executor's launch of a bound program: their guard, on stand-ins for the objects (a
-  context, an engine and an executor on GPU 1 take a GPU to build).
+  context, an engine and an executor on GPU 1 take a GPU to build);
+- whether a CUDA graph is being captured, asked of GPU 1's stream (gpucomm.capture, the stream
+  order of the host's fast path), with torch's two C calls played on the double.
 
 Not reached here: a whole engine or communicator on GPU 1 (its allocations, streams and events
 name their device: torch's guard, not gpucomm's).
@@ -423,6 +425,22 @@ def test_the_symmetric_heap_and_its_multicast_object_for_gpu_1_are_set_up_in_its
     assert {c.entry for c in driven} >= {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemsetD8", "cuMulticastAddDevice", "cuMulticastBindMem"}
     assert [(c.entry, c["ctx"]) for c in driven if c["ctx"] != "1"] == []
     assert {c["device"] for c in calls if c.entry in ("cuMemCreate", "cuMulticastAddDevice")} == {"1"}
+
+
+def test_a_capture_on_gpu_1s_stream_is_seen_while_gpu_0_is_current(double, monkeypatch) -> None:
+    """Whether to order streams or keep a program for a graph is judged on the communicator's
+    device's current stream, not the current device's (torch answers for the latter)."""
+    from gpucomm import capture
+    from gpucomm.stream_order import StreamOrder
+
+    _, _, contexts = double
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", contexts.device, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: contexts.device() == 1)  # GPU 1's stream captures
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0x5EA, raising=False)
+    assert capture.capturing(ONE) and not capture.capturing(torch.device("cuda", 0))
+    order = StreamOrder.on(ONE, engine=None)
+    assert order.to_caller() is False  # nothing ordered inside the capture
+    assert contexts.device() == 0
 
 
 # -- the Triton program kernel, bound through gpucomm's launcher ---------------------------------
