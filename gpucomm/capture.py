@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["capturing", "enter_thread_local_capture_mode"]
+__all__ = ["capturing", "capturing_on", "enter_thread_local_capture_mode"]
 
 # CUstreamCaptureMode (cuda.h): the values cuThreadExchangeStreamCaptureMode takes.
 CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
@@ -26,7 +27,24 @@ CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
 
 def capturing(device: torch.device) -> bool:
     """Whether this thread's current stream on ``device`` is capturing a CUDA graph."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if device.type != "cuda":
+        return False
+    return capturing_on(device.index if device.index is not None else torch.cuda.current_device())()
+
+
+def capturing_on(index: int) -> Callable[[], bool]:
+    """Whether this thread's current stream on GPU ``index`` captures a CUDA graph, asked: torch
+    answers for the current device's stream, and the caller's current device may be another GPU
+    than the communicator's (two C calls where it is ``index``; a device switch where not)."""
+    C = torch._C
+
+    def asked() -> bool:
+        if C._cuda_getDevice() == index:
+            return C._cuda_isCurrentStreamCapturing()
+        with torch.cuda.device(index):
+            return C._cuda_isCurrentStreamCapturing()
+
+    return asked
 
 
 @functools.lru_cache(maxsize=None)

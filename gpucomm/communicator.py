@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from gpucomm import dtypes, log
+from gpucomm.capture import capturing
 from gpucomm.config import Config
 from gpucomm.engine import Engine
 from gpucomm.errors import (
@@ -499,7 +500,7 @@ class Communicator:
         if log.logger.isEnabledFor(logging.INFO):
             detail = {"path": "gloo"} if algo is None else {"path": "workspace", **engine.describe(algo)}
             log.logger.info(log.describe_call(self.rank, fn, tensor, **fields, **detail))
-        if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+        if tensor is not None and capturing(tensor.device):
             self._check_capturable(fn, engine, algo)
         # An asynchronous call that would wait in the caller's thread (the host workspace runs it
         # there; a checked gloo call agrees on fingerprints before gloo's collective may start),
@@ -538,7 +539,7 @@ class Communicator:
         work.blocking = self.config.blocking_wait
         work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
         on_stream = algo is not None and engine.stream is not None and async_op
-        if (on_stream and not torch.cuda.is_current_stream_capturing()) or (async_op and (algo is None or queued)):
+        if (on_stream and not capturing(engine.device)) or (async_op and (algo is None or queued)):
             # Works of one queue end in its order: a stream's, the progress thread's, a gloo group's.
             queue = engine if on_stream else self._progress if queued else self._fallback
             watch(work, fn, self.timeout, self._fail, self.rank, queue=queue)
@@ -575,7 +576,7 @@ class Communicator:
         inner = serve(path)
         if finish is not None:
             finish()
-        if not self.config.blocking_wait or torch.cuda.is_current_stream_capturing():
+        if not self.config.blocking_wait or capturing(engine.device):
             return inner
         stream = torch.cuda.current_stream(engine.device)
         end = torch.cuda.Event()

@@ -27,6 +27,7 @@ import torch
 from gpucomm.channels import launch_channels
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.capture import capturing
+from gpucomm.ops.device_guard import on_device
 from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.stream_order import StreamOrder
@@ -112,7 +113,7 @@ class DeviceExecutor:
         elif self._on_gpu and capturing(self.device):
             bound["captured"] = True
         if self._on_gpu:
-            with torch.cuda.device(self.device):
+            with on_device(self.device):  # for Triton's own launcher (no gpucomm launcher here)
                 bound["launch"](self._stream())
         else:
             bound["launch"]()

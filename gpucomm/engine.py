@@ -51,6 +51,7 @@ from gpucomm.errors import UnsupportedError, WorkspaceUnavailableError
 from gpucomm.language import layout as device_layout
 from gpucomm.language.context import DeviceContext
 from gpucomm.ops.contract import Region
+from gpucomm.ops.device_guard import launching_on
 from gpucomm.ops.registry import get_kernels
 from gpucomm.capture import capturing
 from gpucomm.program import Builder, Program, overlaps
@@ -465,7 +466,8 @@ class Engine:
         # channel slots of the device API.
         nbytes = min(tensor.numel() * tensor.element_size(), ctx.stage_half_bytes)
         channels = launch_channels(nbytes, min(self.channels, device_layout.CHANNEL_SLOTS))
-        launch = oneshot.prepare(ctx, tensor.data_ptr(), tensor.numel(), tensor.dtype, int(op), self.world_size, channels)
+        # Triton's JIT launches on the current device: this engine's, whatever the caller's is.
+        launch = launching_on(self.device, oneshot.prepare(ctx, tensor.data_ptr(), tensor.numel(), tensor.dtype, int(op), self.world_size, channels))
         check, on_cpu = ctx.check, self.stream is None
         to_caller = self.order.to_caller if ordered and self.order is not None else None
 

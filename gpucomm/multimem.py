@@ -26,6 +26,7 @@ import torch
 
 from gpucomm.channels import MAX_CHANNELS, launch_channels
 from gpucomm.errors import CommTimeoutError, UnsupportedError
+from gpucomm.ops.device_guard import launching_on
 from gpucomm.reduce_op import ReduceOp
 
 __all__ = ["MultimemAllReduce", "SIGNAL_PAD_BYTES", "exact_in_any_order"]
@@ -110,11 +111,13 @@ class MultimemAllReduce:
             dtype=_triton_dtype(tensor.dtype), op=int(op), unit_elems=unit // tensor.element_size(),
             blocks=launch_channels(nbytes, self.channels),  # the same on every rank: the size decides
         )
-        on_cpu, check, launch = tensor.device.type == "cpu", self.check, multimem.launch
+        on_cpu, check = tensor.device.type == "cpu", self.check
+        # Triton's JIT launches on the current device: the heap's, whatever the caller's is.
+        launch = launching_on(heap.device, lambda: multimem.launch(**kernel_args))
 
         def run() -> None:
             check()
-            launch(**kernel_args)
+            launch()
             if on_cpu:
                 check()  # the launch has run: its errors are there now
 

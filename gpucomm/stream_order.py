@@ -45,6 +45,8 @@ from collections.abc import Callable
 
 import torch
 
+from gpucomm.capture import capturing_on
+
 __all__ = ["StreamOrder"]
 
 
@@ -80,7 +82,7 @@ class StreamOrder:
             engine,
             functools.partial(torch.cuda.current_stream, index),
             functools.partial(torch._C._cuda_getCurrentRawStream, index),  # one C call
-            torch._C._cuda_isCurrentStreamCapturing,  # of the current device, which launches use
+            capturing_on(index),  # of this device's current stream, whatever device is current
         )
 
     def to_caller(self) -> bool:

@@ -57,6 +57,21 @@ if order == "other_context":  # this thread holds another GPU's context when the
     driver.cuInit(0)
     _, other = driver.cuDevicePrimaryCtxRetain(1)
     driver.cuCtxSetCurrent(other)
+if order == "device_one":  # this thread holds GPU 0's context; the heap and its multicast object are GPU 1's
+    from cuda.bindings import driver
+    driver.cuInit(0)
+    driver.cuCtxSetCurrent(driver.cuDevicePrimaryCtxRetain(0)[1])
+    heap = vmm.open_vmm_heap(exchange, rank, world, 1, nbytes)
+    agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
+    mc, why = vmm.bind_multicast(exchange, agreed, rank, world, heap)
+    print("multicast:", "made" if mc else None, "why:", why)
+    agreed("used", "")
+    if mc:
+        mc.release()
+    heap.release()
+    exchange.close()
+    print("context after: device", int(driver.cuCtxGetDevice()[1]))
+    sys.exit(0)
 heap = vmm.open_vmm_heap(exchange, rank, world, 0, nbytes)
 agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
 barrier = lambda stage: agreed(stage, "")

@@ -26,6 +26,7 @@ import torch
 
 from gpucomm.errors import CommTimeoutError, UnsupportedError
 from gpucomm.language import layout
+from gpucomm.ops.device_guard import on_device
 from gpucomm.roles import NodeWorkspace
 from gpucomm.transport.workspace import buffer_layout
 
@@ -184,8 +185,9 @@ class DeviceContext:
         """
         self.check(op)
         self._on_caller_stream()
-        for run in launches:
-            run()
+        with on_device(self.device):  # Triton's JIT launches on the current device: this context's
+            for run in launches:
+                run()
         if self.device.type != "cuda":
             self.check(op)  # the launches have run: their errors are there now
 

@@ -42,6 +42,7 @@ import torch
 from gpucomm import native
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher
+from gpucomm.ops.device_guard import on_device
 from gpucomm.ops.launcher import Param
 
 __all__ = ["compile_for", "compile_lock", "parameters", "bind", "bindable", "CompiledLaunch", "HIDDEN_POINTERS"]
@@ -216,12 +217,15 @@ def bind(kernel: Any, drv: Any, device: int, grid: tuple[int, ...], values: Mapp
 class CompiledLaunch:
     """The launch of Triton's compiled kernel (a ``CompiledKernel``, from the JIT's ``warmup``)
     through its own launcher, which converts the arguments on each call: where gpucomm's launcher
-    cannot be built. Never the JIT dispatch."""
+    cannot be built. Never the JIT dispatch. Its launcher launches in the current context, so each
+    launch runs with ``device`` (the kernel's) current."""
 
-    def __init__(self, kernel: Any, grid: tuple[int, ...], values: Sequence[object]) -> None:
-        self._run = kernel.run  # loads the module on the current device
+    def __init__(self, kernel: Any, grid: tuple[int, ...], values: Sequence[object], device: torch.device) -> None:
+        self._run = kernel.run
+        self._device = device
         self._head = (*(*grid, 1, 1)[:3],)
         self._tail = (kernel.function, kernel.packed_metadata, None, None, None, *values)
 
     def launch(self, stream: int) -> None:
-        self._run(*self._head, stream, *self._tail)
+        with on_device(self._device):
+            self._run(*self._head, stream, *self._tail)

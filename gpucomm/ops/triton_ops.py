@@ -2,7 +2,8 @@
 
 Regions become int64 address tables on the data's device; the kernels in ``kernels/triton``
 (installed as ``gpucomm._kernels.triton``) cast them to pointers, so any region may be a peer's
-memory. On CPU tensors this runs only under the Triton interpreter (``TRITON_INTERPRET=1``
+memory. Every launch runs with this instance's device current (:mod:`gpucomm.ops.device_guard`):
+Triton's JIT launches on torch's current device, which the calling thread may have set to another. On CPU tensors this runs only under the Triton interpreter (``TRITON_INTERPRET=1``
 set before triton is imported), which is how CI runs the GPU data path.
 """
 
@@ -21,6 +22,7 @@ from gpucomm._kernels.triton import reduce as reduce_kernel
 from gpucomm._kernels.triton import small as small_kernel
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher, triton_launch
+from gpucomm.ops.device_guard import on_device
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import Region
 from gpucomm.ops.tables import held
@@ -67,6 +69,11 @@ class TritonKernels:
             self._tables[key] = table
         return held(table)  # by the current stream, which the launch that reads it goes on
 
+    def _launch(self, kernel: Any, *args: object) -> None:
+        """``kernel(*args)`` (a launch through Triton's JIT) with this instance's device current."""
+        with on_device(self.device):
+            kernel(*args)
+
     def _check_device(self, fn: str, region: Region) -> None:
         if region.device.type != self.device.type:
             raise ValueError(f"{fn}: region on {region.device}, expected {self.device} (this TritonKernels' device)")
@@ -76,7 +83,7 @@ class TritonKernels:
         self._check_device("copy", dst)
         elem = copy_kernel.element_bytes(dst.addr, src.addr, dst.nbytes)
         aligned = (dst.addr | src.addr) % 16 == 0
-        copy_kernel.copy(self._table([dst.addr, src.addr]), elem, dst.nbytes, aligned)
+        self._launch(copy_kernel.copy, self._table([dst.addr, src.addr]), elem, dst.nbytes, aligned)
 
     def reduce(
         self,
@@ -91,14 +98,14 @@ class TritonKernels:
         n = out.nbytes // dtype.itemsize
         addrs = [out.addr, *(s.addr for s in srcs)]
         aligned = all(a % 16 == 0 for a in addrs)
-        reduce_kernel.reduce(self._table(addrs), n, dtype, int(op), divisor, aligned)
+        self._launch(reduce_kernel.reduce, self._table(addrs), n, dtype, int(op), divisor, aligned)
 
     def signal(self, flags: Sequence[Region], epoch: int) -> None:
         check_flags("signal", flags)
         check_epoch("signal", epoch)
         if flags:
             self._check_device("signal", flags[0])
-            flag_kernels.signal(self._table([f.addr for f in flags]), epoch)
+            self._launch(flag_kernels.signal, self._table([f.addr for f in flags]), epoch)
 
     def wait(self, flags: Sequence[Region], epoch: int, deadline: float) -> list[int]:
         check_flags("wait", flags)
@@ -110,7 +117,7 @@ class TritonKernels:
         status = torch.empty(len(flags), dtype=torch.int64, device=self.device)
         while True:
             start = time.monotonic()
-            flag_kernels.wait(table, status, epoch, self._spins)
+            self._launch(flag_kernels.wait, table, status, epoch, self._spins)
             seen = status.tolist()  # waits for the kernel
             missing = [i for i, value in enumerate(seen) if value < epoch]
             now = time.monotonic()
@@ -127,7 +134,7 @@ class TritonKernels:
         current stream."""
         prepared = self.prepare_program(instructions, *args, **kwargs)
         if self.device.type == "cuda":
-            prepared.launch(torch.cuda.current_stream(self.device).cuda_stream)
+            self._launch(prepared.launch, torch.cuda.current_stream(self.device).cuda_stream)
         else:
             prepared()
 
@@ -174,8 +181,9 @@ class TritonKernels:
         grid, values, constexprs, options = program_kernel.arguments(*launch_args, **launch_kwargs)
         drv = self._driver()
         if drv is None:  # gpucomm's launcher cannot be built (GPUCOMM_NATIVE=0): Triton's compiled kernel's
-            kernel = program_kernel.program_kernel.warmup(*values, grid=grid, **constexprs, **options)
-            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
+            with on_device(self.device):  # warmup compiles for, and loads into, the current device
+                kernel = program_kernel.program_kernel.warmup(*values, grid=grid, **constexprs, **options)
+            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()], self.device)
         kernel = triton_launch.compile_for(program_kernel.program_kernel, self._target(), values, constexprs, options)
         named = dict(zip(program_kernel.program_kernel.arg_names, values))
         return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
@@ -229,9 +237,11 @@ class TritonKernels:
     _bound_on: str | None = None  # HostOnlyTritonKernels: the driver (double) its launches go to
 
     def _target(self) -> Any:
+        """The GPU this instance compiles for: its own device's (Triton asks the current one)."""
         from triton.runtime import driver
 
-        return driver.active.get_current_target()
+        with on_device(self.device):
+            return driver.active.get_current_target()
 
     def _driver(self) -> Any:
         return launcher.driver(None)
@@ -252,10 +262,11 @@ class HostOnlyTritonKernels(TritonKernels):
     (the device executor runs every collective in it); the contract's other kernels raise.
     """
 
-    def __init__(self, target: Any, driver_path: str) -> None:
+    def __init__(self, target: Any, driver_path: str, device_index: int = 0) -> None:
         super().__init__(torch.device("cpu"))
         self._bound_on = driver_path
         self._gpu_target = target
+        self._gpu_index = device_index  # the double's GPU the launches are bound for
 
     def _target(self) -> Any:
         return self._gpu_target
@@ -264,7 +275,7 @@ class HostOnlyTritonKernels(TritonKernels):
         return launcher.driver(self._bound_on)
 
     def _device_index(self) -> int:
-        return 0
+        return self._gpu_index
 
     def copy(self, dst: Region, src: Region) -> None:
         raise UnsupportedError("HostOnlyTritonKernels: only the program kernel is served (copy is not)")

@@ -17,6 +17,11 @@
 // loading (the driver's default since CUDA 12.2) a function cuModuleGetFunction returns may be
 // loaded only when first used, and a first launch that loads it can wait behind a kernel already
 // spinning on a flag that this very launch would set (NCCL loads its kernels at init for this).
+// Every call lands on the kernel's own GPU, whatever context the calling thread holds (a process
+// driving several GPUs, a thread whose current device is another rank's): a module is loaded into
+// the primary context of the device named at load (torch's context of that device), and a launch
+// of one of its functions runs in that context, made current around the cuLaunchKernel when the
+// thread holds another one and the thread's own restored after. Same context: one cuCtxGetCurrent.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,6 +74,10 @@ typedef struct {
     cuFuncLoad_t func_load;                    // NULL before CUDA 12.4
     cuLaunchKernel_t launch_kernel;
     cuGetErrorName_t get_error_name;
+    // The context each function loaded here lives in (functions are a few dozen per process).
+    Py_ssize_t loaded, capacity;
+    CUfunction *functions;
+    CUcontext *contexts;
 } Driver;
 
 // Raise RuntimeError naming the driver call that failed and its CUresult; returns NULL.
@@ -124,14 +133,41 @@ static int Driver_init(Driver *self, PyObject *args, PyObject *kwargs) {
 
 static void Driver_dealloc(Driver *self) {
     // The library stays loaded: functions it handed out may still be launched by a CUDA graph.
+    PyMem_Free(self->functions);
+    PyMem_Free(self->contexts);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+// The context `function` was loaded into by this Driver, or NULL for a function it did not load.
+static CUcontext context_of(Driver *self, CUfunction function) {
+    for (Py_ssize_t i = 0; i < self->loaded; i++)
+        if (self->functions[i] == function) return self->contexts[i];
+    return NULL;
+}
+
+static int remember(Driver *self, CUfunction function, CUcontext context) {
+    if (context_of(self, function) != NULL) return 0;
+    if (self->loaded == self->capacity) {
+        Py_ssize_t capacity = self->capacity ? 2 * self->capacity : 32;
+        CUfunction *functions = PyMem_Realloc(self->functions, (size_t)capacity * sizeof(CUfunction));
+        if (functions == NULL) return -1;
+        self->functions = functions;
+        CUcontext *contexts = PyMem_Realloc(self->contexts, (size_t)capacity * sizeof(CUcontext));
+        if (contexts == NULL) return -1;
+        self->contexts = contexts;
+        self->capacity = capacity;
+    }
+    self->functions[self->loaded] = function;
+    self->contexts[self->loaded++] = context;
+    return 0;
 }
 
 // load(image: bytes, name: str, device: int) -> function handle. The module holding `name` loaded
 // into the device's primary context (torch's context of that device), whatever context is current:
-// it is made current for the load, and the caller's is restored after. The function is loaded
-// whole before it is handed out: cuFuncLoad where the driver has it (CUDA 12.4); before it,
+// it is made current for the load, and the caller's (or none) is restored after. The function is
+// loaded whole before it is handed out: cuFuncLoad where the driver has it (CUDA 12.4); before it,
 // cuModuleGetFunction itself loads the kernel (CUDA 12.2's programming guide, "Lazy Loading").
+// Launches of the function bound from this Driver run in that context (launch_on).
 static PyObject *Driver_load(Driver *self, PyObject *args) {
     Py_buffer image;
     const char *name;
@@ -150,12 +186,13 @@ static PyObject *Driver_load(Driver *self, PyObject *args) {
     if (result == CUDA_SUCCESS) call = "cuModuleGetFunction", result = self->module_get_function(&function, module, name);
     if (result == CUDA_SUCCESS && self->func_load != NULL) call = "cuFuncLoad", result = self->func_load(function);
     // The primary context stays retained: the module, and every launch of its functions, live in it.
-    if (primary != NULL && primary != previous && previous != NULL) {
+    if (primary != NULL && primary != previous) {
         CUresult restored = self->ctx_set_current(previous);
         if (result == CUDA_SUCCESS) call = "cuCtxSetCurrent", result = restored;
     }
     PyBuffer_Release(&image);
     if (result != CUDA_SUCCESS) return driver_error(self, call, result);
+    if (remember(self, function, primary) < 0) return PyErr_NoMemory();
     return PyLong_FromVoidPtr(function);
 }
 
@@ -204,6 +241,7 @@ typedef struct {
     Driver *driver;  // held: the entry point below is the driver's
     cuLaunchKernel_t launch_kernel;
     CUfunction function;
+    CUcontext context;  // where the function lives (Driver.load); NULL: whatever is current
     unsigned grid[3], block[3], shared;
     CUstream stream;  // where launch() with no stream goes (a caller without streams: the double on CPU)
     Py_ssize_t count;
@@ -273,6 +311,7 @@ static PyObject *Driver_bind(Driver *self, PyObject *args, PyObject *kwargs) {
     bound->shared = shared;
     bound->stream = NULL;
     bound->function = PyLong_AsVoidPtr(function);
+    bound->context = context_of(self, bound->function);
     PyObject *layout_seq = NULL, *values_seq = NULL;
     if (bound->function == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "gpucomm launcher: function handle is NULL");
@@ -350,13 +389,26 @@ static void Bound_dealloc(Bound *self) {
     PyObject_Free(self);
 }
 
+// One cuLaunchKernel in the function's context: made current around it where the thread holds
+// another (or none), the thread's own restored after, whatever the launch returned.
 static inline PyObject *launch_on(Bound *self, CUstream stream) {
-    CUresult result;
+    Driver *driver = self->driver;
+    CUresult result = CUDA_SUCCESS, restored = CUDA_SUCCESS;
+    const char *call = "cuCtxGetCurrent";
+    CUcontext previous = NULL;
     Py_BEGIN_ALLOW_THREADS;  // the driver may block while its launch queue is full
-    result = self->launch_kernel(self->function, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1], self->block[2],
-                                 self->shared, stream, NULL, self->extra);
+    if (self->context != NULL) result = driver->ctx_get_current(&previous);
+    int switched = result == CUDA_SUCCESS && self->context != NULL && previous != self->context;
+    if (switched) call = "cuCtxSetCurrent", result = driver->ctx_set_current(self->context);
+    if (result == CUDA_SUCCESS) {
+        call = "cuLaunchKernel";
+        result = self->launch_kernel(self->function, self->grid[0], self->grid[1], self->grid[2], self->block[0], self->block[1], self->block[2],
+                                     self->shared, stream, NULL, self->extra);
+        if (switched) restored = driver->ctx_set_current(previous);
+    }
     Py_END_ALLOW_THREADS;
-    if (result != CUDA_SUCCESS) return driver_error(self->driver, "cuLaunchKernel", result);
+    if (result != CUDA_SUCCESS) return driver_error(driver, call, result);
+    if (restored != CUDA_SUCCESS) return driver_error(driver, "cuCtxSetCurrent", restored);
     Py_RETURN_NONE;
 }
 

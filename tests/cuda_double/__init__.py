@@ -6,7 +6,9 @@ records what a caller hands the driver, one line per call, appended to the file 
 ``DRIVER_DOUBLE_LOG`` when the library loads, or to the one :func:`log_to` names from then on
 (:func:`records` reads it back). A launch's line says
 the kernel's name, grid, block, shared memory, stream, whether a graph captured it, and its
-parameter bytes.
+parameter bytes. Every line ends with ``ctx``: the device of the context current in the calling
+thread at that call (-1: none). The double has two GPUs (0 and 1), each with its primary context;
+a function launches only in the context its module was loaded in (tests/test_multi_device.py).
 
 Adding entry points: put them in a ``.c`` file here (every ``*.c`` is compiled into the one
 library), include ``double.h``, mark each ``DOUBLE_API`` and record through ``double_log``. Types

@@ -34,15 +34,18 @@ DOUBLE_API int doubleLogTo(const char *path) {
     return 0;
 }
 
+// Every line ends with ` ctx=D`: the device of the context current in the calling thread at the
+// call (-1: none), so that a test sees which GPU each call acted on.
 void double_log(const char *entry, const char *format, ...) {
     if (log_fd < 0) return;
     char line[65536];
     int n = snprintf(line, sizeof line, "%s ", entry);
     va_list args;
     va_start(args, format);
-    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, format, args);
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 32, format, args);
     va_end(args);
-    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    if (n > (int)sizeof line - 32) n = (int)sizeof line - 32;
+    n += snprintf(line + n, 32, " ctx=%d", double_current_device());
     line[n++] = '\n';
     ssize_t written = write(log_fd, line, (size_t)n);
     (void)written;
@@ -120,42 +123,50 @@ DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
 
 DOUBLE_API CUresult cuGetErrorString(CUresult error, const char **text) { return cuGetErrorName(error, text); }
 
-// -- devices: one, an sm_90 GPU ----------------------------------------------------------------
+// -- devices: two sm_90 GPUs, 0 and 1 ---------------------------------------------------------
+// Both answer every query alike but their UUIDs; each has a primary context (below). A process
+// that drives device 1 while device 0's context is current shows, call by call, where it acted.
+enum { DEVICES = 2 };
+
+static int known_device(CUdevice device) { return device >= 0 && device < DEVICES; }
+
 DOUBLE_API CUresult cuDeviceGetCount(int *count) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    *count = 1;
+    *count = DEVICES;
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    if (!known_device(ordinal)) return CUDA_ERROR_INVALID_VALUE;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0 || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)length, "gpucomm driver double (sm_90)");
+    if (!known_device(device) || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)length, "gpucomm driver double %d (sm_90)", device);
     return CUDA_SUCCESS;
 }
 
 // The GPU's UUID: DRIVER_DOUBLE_GPU_UUID (32 hex digits) where set, so that test processes can
 // each have a GPU of their own or share one; else one fixed UUID (every process on one GPU).
+// Device 1's is device 0's with its last byte's high bit flipped: another GPU of the same node.
 typedef struct {
     char bytes[16];
 } CUuuid;
 
 DOUBLE_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0 || uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_device(device) || uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
     const char *hex = getenv("DRIVER_DOUBLE_GPU_UUID");
     for (int i = 0; i < 16; i++) {
         unsigned byte = 0x60 + (unsigned)i;
         if (hex != NULL && strlen(hex) == 32) sscanf(hex + 2 * i, "%2x", &byte);
         uuid->bytes[i] = (char)byte;
     }
+    if (device == 1) uuid->bytes[15] = (char)(uuid->bytes[15] ^ 0x80);
     return CUDA_SUCCESS;
 }
 
@@ -169,7 +180,7 @@ int double_fails(const char *entry) {
 // Attributes by cuda.h's numbering; the ones not listed read 0.
 DOUBLE_API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0 || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_device(device) || value == NULL) return CUDA_ERROR_INVALID_VALUE;
     switch (attribute) {
         case 1: *value = 1024; break;  // MAX_THREADS_PER_BLOCK
         case 8: *value = 49152; break;  // MAX_SHARED_MEMORY_PER_BLOCK
@@ -184,13 +195,13 @@ DOUBLE_API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev
     return CUDA_SUCCESS;
 }
 
-// -- contexts: the primary context of device 0, and of a device 1 that has nothing else ---------
-// Device 1 exists only as a context a thread can hold, so that tests can make another GPU's
-// context current and see that gpucomm's calls for device 0 do not run in it.
+// -- contexts: the primary context of each device, current per thread ---------------------------
+// cuCtxSetCurrent, push and pop are recorded (the device made current), so that a test sees every
+// switch; every other record names the context current at its call (double_log's ctx field).
 struct DoubleContext {
     int device;
 };
-static struct DoubleContext primary[2] = {{0}, {1}};
+static struct DoubleContext primary[DEVICES] = {{0}, {1}};
 static __thread CUcontext current;
 enum { CONTEXT_STACK = 8 };
 static __thread CUcontext pushed[CONTEXT_STACK];
@@ -198,14 +209,14 @@ static __thread int depth;
 
 DOUBLE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0 && device != 1) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_device(device)) return CUDA_ERROR_INVALID_VALUE;
     *context = &primary[device];
     double_log("cuDevicePrimaryCtxRetain", "device=%d", device);
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    return device == 0 || device == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return known_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 DOUBLE_API CUresult cuCtxPushCurrent_v2(CUcontext context) {
@@ -237,6 +248,7 @@ DOUBLE_API CUresult cuCtxGetCurrent(CUcontext *context) {
 DOUBLE_API CUresult cuCtxSetCurrent(CUcontext context) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     current = context;
+    double_log("cuCtxSetCurrent", "device=%d", context == NULL ? -1 : context->device);
     return CUDA_SUCCESS;
 }
 

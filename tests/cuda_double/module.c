@@ -2,7 +2,9 @@
 //
 // A module keeps a copy of its image; a function is found by name only where the image holds that
 // name (a cubin's string table does), so a launcher that asks for a kernel its cubin lacks fails
-// here as on a GPU. Launches are recorded, never run: name, grid, block, shared memory, stream and
+// here as on a GPU. A module lives in the context current when it was loaded (its device; -1 where
+// none was), and its functions launch only there: a launch from another GPU's context fails with
+// CUDA_ERROR_INVALID_CONTEXT, as a handle of another context does on the driver. Launches are recorded, never run: name, grid, block, shared memory, stream and
 // the parameter bytes. Parameters passed as one buffer (cuLaunchKernel's `extra`,
 // CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) are recorded as given; parameters passed as an array of
 // pointers (`kernelParams`) can be read only with their sizes, which a test hands the double with
@@ -24,6 +26,7 @@
 enum { NAME_BYTES = 256, MAX_PARAMS = 64, KNOWN_LAYOUTS = 64, PARAM_BYTES = 4096 };
 
 struct DoubleModule {
+    int device;  // of the context it was loaded into, -1: none was current
     size_t bytes;
     unsigned char *image;
 };
@@ -69,6 +72,7 @@ DOUBLE_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
     size_t bytes = image_bytes(image);
     CUmodule m = malloc(sizeof *m);
+    m->device = double_current_device();
     m->bytes = bytes;
     m->image = malloc(bytes);
     memcpy(m->image, image, bytes);
@@ -206,6 +210,10 @@ static CUresult record_launch(const char *entry, CUfunction f, unsigned gx, unsi
                               unsigned shared, CUstream stream, void **params, void **extra) {
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
     if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (f->module->device != double_current_device()) {
+        double_log(entry, "name=%s refused=1 module_device=%d", f->name, f->module->device);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
     if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
     static char hex[2 * PARAM_BYTES + 1];
     const char *form = param_bytes(hex, f, params, extra);

@@ -53,6 +53,7 @@ typedef struct {
 } CUmulticastObjectProp;
 
 struct Handle {
+    int device;  // the GPU an allocation is on (cuMemCreate's location); 0 for a multicast object
     int fd;
     int multicast;
     size_t size;
@@ -95,12 +96,14 @@ DOUBLE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     if (double_fails("cuMemCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
     if (handle == NULL || prop == NULL || flags != 0 || size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.id != 0 || prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.id < 0 || prop->location.id > 1 || prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
     int fd = memfd_create("gpucomm-double-mem", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0) return CUDA_ERROR_UNKNOWN;
     struct Handle *h = wrap(fd, 0, size);
+    h->device = prop->location.id;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
-    double_log("cuMemCreate", "pid=%d inode=%lu size=%zu", getpid(), h->inode, size);
+    double_log("cuMemCreate", "pid=%d inode=%lu size=%zu device=%d", getpid(), h->inode, size, h->device);
     return CUDA_SUCCESS;
 }
 
@@ -158,11 +161,37 @@ DOUBLE_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
 }
 
+// What this process mapped where, and on which GPU the memory is (cuMemsetD8 runs only in that
+// GPU's context). An imported allocation is taken to be on device 0: its exporter's GPU is not in
+// its descriptor, and every test process that imports one drives device 0.
+enum { MAPPINGS = 256 };
+static struct {
+    CUdeviceptr ptr;
+    size_t size;
+    int device;
+} mappings[MAPPINGS];
+
+static void note_mapping(CUdeviceptr ptr, size_t size, int device) {
+    for (int i = 0; i < MAPPINGS; i++) {
+        if (mappings[i].size == 0 || mappings[i].ptr == ptr) {
+            mappings[i].ptr = ptr, mappings[i].size = size, mappings[i].device = device;
+            return;
+        }
+    }
+}
+
+static int device_of(CUdeviceptr ptr) {
+    for (int i = 0; i < MAPPINGS; i++)
+        if (mappings[i].size != 0 && ptr >= mappings[i].ptr && ptr < mappings[i].ptr + mappings[i].size) return mappings[i].device;
+    return 0;
+}
+
 DOUBLE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags) {
     struct Handle *h = handle_of(handle);
     if (h == NULL || flags != 0 || offset + size > h->size) return CUDA_ERROR_INVALID_VALUE;
     void *at = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
     if (at == MAP_FAILED) return CUDA_ERROR_UNKNOWN;
+    note_mapping(ptr, size, h->device);
     double_log("cuMemMap", "pid=%d ptr=%#llx size=%zu inode=%lu multicast=%d", getpid(), ptr, size, h->inode, h->multicast);
     return CUDA_SUCCESS;
 }
@@ -172,12 +201,14 @@ DOUBLE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     // Back to reserved, inaccessible address space, as the driver leaves it.
     void *at = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     if (at == MAP_FAILED) return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < MAPPINGS; i++)
+        if (mappings[i].size != 0 && mappings[i].ptr == ptr) mappings[i].size = 0;
     double_log("cuMemUnmap", "pid=%d ptr=%#llx size=%zu", getpid(), ptr, size);
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-    if (desc == NULL || count != 1 || desc->location.id != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (desc == NULL || count != 1 || desc->location.id < 0 || desc->location.id > 1) return CUDA_ERROR_INVALID_VALUE;
     int prot = (desc->flags & 1 ? PROT_READ : 0) | (desc->flags & 2 ? PROT_WRITE : 0);
     if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
     double_log("cuMemSetAccess", "pid=%d ptr=%#llx size=%zu flags=%d", getpid(), ptr, size, desc->flags);
@@ -185,8 +216,8 @@ DOUBLE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
 }
 
 DOUBLE_API CUresult cuMemsetD8_v2(CUdeviceptr ptr, unsigned char value, size_t count) {
-    // The memory is device 0's: from another GPU's context the driver's memset would fault.
-    if (double_current_device() != 0) return CUDA_ERROR_INVALID_CONTEXT;
+    // From another GPU's context than the memory's the driver's memset would fault.
+    if (double_current_device() != device_of(ptr)) return CUDA_ERROR_INVALID_CONTEXT;
     unsigned char *at = (unsigned char *)(uintptr_t)ptr;
     for (size_t i = 0; i < count; i++) at[i] = value;
     double_log("cuMemsetD8", "pid=%d ptr=%#llx count=%zu value=%u", getpid(), ptr, count, value);
@@ -231,7 +262,7 @@ DOUBLE_API CUresult cuMulticastCreate(CUmemGenericAllocationHandle *handle, cons
 
 DOUBLE_API CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle handle, CUdevice device) {
     struct Handle *h = handle_of(handle);
-    if (h == NULL || !h->multicast || device != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (h == NULL || !h->multicast || device < 0 || device > 1) return CUDA_ERROR_INVALID_VALUE;
     int added = __atomic_add_fetch(&h->header[1], 1, __ATOMIC_SEQ_CST);
     if (added > h->header[0]) return CUDA_ERROR_INVALID_VALUE;
     double_log("cuMulticastAddDevice", "pid=%d inode=%lu device=%d added=%d", getpid(), h->inode, device, added);
@@ -255,7 +286,7 @@ DOUBLE_API CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t m
 
 DOUBLE_API CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice device, size_t mc_offset, size_t size) {
     struct Handle *m = handle_of(mc);
-    if (m == NULL || !m->multicast || device != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (m == NULL || !m->multicast || device < 0 || device > 1) return CUDA_ERROR_INVALID_VALUE;
     double_log("cuMulticastUnbind", "pid=%d inode=%lu offset=%zu size=%zu", getpid(), m->inode, mc_offset, size);
     return CUDA_SUCCESS;
 }
