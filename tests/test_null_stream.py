@@ -17,6 +17,7 @@ import time
 import types
 
 import pytest
+import torch
 
 import cuda_double
 from gpucomm import native
@@ -136,5 +137,5 @@ def test_tritons_own_launcher_gets_handle_0_where_gpucomms_cannot_be_built() -> 
     from gpucomm.ops import triton_launch
 
     kernel = _CompiledKernel()
-    triton_launch.CompiledLaunch(kernel, (3,), [0x7F00_0000_4000, 7]).launch(NULL_STREAM)
+    triton_launch.CompiledLaunch(kernel, (3,), [0x7F00_0000_4000, 7], torch.device("cpu")).launch(NULL_STREAM)
     assert kernel.streams == [NULL_STREAM]
