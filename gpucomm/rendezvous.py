@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gpucomm.errors import CommTimeoutError
 
-__all__ = ["Rendezvous", "rendezvous", "store_wait"]
+__all__ = ["Rendezvous", "rendezvous", "draw_prefix", "store_wait"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def rendezvous(
             store.set_timeout(datetime.timedelta(seconds=timeout))
         else:
             store, rank, world_size = _registered(init_method, rank, world_size, timeout, fn)
-    prefix = _draw_prefix(store, rank, world_size, timeout)
+    prefix = draw_prefix(store, rank, world_size, timeout)
     return Rendezvous(store, prefix, rank, world_size, local_rank, local_world_size)
 
 
@@ -197,14 +197,16 @@ def _registered(init_method: str, rank: int, world_size: int, timeout: float, fn
     )
 
 
-def _draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float) -> str:
+def draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float, fn: str = "init_process_group") -> str:
+    """A fresh key prefix ``gpucomm/<token>/`` of this init (collective over the ``world_size``
+    ranks on ``store``); ``fn`` names the call in the timeout's error."""
     # Every rank adds 1: the P arrivals of one init share (count - 1) // P, so a store reused
     # by many inits (or many jobs) hands each init its own generation.
     generation = (store.add("gpucomm/arrivals", 1) - 1) // world_size
     key = f"gpucomm/gen{generation}/token"
     if rank == 0:
         store.set(key, secrets.token_hex(8))
-    store_wait(store, [key], timeout, op="init_process_group", rank=rank, waited_ranks=[0])
+    store_wait(store, [key], timeout, op=fn, rank=rank, waited_ranks=[0])
     token = store.get(key).decode()
     return f"gpucomm/{token}/"
 
