@@ -45,6 +45,7 @@ from gpucomm.ops.registry import kernels_run_on_cpu
 from gpucomm.liveness import Liveness
 from gpucomm.progress import Progress, Queued
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
+from gpucomm.rendezvous import draw_prefix
 from gpucomm.repeat import Repeats
 from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.transport.pool import SymmetricPool
@@ -109,7 +110,7 @@ class Communicator:
         rank: int,
         world_size: int,
         *,
-        prefix: str = "gpucomm/",
+        prefix: str | None = None,
         config: Config | None = None,
         local_rank: int | None = None,
         local_world_size: int | None = None,
@@ -117,7 +118,9 @@ class Communicator:
         device: torch.device | None = None,
         flight: FlightRecord | None = None,
     ) -> None:
-        """``flight``: the flight record of the parent communicator (a subgroup writes its calls
+        """``prefix``: where its keys live in ``store``; None draws a fresh one from the store
+        (collective), so that communicators built on one store never read each other's keys.
+        ``flight``: the flight record of the parent communicator (a subgroup writes its calls
         into it); None opens this communicator's own (collective)."""
         self.config = config if config is not None else Config.from_env()
         log.enable(self.config.debug)
@@ -129,6 +132,8 @@ class Communicator:
         if self.config.local_world_size is not None:
             self.local_world_size = self.config.local_world_size
         self.store = store
+        if prefix is None:
+            prefix = draw_prefix(store, self.rank, world_size, self.config.timeout, "Communicator")
         self.prefix = prefix
         # device: the GPU this rank was pinned to (init_process_group(device_id=...)); by default
         # the one of its local rank.

@@ -4,13 +4,15 @@ What runs on every call and is pure bookkeeping (the flight record's writer) cos
 or more in Python and tens of nanoseconds in C. Like the CUDA kernels, which NVRTC compiles at
 first use, these files ship as source and are built where they run: one ``cc -O2 -shared`` per
 file, Python version and source, cached under ``$GPUCOMM_CACHE_DIR`` (default
-``~/.cache/gpucomm``) so that later processes only load the library. A host without a compiler
+``~/.cache/gpucomm``) so that later processes only load the library. What is loaded from there
+must pass :mod:`gpucomm.trusted_cache`'s check (this user's, writable by no one else, no symlink
+on the way); a cache that fails it is not used, and the process builds into a private folder. A host without a compiler
 or Python's headers gets None, and the caller keeps its Python twin; ``GPUCOMM_NATIVE=0`` asks
 for the twin everywhere.
 
-Ranks that start together take turns (:func:`build_lock`, a file lock in the cache folder): the
+Ranks that build the same file take turns (:func:`build_lock`, a file lock per built file): the
 first compiles, the others wait and load what it built instead of compiling the same file at once
-on the same cores. Each build writes its own temporary file and renames it into place, so a reader
+on the same cores; ranks building different files do not wait for each other. Each build writes its own temporary file and renames it into place, so a reader
 never sees half a library (and a rank that stopped waiting cannot spoil one).
 """
 
@@ -36,6 +38,8 @@ import time
 import types
 from collections.abc import Iterator
 
+from gpucomm import trusted_cache
+
 __all__ = ["load", "cache_dir", "build_lock"]
 
 _SOURCES = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "host"
@@ -58,9 +62,9 @@ def _source_dir() -> pathlib.Path:
 
 
 def cache_dir() -> pathlib.Path:
-    """Where compiled libraries are kept."""
-    root = os.environ.get("GPUCOMM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpucomm")
-    return pathlib.Path(root) / "native"
+    """Where compiled libraries are kept, as configured (:func:`gpucomm.trusted_cache.folder`
+    says whether this process uses it)."""
+    return trusted_cache.cache_root() / "native"
 
 
 @functools.cache
@@ -95,12 +99,14 @@ def _build(source: pathlib.Path, defines: tuple[str, ...] = ()) -> pathlib.Path:
     flags = ["-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", *(f"-D{d}" for d in defines)]
     # The interpreter's full version: the flight record's writer reads its private frame layout.
     key = hashlib.sha256(text + "\0".join([*compiler, *flags, "-ldl", suffix, sys.version]).encode()).hexdigest()[:16]
-    target = cache_dir() / f"{source.stem}-{key}{suffix}"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(str(target.parent)):
-        if not target.exists():  # a peer may have built it while this process waited
+    name = f"{source.stem}-{key}{suffix}"
+    folder = trusted_cache.folder("native")
+    if trusted_cache.file_ok(folder, folder / name):
+        return folder / name
+    folder = trusted_cache.folder("native")  # the private folder, where the file failed the check
+    target = folder / name
+    with build_lock(target):
+        if not trusted_cache.file_ok(folder, target):  # a peer may have built it while this process waited
             _compile(compiler, flags, source, target, suffix)
     return target
 
@@ -111,6 +117,7 @@ def _compile(compiler: list[str], flags: list[str], source: pathlib.Path, target
     try:
         # -ldl: the launcher (launch.c) reaches the CUDA driver through dlopen (libc's own since glibc 2.34).
         subprocess.run([*compiler, *flags, str(source), "-o", scratch, "-ldl"], check=True, capture_output=True, timeout=_COMPILE_TIMEOUT_S)
+        os.chmod(scratch, 0o700)  # the linker writes it afresh under the umask: writable by this user only
         os.replace(scratch, target)
     finally:
         if os.path.exists(scratch):
@@ -118,21 +125,32 @@ def _compile(compiler: list[str], flags: list[str], source: pathlib.Path, target
 
 
 @contextlib.contextmanager
-def build_lock(folder: str) -> Iterator[None]:
-    """Held while this process builds into ``folder`` (host code here, program kernels in
-    gpucomm.ops.triton_launch): the processes sharing the folder (the ranks of a node) build one at
-    a time, so what each needs is built once and the others load it. Waits at most BUILD_WAIT_S;
-    where the folder cannot be locked (a file system without locks), or the wait runs out, the
-    process builds without it. The lock is the file ``<folder>.lock`` beside the folder, which
-    holds only what was built."""
+def build_lock(target: pathlib.Path | str) -> Iterator[None]:
+    """Held while this process builds ``target`` (a file in a folder of
+    :func:`gpucomm.trusted_cache.folder`: host code here, program kernels in
+    gpucomm.ops.triton_launch): the processes building the same target (ranks of a node) take
+    turns, so it is built once and the others load it; processes building different targets do not
+    wait for each other. Waits at most BUILD_WAIT_S; where the lock cannot be taken (a file system
+    without locks, a lock file that is a symlink or another user's), or the wait runs out, the
+    process builds without it. The lock is the file ``<target's name>.lock`` in ``<folder>.locks``
+    beside the target's folder, which holds only what was built; it is opened with O_NOFOLLOW
+    (a symlink planted there is refused, never followed) and created 0600."""
+    target = pathlib.Path(target)
+    path = f"{os.path.normpath(target.parent)}.locks/{target.name}.lock"
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.normpath(folder) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as err:
-        _logger.debug("gpucomm: no build lock in %s (%s); building without it", folder, err)
+        log = _logger.warning if err.errno == errno.ELOOP else _logger.debug
+        log("gpucomm: no build lock at %s (%s); building without it", path, err.strerror)
         yield
         return
     try:
+        owner = os.fstat(fd).st_uid
+        if owner != os.geteuid():
+            _logger.warning("gpucomm: the build lock %s is uid %d's, not this user's; building without it", path, owner)
+            yield
+            return
         deadline = time.monotonic() + BUILD_WAIT_S
         while True:
             try:
@@ -140,7 +158,7 @@ def build_lock(folder: str) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    _logger.warning("gpucomm: waited %.0f s for another process's build in %s; building here", BUILD_WAIT_S, folder)
+                    _logger.warning("gpucomm: waited %.0f s for another process's build of %s; building here", BUILD_WAIT_S, target)
                     break
                 time.sleep(0.02)
             except OSError as err:

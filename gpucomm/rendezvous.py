@@ -5,6 +5,12 @@ Each init of the world takes a fresh *generation* from a counter in the store an
 random job token for it; every key gpucomm writes lives under
 ``gpucomm/<token>/`` (and a subgroup's under ``gpucomm/<token>/g<n>/``), so two inits, two groups
 or two jobs sharing a store never read each other's handles.
+
+Under torchrun the store is the elastic agent's, which outlives a restart of the workers: what
+attempt 0 wrote (the arrivals of its ranks, one short where a rank died before counting) is there
+for attempt 1. On one node gpucomm keeps each attempt's keys under ``/worker/attempt_<N>/``
+(``TORCHELASTIC_RESTART_COUNT``), as torch's env:// rendezvous did for the agent store up to
+torch 2.4 (:func:`_agent_attempt_store` says why not across nodes).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch.distributed as dist
 
 from gpucomm.errors import CommTimeoutError
 
-__all__ = ["Rendezvous", "rendezvous", "store_wait"]
+__all__ = ["Rendezvous", "rendezvous", "draw_prefix", "store_wait"]
 
 
 @dataclass(frozen=True)
@@ -34,14 +40,27 @@ class Rendezvous:
     local_world_size: int
 
 
-def _env_int(name: str, fn: str) -> int:
+def _env_int(name: str, fn: str, default: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None:
+        if default is not None:
+            return default
         raise ValueError(f"gpucomm.{fn}: environment variable {name} is not set (init_method='env://' reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"gpucomm.{fn}: {name} must be an integer, got {value!r}") from None
+        raise ValueError(f"gpucomm.{fn}: environment variable {name} must be an integer, got {value!r}") from None
+
+
+def _local_layout(rank: int, world_size: int, fn: str) -> tuple[int, int]:
+    """(local_rank, local_world_size) from LOCAL_RANK and LOCAL_WORLD_SIZE (defaults: one node)."""
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", fn, world_size)
+    if local_world_size < 1:
+        raise ValueError(f"gpucomm.{fn}: environment variable LOCAL_WORLD_SIZE must be >= 1, got {local_world_size}")
+    local_rank = _env_int("LOCAL_RANK", fn, rank % local_world_size)
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(f"gpucomm.{fn}: environment variable LOCAL_RANK must be in [0, {local_world_size}) (LOCAL_WORLD_SIZE), got {local_rank}")
+    return local_rank, local_world_size
 
 
 # One TCPStore per (host, port) for the life of the process. Re-creating it on every init
@@ -122,14 +141,14 @@ def rendezvous(
         raise ValueError(f"gpucomm.{fn}: world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"gpucomm.{fn}: rank must be in [0, {world_size}), got {rank}")
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world_size))
+    local_rank, local_world_size = _local_layout(rank, world_size, fn)
 
     if store is None:
         if url.scheme == "env":
             # Loopback unless the job says otherwise: the store never listens on 0.0.0.0 by default.
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
             store = _tcp_store(host, _env_int("MASTER_PORT", fn), rank, world_size, timeout)
+            store = _agent_attempt_store(store, world_size, local_world_size, fn)
         elif url.scheme == "tcp":
             if not url.hostname or not url.port:
                 raise ValueError(f"gpucomm.{fn}: init_method must look like tcp://host:port, got {init_method!r}")
@@ -140,8 +159,27 @@ def rendezvous(
             store.set_timeout(datetime.timedelta(seconds=timeout))
         else:
             store, rank, world_size = _registered(init_method, rank, world_size, timeout, fn)
-    prefix = _draw_prefix(store, rank, world_size, timeout)
+    prefix = draw_prefix(store, rank, world_size, timeout)
     return Rendezvous(store, prefix, rank, world_size, local_rank, local_world_size)
+
+
+def _agent_attempt_store(store: dist.Store, world_size: int, local_world_size: int, fn: str) -> dist.Store:
+    """The torchrun agent's store under this attempt's prefix (``/worker/attempt_<N>``), where
+    the job runs on one node; ``store`` itself elsewhere.
+
+    The agent's store outlives a restart (torch 2.13's dynamic rendezvous keeps its shared
+    TCPStore server for every round), so without a prefix attempt 1 counts its arrivals on top of
+    attempt 0's: after a rank died before counting, every restart splits its ranks across two
+    generations. torch's env:// rendezvous put the agent store under this prefix up to torch 2.4.
+    It dropped it (torch/distributed/rendezvous.py, pytorch issue #135712) because
+    TORCHELASTIC_RESTART_COUNT is each agent's own count: an agent that restarts its workers for
+    a peer node's failure or a new node does not add to it, so across nodes the prefixes can
+    differ and the ranks would never meet. One node has one agent, hence one count for every rank.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True) or local_world_size != world_size:
+        return store
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", fn, 0)
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", store)
 
 
 def _registered(init_method: str, rank: int, world_size: int, timeout: float, fn: str) -> tuple[dist.Store, int, int]:
@@ -159,14 +197,16 @@ def _registered(init_method: str, rank: int, world_size: int, timeout: float, fn
     )
 
 
-def _draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float) -> str:
+def draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float, fn: str = "init_process_group") -> str:
+    """A fresh key prefix ``gpucomm/<token>/`` of this init (collective over the ``world_size``
+    ranks on ``store``); ``fn`` names the call in the timeout's error."""
     # Every rank adds 1: the P arrivals of one init share (count - 1) // P, so a store reused
     # by many inits (or many jobs) hands each init its own generation.
     generation = (store.add("gpucomm/arrivals", 1) - 1) // world_size
     key = f"gpucomm/gen{generation}/token"
     if rank == 0:
         store.set(key, secrets.token_hex(8))
-    store_wait(store, [key], timeout, op="init_process_group", rank=rank, waited_ranks=[0])
+    store_wait(store, [key], timeout, op=fn, rank=rank, waited_ranks=[0])
     token = store.get(key).decode()
     return f"gpucomm/{token}/"
 

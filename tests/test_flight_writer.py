@@ -184,3 +184,46 @@ def test_a_failure_marks_its_own_call_not_the_last_one_entered():
         assert _SLOT.unpack_from(record._mine, second)[10] == 0
     finally:
         record.close()
+
+
+# A Recorder closed while enter() runs Python code (the walk's teacher, a call field's __index__):
+# the points where the GIL can pass to another thread that closes the record. The call must raise
+# "closed", not write through the released segment (a NULL pointer then). end() and fail() run no
+# Python code between their check and their write (the offset must be an int).
+CLOSED_MID_CALL = """
+import mmap, sys
+from gpucomm import native
+from gpucomm.flight import _RING_AT, RING, SEGMENT_BYTES
+module = native.load("flight_record", tuple(sys.argv[1:]))
+holder = []
+def teacher(frame):
+    if closing:
+        holder[0].close()  # as another thread would, between the call's check and its write
+    return 5
+class Closing:
+    def __index__(self):
+        holder[0].close()
+        return 6
+said = []
+for step in ("teacher", "index"):
+    closing = step == "teacher"
+    segment = memoryview(mmap.mmap(-1, SEGMENT_BYTES))
+    holder[:] = [module.Recorder(segment, _RING_AT, RING, teacher)]
+    if step == "index":
+        holder[0].enter(1, (3, 4, 1024, 5, -1, 6))  # taught: the second call asks no teacher
+    try:
+        holder[0].enter(2, (3, 4, 1024, 5, -1, Closing() if step == "index" else 6))
+    except ValueError as err:
+        said.append(f"{step}: {err}")
+print("; ".join(said))
+"""
+
+
+@pytest.mark.parametrize("defines", [(), ("GPUCOMM_PUBLIC_FRAMES",)], ids=["c", "c-public"])
+def test_a_record_closed_during_a_call_is_never_written_through(defines, tmp_path):
+    if not _compiler_here():
+        pytest.skip("no C compiler or Python headers here")
+    env = {**os.environ, "GPUCOMM_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", CLOSED_MID_CALL, *defines], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"the writer crashed (rc {out.returncode}): {out.stderr[-2000:]}"
+    assert out.stdout.strip() == "teacher: Recorder: closed; index: Recorder: closed", out.stdout + out.stderr

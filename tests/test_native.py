@@ -54,14 +54,14 @@ def test_a_source_that_does_not_compile_leaves_the_twin(tmp_path, monkeypatch):
 
 
 def test_the_build_lock_lets_one_process_build_at_a_time(tmp_path):
-    """Ranks of a node building the same thing take turns (their builds never overlap)."""
+    """Ranks of a node building the same target take turns (their builds never overlap)."""
     import threading
     import time
 
     spans = []
 
     def build():
-        with native.build_lock(str(tmp_path / "cache")):
+        with native.build_lock(tmp_path / "cache" / "lib.so"):
             start = time.monotonic()
             time.sleep(0.2)
             spans.append((start, time.monotonic()))
@@ -73,22 +73,23 @@ def test_the_build_lock_lets_one_process_build_at_a_time(tmp_path):
         t.join()
     spans.sort()
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
-    assert not list((tmp_path / "cache").iterdir())  # the lock lives beside the folder, not in it
+    assert not (tmp_path / "cache").exists()  # the lock lives beside the folder, not in it
+    assert [p.name for p in (tmp_path / "cache.locks").iterdir()] == ["lib.so.lock"]
 
 
 def test_a_peer_stuck_in_its_build_only_delays_the_others(tmp_path, monkeypatch, caplog):
     import fcntl
     import time
 
-    folder = str(tmp_path / "cache")
-    with native.build_lock(folder):
+    target = tmp_path / "cache" / "lib.so"
+    with native.build_lock(target):
         pass  # creates the lock file
-    held = os.open(folder + ".lock", os.O_RDWR)
+    held = os.open(tmp_path / "cache.locks" / "lib.so.lock", os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)  # a peer that never finishes
     monkeypatch.setattr(native, "BUILD_WAIT_S", 0.3)
     try:
         start = time.monotonic()
-        with caplog.at_level("WARNING", logger="gpucomm"), native.build_lock(folder):
+        with caplog.at_level("WARNING", logger="gpucomm"), native.build_lock(target):
             waited = time.monotonic() - start
     finally:
         os.close(held)

@@ -364,6 +364,8 @@ def test_pool_allocator_is_deterministic_first_fit() -> None:
 
 def _pool(rank: int, world_size: int) -> list[str]:
 
+    import torch
+
     import gpucomm
 
     gpucomm.init_process_group(transport="shm", kernels="torch", heap_bytes="1M", timeout=20)
@@ -385,11 +387,21 @@ def _pool(rank: int, world_size: int) -> list[str]:
     c = ctypes.CDLL(pool.lib.__file__)
     c.gpucomm_heap_malloc.restype = ctypes.c_void_p
     c.gpucomm_heap_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    c.gpucomm_heap_malloc(1000 if rank == 0 else 2000, 0, None)  # the ranks' sequences differ
+    segment = c.gpucomm_heap_malloc(1000 if rank == 0 else 2000, 0, None)  # the ranks' sequences differ
     try:
         pool.check()
     except gpucomm.CommMismatchError as err:
         seen.append(f"differ: {err}")
+    try:
+        pool.close()  # a segment is out, as torch's MemPool keeps one it cached
+    except gpucomm.GpucommError as err:
+        seen.append(f"close refused: {err}")
+    t = gpucomm.empty(64 << 10, dtype=torch.uint8, device="cpu")  # collective: the block freed, it is here
+    if t.data_ptr() <= segment < t.data_ptr() + t.numel():
+        seen.append("the heap handed out a segment the pool still had")
+    del t
+    c.gpucomm_heap_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    c.gpucomm_heap_free(segment, 0, 0, None)
     pool.close()
     gpucomm.destroy_process_group()
     return seen
@@ -403,6 +415,8 @@ def test_pool_block_is_symmetric_and_check_finds_differences() -> None:
         assert "no MemPool: gpucomm.mem_pool: torch.cuda.MemPool needs CUDA" in text, text
         assert "second: gpucomm.mem_pool: this process has a symmetric pool already" in text, text
         assert "differ: gpucomm.mem_pool: the ranks' pools differ" in text, text
+        assert "close refused: gpucomm.mem_pool: close: torch's MemPool still holds 1 segment(s)" in text, text
+        assert "handed out" not in text, text
 
 
 def test_symmetric_benchmark_runs_and_checks_its_results(tmp_path) -> None:

@@ -602,9 +602,9 @@ def test_every_segment_gpucomm_creates_goes_through_create_segment():
                     for number, line in enumerate(f, 1):
                         if any(sign in line for sign in ("O_CREAT", "ftruncate(", "shm_open", "SharedMemory(", "memfd_create")):
                             found.append((os.path.relpath(path, root), line.strip()))
-    # gpucomm.native's build lock is the one other file gpucomm creates: an empty file beside its
-    # cache folder (~/.cache/gpucomm by default), locked with flock and never sized or mapped.
-    lock = ("gpucomm/native.py", 'fd = os.open(os.path.normpath(folder) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)')
+    # gpucomm.native's build lock is the one other file gpucomm creates: an empty file per built
+    # target in its cache (~/.cache/gpucomm by default), locked with flock and never sized or mapped.
+    lock = ("gpucomm/native.py", "fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)")
     segment = ("gpucomm/transport/shm.py", "fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)")
     assert sorted(found) == [lock, segment], found
 

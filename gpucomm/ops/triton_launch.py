@@ -8,10 +8,11 @@ compiled kernel's launcher. A repeated collective needs none of that. Here:
   JIT dispatch would make: integers equal to 1 become constants, 16-byte alignment is noted) and
   compiles for a target, the current GPU's or a named one (no GPU needed, as the tests and the
   host-time benchmark use it); compiled kernels are kept per specialisation. The ranks of a node
-  compile one at a time (:func:`compile_lock`): the first compiles into gpucomm's kernel cache
-  (:func:`kernel_cache`), the others then load it there instead of compiling the same kernel at
-  once, and skip Triton's own cache key, which hashes Triton's libraries (cold start,
-  docs/benchmarks.md);
+  that need the same kernel compile it one at a time (:func:`compile_lock`, per kernel): the first
+  compiles into gpucomm's kernel cache (:func:`kernel_cache`, read only where it passes
+  :mod:`gpucomm.trusted_cache`'s check), the others then load it there instead of compiling the
+  same kernel at once, and skip Triton's own cache key, which hashes Triton's libraries (cold
+  start, docs/benchmarks.md);
 - :func:`parameters` reads the kernel's parameter list from the compiled kernel: the arguments its
   signature keeps (constexprs and arguments specialised into constants are not parameters), then
   the hidden scratch pointers recent Triton versions append (global, profile: one per
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from gpucomm import native
+from gpucomm import native, trusted_cache
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher
 from gpucomm.ops.device_guard import on_device
@@ -89,10 +90,11 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
     kernel = _compiled.get(key)
     if kernel is not None:
         return kernel
-    stored = kernel_cache() / _disk_key(fn, target, key)
-    kernel = CachedKernel.load(stored)
+    name = _disk_key(fn, target, key)
+    kernel = CachedKernel.load(kernel_cache() / name)
     if kernel is None:
-        with compile_lock(str(stored.parent)):
+        stored = kernel_cache() / name  # the private folder, where the cache failed the check
+        with compile_lock(stored):
             kernel = CachedKernel.load(stored)  # a peer may have compiled it while this rank waited
             if kernel is None:
                 parsed, signature, constants, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, bound_options)
@@ -103,8 +105,9 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
 
 
 def kernel_cache() -> pathlib.Path:
-    """Where compiled kernels are kept across processes: beside gpucomm's built host code."""
-    return native.cache_dir().parent / "kernels"
+    """Where compiled kernels are kept across processes: beside gpucomm's built host code (this
+    process's private folder where that cache fails :mod:`gpucomm.trusted_cache`'s check)."""
+    return trusted_cache.folder("kernels")
 
 
 def _disk_key(fn: Any, target: Any, key: tuple) -> str:
@@ -149,7 +152,10 @@ class CachedKernel:
 
     @classmethod
     def load(cls, path: pathlib.Path) -> CachedKernel | None:
-        """The kernel kept at ``path``, or None."""
+        """The kernel kept at ``path``, or None (also where a file of it fails
+        :mod:`gpucomm.trusted_cache`'s check: another user could have written it)."""
+        if not all(trusted_cache.file_ok(path.parent, path.with_suffix(s)) for s in (".json", ".cubin")):
+            return None
         try:
             record = json.loads(path.with_suffix(".json").read_bytes())
             cubin = path.with_suffix(".cubin").read_bytes()
@@ -158,11 +164,12 @@ class CachedKernel:
         return cls({"cubin": cubin, "ptx": record["ptx"]}, record["metadata"], record["signature"], record["constants"], record["hash"])
 
 
-def compile_lock(cache_dir: str) -> contextlib.AbstractContextManager[None]:
-    """Held while this process compiles: the processes sharing the cache folder (the ranks of a
-    node) compile one at a time, so that a kernel every rank needs is compiled once and the others
-    load it (:func:`gpucomm.native.build_lock`; off where COMPILE_LOCK is False)."""
-    return native.build_lock(cache_dir) if COMPILE_LOCK else contextlib.nullcontext()
+def compile_lock(stored: pathlib.Path) -> contextlib.AbstractContextManager[None]:
+    """Held while this process compiles the kernel kept at ``stored``: the processes that need it
+    (the ranks of a node) compile it one at a time, so that it is compiled once and the others
+    load it; processes compiling other kernels do not wait (:func:`gpucomm.native.build_lock`;
+    off where COMPILE_LOCK is False)."""
+    return native.build_lock(stored) if COMPILE_LOCK else contextlib.nullcontext()
 
 
 def bindable(kernel: Any) -> str | None:

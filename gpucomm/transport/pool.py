@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from gpucomm import native
-from gpucomm.errors import CommMismatchError, UnsupportedError
+from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError
 from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.transport.heap_open import agree
 
@@ -86,8 +86,23 @@ class SymmetricPool:
             )
 
     def close(self) -> None:
-        """Give the region up (its tensors must be gone: torch's pool keeps segments until then)."""
+        """Give the region back to the heap, once torch's pool holds none of its segments.
+
+        Raises:
+            GpucommError: segments are still out (torch's caching allocator keeps what a MemPool
+                got until it is emptied, after its tensors are gone): giving the block back then
+                would let the heap hand out memory the MemPool still hands to tensors. The pool
+                stays as it was; free the tensors, drop the MemPool and ``torch.cuda.empty_cache()``,
+                then close again.
+        """
         if self in _configured:
+            live, live_bytes, _ = self.state()
+            if live:
+                raise GpucommError(
+                    f"gpucomm.mem_pool: close: torch's MemPool still holds {live} segment(s) of this pool "
+                    f"({live_bytes} bytes), expected 0: free the tensors allocated in it, drop the MemPool "
+                    "and call torch.cuda.empty_cache() first"
+                )
             _configured.remove(self)
             self.lib.configure(0, 0)
         self._pool = None

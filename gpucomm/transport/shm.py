@@ -83,6 +83,18 @@ def _reap_stale(token: str) -> None:
 # Why a rank cannot open a peer's segment when the host, not the segment, is at fault: the
 # name is not in this /dev/shm (another mount or IPC namespace), or another user owns it.
 _UNREACHABLE = (errno.ENOENT, errno.EACCES, errno.EPERM)
+# Limits of this process or host met while creating, opening or mapping segments: no descriptor
+# left (per process, per system) or no memory for the mapping. The host's doing: every rank of
+# the open raises it together, and the communicator falls back.
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+_LIMITS_ADVICE = (
+    "This process ran out of file descriptors or memory for the mappings: raise the open-file "
+    "limit (ulimit -n), or lower the memory it maps (GPUCOMM_WORKSPACE_BYTES, GPUCOMM_HEAP_BYTES)"
+)
+
+
+def _exhausted(rank: int, what: str, exc: OSError) -> WorkspaceUnavailableError:
+    return WorkspaceUnavailableError("shm", {rank: f"{what}: {exc.strerror}"}, _LIMITS_ADVICE)
 _NO_SHARED_SHM = (
     "The ranks share a host name but not /dev/shm: run them in one container, or give their "
     "containers the host's IPC namespace and /dev/shm (docker run --ipc=host)"
@@ -198,6 +210,8 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
         message = f"cannot open segment {path} of rank {peer}: {exc.strerror}"
         if exc.errno in _UNREACHABLE:
             raise WorkspaceUnavailableError("shm", {rank: message}, _NO_SHARED_SHM) from exc
+        if exc.errno in _EXHAUSTED:
+            raise _exhausted(rank, f"cannot open segment {path} of rank {peer}", exc) from exc
         raise GpucommError(f"gpucomm shm workspace: {message}") from exc
     try:
         st = os.fstat(fd)
@@ -217,6 +231,10 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
         if problem:
             raise GpucommError(f"gpucomm shm workspace: segment {path} of rank {peer} {problem}")
         return _map(fd, size)
+    except OSError as exc:  # fstat or mmap: agreed like the open's (Handshake.fail takes GpucommError)
+        if exc.errno in _EXHAUSTED:
+            raise _exhausted(rank, f"cannot map segment {path} of rank {peer}", exc) from exc
+        raise GpucommError(f"gpucomm shm workspace: cannot map segment {path} of rank {peer}: {exc.strerror}") from exc
     finally:
         os.close(fd)
 
@@ -268,10 +286,18 @@ def open_shm(
             fd = create_segment(path, size, rank, world_size, size_knob)
         except WorkspaceUnavailableError as exc:
             handshake.fail(exc)  # every peer raises it too, now, not at its timeout
+        except OSError as exc:
+            if exc.errno not in _EXHAUSTED:
+                raise
+            handshake.fail(_exhausted(rank, f"cannot create its segment {path}", exc))
         segments.own_path = path
         try:
             mm, views[rank] = _map(fd, size)
             segments.maps.append(mm)
+        except OSError as exc:
+            if exc.errno not in _EXHAUSTED:
+                raise
+            handshake.fail(_exhausted(rank, f"cannot map its segment {path}", exc))
         finally:
             os.close(fd)
         handles = handshake.exchange(json.dumps({"name": name, "size": size}).encode("ascii"))

@@ -136,7 +136,12 @@ static int64_t walk(Recorder *self) {
         Py_DECREF(code);
         if (verdict == 0) site = site_of(self, code, frame_lasti(frame));
         if (verdict < 0 || (verdict == 0 && site < 0)) {
-            PyObject *taught = PyObject_CallOneArg(self->teacher, (PyObject *)frame);
+            // Our own reference for the call: the teacher runs Python code, during which another
+            // thread may close the record (which drops the record's reference to it).
+            PyObject *teacher = self->teacher;
+            Py_INCREF(teacher);
+            PyObject *taught = PyObject_CallOneArg(teacher, (PyObject *)frame);
+            Py_DECREF(teacher);
             site = taught == NULL ? -1 : PyLong_AsLongLong(taught);
             Py_XDECREF(taught);
             if (site < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Recorder: the teacher returned a negative site");
@@ -215,6 +220,10 @@ static PyObject *write_slot(Recorder *self, int64_t seq, int64_t site, PyObject 
         v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(call, i));
         if (v[i] == -1 && PyErr_Occurred()) return NULL;
     }
+    // Checked again here, after the last call that can run Python code (the walk's teacher, an
+    // __index__ above): another thread may have closed the record while it ran. From here to the
+    // write nothing gives up the GIL.
+    if (!check_open(self)) return NULL;
     int64_t entry = ++self->entries;
     Py_ssize_t word = self->ring_word + (entry & self->ring_mask) * SLOT_WORDS;
     int64_t *slot = self->words + word;
@@ -255,7 +264,7 @@ static int64_t *ended_word(Recorder *self, PyObject *at_obj) {
 
 // end(at): the call at slot offset `at` completed now.
 static PyObject *Recorder_end(Recorder *self, PyObject *at) {
-    if (!check_open(self)) return NULL;
+    if (!check_open(self)) return NULL;  // nothing after it runs Python code: PyLong_AsSsize_t takes only an int
     int64_t *ended = ended_word(self, at);
     if (ended == NULL) return NULL;
     *ended = now_ns();
