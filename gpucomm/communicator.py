@@ -667,6 +667,9 @@ class Communicator:
     # Each method validates the caller's tensors, then hands the path their wire form
     # (gpucomm.dtypes): the tensors themselves for the six native dtypes, byte views for data
     # movement, accumulation-type copies for reductions, written back once at the end.
+    # A call's buffers that overlap give the separate-buffer result: what overlaps is staged
+    # (gpucomm.validation.separate; docs/reliability.md, "Overlapping buffers"), torch's
+    # in-place forms run as they are.
     def all_reduce(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks, in place, on every rank.
 
@@ -739,7 +742,10 @@ class Communicator:
         return self._run(fn, wire, async_op, lambda p: p.broadcast(wire, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
-        """``tensor_list[i]`` = ``tensor`` of rank i, on every rank."""
+        """``tensor_list[i]`` = ``tensor`` of rank i, on every rank.
+
+        In place: ``tensor`` is ``tensor_list[rank]``. Entries that overlap each other are
+        received apart and copied in list order (the last listed wins)."""
         fn = "all_gather"
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
@@ -750,7 +756,10 @@ class Communicator:
         return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), finish, outputs, **_sent_as(tensor, wire))
 
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False) -> Work | None:
-        """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order)."""
+        """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order).
+
+        In place: ``input_tensor`` is this rank's chunk of ``output_tensor``. An input that
+        overlaps the output otherwise is copied aside first (the separate-buffer result)."""
         fn = "all_gather_into_tensor"
         self._check_usable(fn)
         check_tensor(input_tensor, fn, "input_tensor", self.device)
@@ -857,7 +866,10 @@ class Communicator:
         input_split_sizes: Sequence[int] | None = None,
         async_op: bool = False,
     ) -> Work | None:
-        """Split ``input`` along dim 0, send split j to rank j, concatenate what arrives into ``output``."""
+        """Split ``input`` along dim 0, send split j to rank j, concatenate what arrives into ``output``.
+
+        No in-place form: an ``input`` that overlaps ``output`` is copied aside first, so the
+        result is the one separate buffers give."""
         fn = "all_to_all_single"
         self._check_usable(fn)
         check_tensor(input, fn, "input", self.device)
