@@ -66,7 +66,7 @@ def run_case(comm: object, fn: str, buf: torch.Tensor, outs: list[Span], ins: li
 
 def separate_result(comm: object, fn: str, buf: torch.Tensor, outs: list[Span], ins: list[Span], root: int) -> torch.Tensor:
     """What ``buf`` holds after the call made on separate buffers, outputs copied back in list order."""
-    own_outs = [torch.empty(k, dtype=buf.dtype) for _, k in outs]
+    own_outs = [v.clone() for v in views(buf, outs)]
     call(comm, fn, own_outs, [v.clone() for v in views(buf, ins)], root)
     result = buf.clone()
     for (o, k), t in zip(outs, own_outs, strict=True):
