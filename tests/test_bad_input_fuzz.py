@@ -5,7 +5,8 @@ the seed and the draw's number, so every rank knows every rank's arguments): a c
 dtype, a piece size, an op and a root, the buffers laid out in one flat tensor at random
 offsets or overlapping (tests/overlap_cases.py), and at most one fault: a non-contiguous view, a
 wrong dtype, element count, list length or root, a bad op, a meta tensor, a non-tensor, split
-sizes that do not add up, a root outside the group, or sizes or roots that differ across ranks.
+sizes that do not add up, a root outside the group, or sizes or roots that differ across ranks;
+from 3 ranks on, some draws run on a subgroup of all ranks but the last (which stays out).
 Then, on every rank:
 
 - a draw without a fault gives the result of the call made on separate buffers in checked gloo
@@ -74,6 +75,7 @@ def draw(seed: int, i: int, world_size: int) -> dict:
         "matrix": [[rng.randrange(4) for _ in range(world_size)] for _ in range(world_size)],
         "odd_rank": rng.randrange(world_size),
         "pick": rng.random(),
+        "group": world_size >= 3 and rng.random() < 0.3,  # on a subgroup of all ranks but the last
         "fault": None,
     }
     if rng.random() < 0.5:
@@ -213,7 +215,8 @@ def make_call(spec: dict, rank: int, world_size: int, comm: object, buf: object,
 
 def _fuzz_rank(rank: int, world_size: int, kernels: str, seed: int, draws: int) -> list[tuple[int, str, str]]:
     """Every draw on this rank: ``(draw, what it was, verdict)``; the verdict starts with "ok",
-    "raised" (a typed error, nothing moved) or "WRONG"."""
+    "raised" (a typed error, nothing moved), "skipped" (a draw on a group this rank is not in)
+    or "WRONG"."""
     import dataclasses
 
     import torch
@@ -224,68 +227,88 @@ def _fuzz_rank(rank: int, world_size: int, kernels: str, seed: int, draws: int) 
     dist.init_process_group(transport="shm", kernels=kernels, timeout=TIMEOUT_S)
     world = dist.get_default_communicator()
     made = 0
+    members = list(range(world_size - 1))  # the subgroup of group draws (3 ranks or more)
 
-    def fresh(**knobs: object) -> Communicator:
+    def fresh(**knobs: object) -> tuple[Communicator, Communicator | None]:
         nonlocal made
         made += 1
         config = dataclasses.replace(world.config, **knobs)
-        return Communicator(world.store, rank, world_size, prefix=f"{world.prefix}f{made}/", config=config)
+        whole = Communicator(world.store, rank, world_size, prefix=f"{world.prefix}f{made}/", config=config)
+        return whole, whole.new_subgroup(members) if world_size >= 3 else None
 
     # The reference waits longer than the fuzzed communicator, so that a draw that leaves one rank
     # waiting out TIMEOUT_S there finds its peers still in the reference's next call.
-    reference, comm = fresh(transport="gloo", timeout=REFERENCE_TIMEOUT_S), fresh()
+    (reference, ref_group), (comm, group) = fresh(transport="gloo", timeout=REFERENCE_TIMEOUT_S), fresh()
     if not comm.paths().get("cpu", "").startswith("workspace"):
         return [(-1, "setup", f"WRONG: the fuzz communicator serves CPU tensors on {comm.paths()}")]
     verdicts = []
     for d in range(draws):
         spec = draw(seed, d, world_size)
-        dtype = getattr(torch, spec["dtype"])
-        outs, ins, size = layout(spec, rank, world_size)
-        what = f"{spec['fn']} {spec['dtype']} n={spec['n']} op={spec['op']} root={spec['root']} overlap={spec['overlap']} splits={spec['splits']} fault={spec['fault']}"
-        expected, refused = None, None
-        if spec["fault"] is None:
-            from overlap_cases import views
-
-            # The call on separate buffers in checked gloo: its result, or the error it raises.
-            ref_buf = fill(rank, size, dtype)
-            own_outs = [v.clone() for v in views(ref_buf, outs)]  # all_reduce's and others' are inputs too
-            ref_ins = [v.clone() for v in views(ref_buf, ins)]
-            try:
-                _call_on(spec, rank, world_size, reference, own_outs, ref_ins)
-                expected = ref_buf.clone()
-                for (a, k), t in zip(outs, own_outs, strict=True):
-                    expected[a : a + k] = t
-            except (TypeError, ValueError, dist.GpucommError) as err:
-                refused = err
-        buf = fill(rank, size, dtype)
-        before = buf.clone()
-        broken = False
-        try:
-            make_call(spec, rank, world_size, comm, buf, outs, ins)()
-        except (TypeError, ValueError, dist.GpucommError) as err:
-            if spec["fault"] is None and refused is None:
-                verdicts.append((d, what, f"WRONG: raised {type(err).__name__} on a call checked gloo serves: {err}"))
-            elif not torch.equal(buf, before):
-                verdicts.append((d, what, f"WRONG: raised {type(err).__name__} after data moved: {err}"))
-            else:
-                verdicts.append((d, what, f"raised {type(err).__name__}"))
-            broken = isinstance(err, dist.GpucommError)  # a failed exchange breaks the communicator
-        except Exception as err:  # noqa: BLE001 - any other type is the finding, reported with its text
-            verdicts.append((d, what, f"WRONG: untyped {type(err).__name__}: {err}"))
-            broken = True
+        what = (
+            f"{spec['fn']} {spec['dtype']} n={spec['n']} op={spec['op']} root={spec['root']} overlap={spec['overlap']} "
+            f"splits={spec['splits']} group={spec['group']} fault={spec['fault']}"
+        )
+        if not spec["group"]:
+            verdict, broken = _one_draw(spec, rank, world_size, comm, reference)
+        elif rank in members:
+            w = len(members)
+            spec = {**spec, "root": spec["root"] % w, "odd_rank": spec["odd_rank"] % w, "matrix": [row[:w] for row in spec["matrix"][:w]]}
+            verdict, broken = _one_draw(spec, members.index(rank), w, group, ref_group)
         else:
-            verdicts.append((d, what, _verdict(spec, refused, buf, expected)))
+            verdict, broken = "skipped: not in the group", False
+        verdicts.append((d, what, verdict))
         # Whether any rank's communicator may be broken, agreed in gloo: then all take a fresh one,
         # so that a rank that failed alone cannot leave the others in a collective of its old one.
         flag = torch.tensor([int(broken)])
         reference.all_reduce(flag, dist.ReduceOp.MAX)
         if flag.item():
-            comm.close()
-            comm = fresh()
-    comm.close()
-    reference.close()
+            for old in (comm, group):
+                if old is not None:
+                    old.close()
+            comm, group = fresh()
+    for old in (comm, group, reference, ref_group):
+        if old is not None:
+            old.close()
     dist.destroy_process_group()
     return verdicts
+
+
+def _one_draw(spec: dict, rank: int, world_size: int, comm: object, reference: object) -> tuple[str, bool]:
+    """One draw on ``comm`` as ``rank`` of ``world_size``: its verdict, and whether ``comm`` may be broken."""
+    import torch
+
+    import gpucomm as dist
+    from overlap_cases import views
+
+    dtype = getattr(torch, spec["dtype"])
+    outs, ins, size = layout(spec, rank, world_size)
+    expected, refused = None, None
+    if spec["fault"] is None:
+        # The call on separate buffers in checked gloo: its result, or the error it raises.
+        ref_buf = fill(rank, size, dtype)
+        own_outs = [v.clone() for v in views(ref_buf, outs)]  # all_reduce's and others' are inputs too
+        ref_ins = [v.clone() for v in views(ref_buf, ins)]
+        try:
+            _call_on(spec, rank, world_size, reference, own_outs, ref_ins)
+            expected = ref_buf.clone()
+            for (a, k), t in zip(outs, own_outs, strict=True):
+                expected[a : a + k] = t
+        except (TypeError, ValueError, dist.GpucommError) as err:
+            refused = err
+    buf = fill(rank, size, dtype)
+    before = buf.clone()
+    try:
+        make_call(spec, rank, world_size, comm, buf, outs, ins)()
+    except (TypeError, ValueError, dist.GpucommError) as err:
+        broken = isinstance(err, dist.GpucommError)  # a failed exchange breaks the communicator
+        if spec["fault"] is None and refused is None:
+            return f"WRONG: raised {type(err).__name__} on a call checked gloo serves: {err}", broken
+        if not torch.equal(buf, before):
+            return f"WRONG: raised {type(err).__name__} after data moved: {err}", broken
+        return f"raised {type(err).__name__}", broken
+    except Exception as err:  # noqa: BLE001 - any other type is the finding, reported with its text
+        return f"WRONG: untyped {type(err).__name__}: {err}", True
+    return _verdict(spec, refused, buf, expected), False
 
 
 def _verdict(spec: dict, refused: BaseException | None, buf: object, expected: object) -> str:
@@ -319,7 +342,7 @@ def _check(results: list[list[tuple[int, str, str]]], seed: int) -> tuple[int, i
     problems = []
     served = raised = 0
     for d, per_rank in enumerate(zip(*results, strict=True)):
-        kinds = {v.split(" ")[0].rstrip(":") for _, _, v in per_rank}
+        kinds = {v.split(" ")[0].rstrip(":") for _, _, v in per_rank} - {"skipped"}
         wrong = [f"rank {r}: {v}" for r, (_, _, v) in enumerate(per_rank) if v.startswith("WRONG")]
         if wrong or len(kinds) > 1:
             problems.append(f"draw {d} ({per_rank[0][1]}): " + "; ".join(wrong or [f"rank {r}: {v}" for r, (_, _, v) in enumerate(per_rank)]))
