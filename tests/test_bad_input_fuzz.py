@@ -76,6 +76,8 @@ def draw(seed: int, i: int, world_size: int) -> dict:
         "odd_rank": rng.randrange(world_size),
         "pick": rng.random(),
         "group": world_size >= 3 and rng.random() < 0.3,  # on a subgroup of all ranks but the last
+        "rows": rng.random() < 0.3,  # tensors of two columns
+        "async": rng.random() < 0.3,  # async_op=True, then wait()
         "fault": None,
     }
     if rng.random() < 0.5:
@@ -161,6 +163,10 @@ def make_call(spec: dict, rank: int, world_size: int, comm: object, buf: object,
     dtype = buf.dtype
     o = [buf[a : a + k] for a, k in outs]
     i = [buf[a : a + k] for a, k in ins]
+    if spec["rows"] and fn != "all_to_all_single" and all(t.numel() % 2 == 0 for t in o + i):
+        # Two columns: the same bytes, so the same result as the flat call (all_to_all_single
+        # splits dim 0 and keeps its flat form).
+        o, i = [t.view(-1, 2) for t in o], [t.view(-1, 2) for t in i]
     op = getattr(dist.ReduceOp, spec["op"])
     root = spec["root"]
     if fault == "differ_root" and rank == spec["odd_rank"]:
@@ -175,7 +181,7 @@ def make_call(spec: dict, rank: int, world_size: int, comm: object, buf: object,
     k = int(spec["pick"] * len(target)) if target else 0
     if fault == "noncontiguous" and target:
         t = torch.empty(2 * target[k].numel(), dtype=dtype)[::2]
-        t.copy_(target[k])
+        t.copy_(target[k].reshape(-1))
         target[k] = t
     elif fault == "dtype" and target:
         target[k] = target[k].to(torch.float64 if dtype != torch.float64 else torch.float32)
@@ -197,20 +203,27 @@ def make_call(spec: dict, rank: int, world_size: int, comm: object, buf: object,
             splits["input_split_sizes"][0] += 1
     elif fault == "splits":
         splits = {"output_split_sizes": [n := o[0].numel() // w] * w, "input_split_sizes": [n + 1] * w}
+    asynchronous = spec["async"]
     calls = {
-        "all_reduce": lambda: comm.all_reduce(o[0], op),
-        "reduce": lambda: comm.reduce(o[0], root, op),
-        "broadcast": lambda: comm.broadcast(o[0], root),
-        "all_gather": lambda: comm.all_gather(o, i[0]),
-        "all_gather_into_tensor": lambda: comm.all_gather_into_tensor(o[0], i[0]),
-        "gather": lambda: comm.gather(i[0], o or None, root),
-        "scatter": lambda: comm.scatter(o[0], i or None, root),
-        "reduce_scatter": lambda: comm.reduce_scatter(o[0], i, op),
-        "reduce_scatter_tensor": lambda: comm.reduce_scatter_tensor(o[0], i[0], op),
-        "all_to_all": lambda: comm.all_to_all(o, i),
-        "all_to_all_single": lambda: comm.all_to_all_single(o[0], i[0], **splits),
+        "all_reduce": lambda: comm.all_reduce(o[0], op, async_op=asynchronous),
+        "reduce": lambda: comm.reduce(o[0], root, op, async_op=asynchronous),
+        "broadcast": lambda: comm.broadcast(o[0], root, async_op=asynchronous),
+        "all_gather": lambda: comm.all_gather(o, i[0], async_op=asynchronous),
+        "all_gather_into_tensor": lambda: comm.all_gather_into_tensor(o[0], i[0], async_op=asynchronous),
+        "gather": lambda: comm.gather(i[0], o or None, root, async_op=asynchronous),
+        "scatter": lambda: comm.scatter(o[0], i or None, root, async_op=asynchronous),
+        "reduce_scatter": lambda: comm.reduce_scatter(o[0], i, op, async_op=asynchronous),
+        "reduce_scatter_tensor": lambda: comm.reduce_scatter_tensor(o[0], i[0], op, async_op=asynchronous),
+        "all_to_all": lambda: comm.all_to_all(o, i, async_op=asynchronous),
+        "all_to_all_single": lambda: comm.all_to_all_single(o[0], i[0], **splits, async_op=asynchronous),
     }
-    return calls[fn]
+
+    def made() -> None:
+        work = calls[fn]()
+        if work is not None:  # async_op: the error may come from wait()
+            work.wait()
+
+    return made
 
 
 def _fuzz_rank(rank: int, world_size: int, kernels: str, seed: int, draws: int) -> list[tuple[int, str, str]]:
@@ -246,7 +259,7 @@ def _fuzz_rank(rank: int, world_size: int, kernels: str, seed: int, draws: int) 
         spec = draw(seed, d, world_size)
         what = (
             f"{spec['fn']} {spec['dtype']} n={spec['n']} op={spec['op']} root={spec['root']} overlap={spec['overlap']} "
-            f"splits={spec['splits']} group={spec['group']} fault={spec['fault']}"
+            f"splits={spec['splits']} group={spec['group']} rows={spec['rows']} async={spec['async']} fault={spec['fault']}"
         )
         if not spec["group"]:
             verdict, broken = _one_draw(spec, rank, world_size, comm, reference)
