@@ -78,6 +78,7 @@ def draw(seed: int, i: int, world_size: int) -> dict:
         "group": world_size >= 3 and rng.random() < 0.3,  # on a subgroup of all ranks but the last
         "rows": rng.random() < 0.3,  # tensors of two columns
         "async": rng.random() < 0.3,  # async_op=True, then wait()
+        "strided": rng.random() < 0.5,  # one-element tensors as views of stride 2
         "fault": None,
     }
     if rng.random() < 0.5:
@@ -93,6 +94,8 @@ def _applies(fault: str, spec: dict, world_size: int) -> bool:
     single = fn in ("all_reduce", "reduce", "broadcast")
     if fault in ("dtype",):
         return not single
+    if fault == "noncontiguous":  # pieces of one element would be contiguous all the same
+        return fn != "all_to_all" and not spec["splits"]
     if fault == "numel":
         return fn in ("all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single")
     if fault == "list_length":
@@ -161,8 +164,11 @@ def make_call(spec: dict, rank: int, world_size: int, comm: object, buf: object,
 
     fn, fault, w = spec["fn"], spec["fault"], world_size
     dtype = buf.dtype
-    o = [buf[a : a + k] for a, k in outs]
-    i = [buf[a : a + k] for a, k in ins]
+    # One element sliced with step 2 has stride 2 and is contiguous all the same (torch ignores
+    # the strides of size-1 dims).
+    step = 2 if spec["strided"] else 1
+    o = [buf[a : a + k : step if k == 1 else 1] for a, k in outs]
+    i = [buf[a : a + k : step if k == 1 else 1] for a, k in ins]
     if spec["rows"] and fn != "all_to_all_single" and all(t.numel() % 2 == 0 for t in o + i):
         # Two columns: the same bytes, so the same result as the flat call (all_to_all_single
         # splits dim 0 and keeps its flat form).
