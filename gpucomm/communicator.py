@@ -57,6 +57,7 @@ from gpucomm.validation import (
     check_splits,
     check_tensor,
     check_tensor_list,
+    separate,
 )
 from gpucomm.watchdog import stop as stop_watchdog
 from gpucomm.watchdog import watch
@@ -672,6 +673,9 @@ class Communicator:
     # Each method validates the caller's tensors, then hands the path their wire form
     # (gpucomm.dtypes): the tensors themselves for the six native dtypes, byte views for data
     # movement, accumulation-type copies for reductions, written back once at the end.
+    # A call's buffers that overlap give the separate-buffer result: what overlaps is staged
+    # (gpucomm.validation.separate; docs/reliability.md, "Overlapping buffers"), torch's
+    # in-place forms run as they are.
     def all_reduce(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over all ranks, in place, on every rank.
 
@@ -744,23 +748,32 @@ class Communicator:
         return self._run(fn, wire, async_op, lambda p: p.broadcast(wire, src), None, [tensor], root=src, **_sent_as(tensor, wire))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
-        """``tensor_list[i]`` = ``tensor`` of rank i, on every rank."""
+        """``tensor_list[i]`` = ``tensor`` of rank i, on every rank.
+
+        In place: ``tensor`` is ``tensor_list[rank]``. Entries that overlap each other are
+        received apart and copied in list order (the last listed wins)."""
         fn = "all_gather"
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         outputs = check_tensor_list(tensor_list, self.world_size, fn, "tensor_list", tensor, self.device)
-        wire, wire_outs = dtypes.as_bytes(tensor), [dtypes.as_bytes(t) for t in outputs]
-        return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), None, outputs, **_sent_as(tensor, wire))
+        sep = separate([tensor], outputs, {(0, self.rank): 0})
+        wire, wire_outs = dtypes.as_bytes(sep.inputs[0]), [dtypes.as_bytes(t) for t in sep.outputs]
+        finish = sep.write_back if sep.staged else None
+        return self._run(fn, wire, async_op, lambda p: p.all_gather(wire_outs, wire), finish, outputs, **_sent_as(tensor, wire))
 
     def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False) -> Work | None:
-        """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order)."""
+        """``output_tensor`` = the inputs of all ranks concatenated along dim 0 (rank order).
+
+        In place: ``input_tensor`` is this rank's chunk of ``output_tensor``. An input that
+        overlaps the output otherwise is copied aside first (the separate-buffer result)."""
         fn = "all_gather_into_tensor"
         self._check_usable(fn)
         check_tensor(input_tensor, fn, "input_tensor", self.device)
         check_tensor(output_tensor, fn, "output_tensor", self.device)
         check_same(output_tensor, input_tensor, fn, "output_tensor")
         check_numel(output_tensor, input_tensor.numel() * self.world_size, fn, "output_tensor (world_size x input)")
-        wire_in, wire_out = dtypes.as_bytes(input_tensor), dtypes.as_bytes(output_tensor)
+        sep = separate([input_tensor], [output_tensor], {(0, 0): self.rank * input_tensor.numel() * input_tensor.element_size()})
+        wire_in, wire_out = dtypes.as_bytes(sep.inputs[0]), dtypes.as_bytes(output_tensor)
         return self._run(fn, wire_in, async_op, lambda p: p.all_gather_into_tensor(wire_out, wire_in), None, [output_tensor], **_sent_as(input_tensor, wire_in))
 
     def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, async_op: bool = False) -> Work | None:
@@ -776,8 +789,10 @@ class Communicator:
             outputs = check_tensor_list(gather_list, self.world_size, fn, "gather_list", tensor, self.device)
         elif gather_list:
             raise ValueError(f"gpucomm.{fn}: gather_list must be None or empty on rank {self.rank}, which is not the destination {dst}")
-        wire, wire_outs = dtypes.as_bytes(tensor), None if outputs is None else [dtypes.as_bytes(t) for t in outputs]
-        return self._run(fn, wire, async_op, lambda p: p.gather(wire, wire_outs, dst), None, outputs or [], root=dst, **_sent_as(tensor, wire))
+        sep = separate([tensor], outputs or [], {(0, dst): 0})
+        wire, wire_outs = dtypes.as_bytes(sep.inputs[0]), None if outputs is None else [dtypes.as_bytes(t) for t in sep.outputs]
+        finish = sep.write_back if sep.staged else None
+        return self._run(fn, wire, async_op, lambda p: p.gather(wire, wire_outs, dst), finish, outputs or [], root=dst, **_sent_as(tensor, wire))
 
     def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, async_op: bool = False) -> Work | None:
         """``tensor`` on rank i = ``scatter_list[i]`` of ``src``."""
@@ -789,7 +804,8 @@ class Communicator:
         if self.rank == src:
             if scatter_list is None:
                 raise ValueError(f"gpucomm.{fn}: scatter_list is required on the source rank {src}")
-            inputs = [dtypes.as_bytes(t) for t in check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)]
+            checked = check_tensor_list(scatter_list, self.world_size, fn, "scatter_list", tensor, self.device)
+            inputs = [dtypes.as_bytes(t) for t in separate(checked, [tensor], {(src, 0): 0}).inputs]
         elif scatter_list:
             raise ValueError(f"gpucomm.{fn}: scatter_list must be None or empty on rank {self.rank}, which is not the source {src}")
         wire = dtypes.as_bytes(tensor)
@@ -804,7 +820,7 @@ class Communicator:
         fn = "reduce_scatter"
         self._check_usable(fn)
         check_tensor(output, fn, "output", self.device)
-        inputs = check_tensor_list(input_list, self.world_size, fn, "input_list", output, self.device)
+        inputs = separate(check_tensor_list(input_list, self.world_size, fn, "input_list", output, self.device), [output], {(self.rank, 0): 0}).inputs
         rop, scale, name = _operator(op, fn)
         out, ins = dtypes.staged([output], rop, fn), dtypes.staged(inputs, rop, fn, scale)
         wire = out.wire[0]
@@ -823,6 +839,8 @@ class Communicator:
         check_same(input, output, fn, "input")
         check_numel(input, output.numel() * self.world_size, fn, "input (world_size x output)")
         rop, scale, name = _operator(op, fn)
+        # In place, the output is this rank's chunk of the input.
+        input = separate([input], [output], {(0, 0): -self.rank * output.numel() * output.element_size()}).inputs[0]
         out, inp = dtypes.staged([output], rop, fn), dtypes.staged([input], rop, fn, scale)
         wire, wire_in = out.wire[0], inp.wire[0]
         return self._run(fn, wire, async_op, lambda p: p.reduce_scatter_tensor(wire, wire_in, out.op), out.write_back, [output], op=name, **_sent_as(output, wire))
@@ -839,8 +857,12 @@ class Communicator:
         inputs = [check_tensor(t, fn, f"input_tensor_list[{i}]", self.device) for i, t in enumerate(input_tensor_list)]
         for i, t in enumerate(outputs + inputs):
             check_same(t, inputs[0], fn, f"tensor {i} of the lists")
-        wire_outs, wire_ins = [dtypes.as_bytes(t) for t in outputs], [dtypes.as_bytes(t) for t in inputs]
-        return self._run(fn, wire_ins[0], async_op, lambda p: p.all_to_all(wire_outs, wire_ins), None, outputs, **_sent_as(inputs[0], wire_ins[0]))
+        # In place, this rank's own piece is one tensor in both lists.
+        own = {(self.rank, self.rank): 0} if inputs[self.rank].numel() == outputs[self.rank].numel() else {}
+        sep = separate(inputs, outputs, own)
+        wire_outs, wire_ins = [dtypes.as_bytes(t) for t in sep.outputs], [dtypes.as_bytes(t) for t in sep.inputs]
+        finish = sep.write_back if sep.staged else None
+        return self._run(fn, wire_ins[0], async_op, lambda p: p.all_to_all(wire_outs, wire_ins), finish, outputs, **_sent_as(inputs[0], wire_ins[0]))
 
     def all_to_all_single(
         self,
@@ -850,7 +872,10 @@ class Communicator:
         input_split_sizes: Sequence[int] | None = None,
         async_op: bool = False,
     ) -> Work | None:
-        """Split ``input`` along dim 0, send split j to rank j, concatenate what arrives into ``output``."""
+        """Split ``input`` along dim 0, send split j to rank j, concatenate what arrives into ``output``.
+
+        No in-place form: an ``input`` that overlaps ``output`` is copied aside first, so the
+        result is the one separate buffers give."""
         fn = "all_to_all_single"
         self._check_usable(fn)
         check_tensor(input, fn, "input", self.device)
@@ -862,8 +887,9 @@ class Communicator:
             raise ValueError(f"gpucomm.{fn}: input and output must agree beyond dim 0, got {tuple(input.shape)} and {tuple(output.shape)}")
         in_splits = check_splits(input_split_sizes, self.world_size, input.shape[0], fn, "input_split_sizes")
         out_splits = check_splits(output_split_sizes, self.world_size, output.shape[0], fn, "output_split_sizes")
-        # The byte view keeps dim 0, so the split sizes (rows) stay as they are.
-        wire_in, wire_out = dtypes.as_bytes(input), dtypes.as_bytes(output)
+        # No in-place form (NCCL refuses an aliased alltoall): an input that overlaps the output
+        # is copied aside. The byte view keeps dim 0, so the split sizes (rows) stay as they are.
+        wire_in, wire_out = dtypes.as_bytes(separate([input], [output]).inputs[0]), dtypes.as_bytes(output)
         return self._run(fn, wire_in, async_op, lambda p: p.all_to_all_single(wire_out, wire_in, out_splits, in_splits), None, [output], **_sent_as(input, wire_in))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:

@@ -400,8 +400,9 @@ def _copy_rows(outputs: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) ->
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's memory as a flat uint8 view."""
-    return tensor.view(-1).view(torch.uint8)
+    """A contiguous tensor's memory as a flat uint8 view (stride 1 even where a size-1 dim had
+    another: gpucomm.ops.contract.Region.of)."""
+    return tensor.as_strided((tensor.numel(),), (1,)).view(torch.uint8)
 
 
 def _row_bytes(tensor: torch.Tensor) -> int:

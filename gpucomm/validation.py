@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from gpucomm.dtypes import check_dtype
+from gpucomm.program import overlaps
 
-__all__ = ["check_tensor", "check_rank", "check_tensor_list", "check_same", "check_numel", "check_splits"]
+__all__ = [
+    "check_tensor",
+    "check_rank",
+    "check_tensor_list",
+    "check_same",
+    "check_numel",
+    "check_splits",
+    "separate",
+    "Separate",
+]
 
 
 def check_tensor(
@@ -79,3 +91,66 @@ def check_splits(splits: Sequence[int] | None, world_size: int, total: int, fn: 
     if sum(splits) != total:
         raise ValueError(f"gpucomm.{fn}: {name} sums to {sum(splits)}, but dim 0 of the tensor is {total}")
     return splits
+
+
+class _Span(NamedTuple):
+    """The bytes of a contiguous tensor, as :func:`gpucomm.program.overlaps` compares them."""
+
+    addr: int
+    nbytes: int
+
+
+def _span(tensor: torch.Tensor) -> _Span:
+    return _Span(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+@dataclass
+class Separate:
+    """A call's buffers as its path may use them (see :func:`separate`).
+
+    ``inputs`` and ``outputs`` are the caller's tensors or, where they overlap, buffers of their
+    own; ``write_back`` copies the outputs received apart into the caller's, in list order.
+    """
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    staged: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (caller's, own)
+
+    def write_back(self) -> None:
+        for mine, own in self.staged:
+            mine.copy_(own)
+
+
+def separate(
+    inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], in_place: Mapping[tuple[int, int], int] | None = None
+) -> Separate:
+    """Stage what overlaps, so that a collective gives the result it gives on separate buffers.
+
+    The rule for every collective that takes more than one buffer, on every path: an input
+    whose bytes overlap an output's is copied aside before the call, and outputs whose bytes
+    overlap each other are received into buffers of their own and copied into the caller's in
+    list order once the call is complete (where they overlap, the one listed last wins), which
+    is what gloo gives. Inputs may overlap each other: they are only read. Nothing is raised:
+    each rank judges its own buffers and stages them on its own, so the ranks never need to
+    agree about it, and the exchange is the same whatever a rank staged.
+
+    ``in_place`` holds the documented in-place forms of the call, which run as they are:
+    ``{(input index, output index): input address - output address}`` (all_gather_into_tensor's
+    input as this rank's chunk of the output: ``rank * input bytes``). A pair that overlaps at
+    another offset, or whose output is received apart, is staged like any other.
+    """
+    spans = [_span(t) for t in outputs] + [_span(t) for t in inputs]
+    pairs = overlaps(spans)
+    if not pairs:  # the usual case: nothing shares a byte
+        return Separate(list(inputs), list(outputs))
+    k = len(outputs)
+    apart = sorted({n for i, j, _ in pairs if j < k for n in (i, j)})  # outputs overlapping outputs
+    forms = in_place or {}
+    # Outputs come first in ``spans``, so an output-input pair is (output, k + input).
+    copied = {j - k for i, j, offset in pairs if i < k <= j and (i in apart or forms.get((j - k, i)) != offset)}
+    own = {i: torch.empty_like(outputs[i]) for i in apart}
+    return Separate(
+        [t.clone() if n in copied else t for n, t in enumerate(inputs)],
+        [own.get(n, t) for n, t in enumerate(outputs)],
+        [(outputs[n], own[n]) for n in apart],
+    )

@@ -82,8 +82,6 @@ def gather(b: Builder, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | N
     is_root, others = _roles(b, root)
     whole = Region.of(tensor)
     outs = [Region.of(t) for t in outputs] if is_root and outputs is not None else []
-    if is_root:
-        b.copy(outs[root], whole)
     for start, nbytes in ranges(whole.nbytes, b.half_bytes):
         offset = b.write_offset()
         if not is_root:
@@ -92,6 +90,10 @@ def gather(b: Builder, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | N
         if is_root:
             for p in others:
                 b.copy(outs[p].sub(start, nbytes), b.slot(p, offset, nbytes))
+    # The root's own entry last, after the first sync: ranks whose calls differ raise there,
+    # before anything is written into the caller's tensors.
+    if is_root:
+        b.copy(outs[root], whole)
 
 
 def scatter(b: Builder, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> None:
@@ -99,8 +101,6 @@ def scatter(b: Builder, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | N
     me, P = b.rank, b.world_size
     whole = Region.of(tensor)
     ins = [Region.of(t) for t in inputs] if is_root and inputs is not None else []
-    if is_root:
-        b.copy(whole, ins[root])
     # Every destination's piece has the same size, so sub-slot i starts at i * piece bytes:
     # all ranks agree on where theirs is without a header.
     cap = b.half_bytes // P // 16 * 16  # 16-byte aligned sub-slots
@@ -113,3 +113,5 @@ def scatter(b: Builder, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | N
         b.sync(sources=[] if is_root else [root], readers=others if is_root else [])
         if not is_root:
             b.copy(mine, b.slot(root, offset + me * mine.nbytes, mine.nbytes))
+    if is_root:  # its own piece after the first sync, as gather's
+        b.copy(whole, ins[root])

@@ -56,7 +56,9 @@ class Region:
     @staticmethod
     def of(tensor: torch.Tensor) -> Region:
         """The region of a contiguous tensor."""
-        flat = tensor.reshape(-1)
+        # Strides of size-1 dims are free in a contiguous tensor (one element of x[::2] has
+        # stride 2), and a byte view needs stride 1: the flat view is made with it.
+        flat = tensor.as_strided((tensor.numel(),), (1,))
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
         return Region(tensor.data_ptr(), tensor.numel() * tensor.element_size(), raw)
 
