@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -53,7 +54,7 @@ from .hostinfo import run_settings, write_json
 
 __all__ = [
     "main", "build", "walk", "critical_path", "crossover", "count", "count_multimem", "predict", "rows", "busbw", "sync_share",
-    "LINK_GBS", "SIZES",
+    "LINK_GBS", "SIZES", "markdown",
 ]
 
 # NVLink 4: 450 GB/s per direction per H100 (published), of which NCCL's ring reaches 82%
@@ -264,6 +265,44 @@ def sync_share(workspace_bytes: int, p: argparse.Namespace, nbytes: int = 1 << 3
     return c["syncs"] * p.sync_us / c["device_us"]
 
 
+# Published 8 x H100 all_reduce figures set beside the model (docs/performance.md names their
+# sources): NCCL's, in us (bus GB/s at 1 GiB), and other libraries' (the anchors).
+PUBLISHED = {
+    8: ("15-35 us", "NCCL symmetric kernels ~5-7 us"),
+    512: ("15-35 us", "SGLang 5.9 us, vLLM custom AR ~10 us"),
+    8 << 10: ("15-35 us", ""),
+    32 << 10: ("", "MSCCL++ 6.2 us at 24 KB"),
+    512 << 10: ("24 us", "torch multimem 11 us"),
+    4 << 20: ("50 us", "torch multimem 27 us"),
+    16 << 20: ("121 us", ""),
+    64 << 20: ("316 us", ""),
+    1 << 30: ("~5080 us (ring, 370 GB/s)", "NCCL NVLS ~3910 us (480 GB/s)"),
+}
+# The table's sizes: 8 x the powers of 4, and the sizes with published figures.
+TABLE_SIZES = sorted({8 << (2 * i) for i in range(14)} | set(PUBLISHED))
+
+
+def markdown(rows_: Sequence[dict]) -> str:
+    """docs/performance.md's table from the rows of a ``--json`` file: what ``auto`` runs on an
+    ordinary and on a symmetric tensor, the multimem path, and the published figures."""
+
+    def cell(tensor: str, size: int, auto: bool = True) -> str:
+        found = [r for r in rows_ if r["size_bytes"] == size and r["tensor"] == tensor and (r["auto"] or not auto)]
+        if not found:
+            return ""
+        r = found[0]
+        bus = f", {r['busbw_gbps']:.0f}" if size >= 2 << 20 else ""
+        return f"{r['device_us']:.1f}{bus} ({r['algo']})"
+
+    lines = ["| size | ordinary (auto) | symmetric (auto) | multimem (symmetric) | NCCL (published) | others (published) |",
+             "|---|---|---|---|---|---|"]
+    for size in TABLE_SIZES:
+        nccl, others = PUBLISHED.get(size, ("", ""))
+        name = f"{size >> 30} GiB" if size >= 1 << 30 else f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B"
+        lines.append(f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | {cell('multimem', size, auto=False)} | {nccl} | {others} |")
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=8)
@@ -280,11 +319,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hbm-gbs", type=float, default=3000.0, help="one H100's copy bandwidth (published, measured 2.97 TB/s)")
     ap.add_argument("--saturating-grid", type=int, default=16, help="assumed: channels that saturate NVLink")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--table", metavar="JSON", help="print docs/performance.md's table from the rows of this --json file, nothing else")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(markdown(json.load(f)["rows"]))
+        return 0
     table = rows(args)
     print(f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  phases (name: busiest channel bytes, syncs)")
     for r in table:

@@ -30,9 +30,11 @@ host-driven steps, and the argument carries over):
 
 Channels. The program kernel runs a program as several *channels* (one per program of the
 launch grid) that never wait for each other: channel c moves only the bytes whose in-half
-position lies in the granules it owns, and syncs only with channel c of the other ranks. An
-instruction's workspace operands therefore share one in-half position (``pos``), so that the
-channel that writes a byte of a half is the channel that reads it on every rank. Every launch
+position lies in the granules it owns (granule g is channel g % grid's, and a granule is 1/P of
+the program's extent over the grid: gpucomm.channels.granule, so every channel shares every
+instruction, a 1/P slice as much as a whole piece), and syncs only with channel c of the other
+ranks. An instruction's workspace operands therefore share one in-half position (``pos``), so
+that the channel that writes a byte of a half is the channel that reads it on every rank. Every launch
 runs every channel, so all channels count the same epochs and agree on the half of a round.
 """
 
