@@ -5,7 +5,8 @@ Builder and algorithms, on CPU tensors that are never touched: nothing is launch
 out on the program kernel's channels by the executor's own rule
 (:func:`gpucomm.device_executor.channel_layout`) and walks it round by round. A round is the
 work between two SYNCs; a channel runs its instructions one after the other, in the program's
-order, so within a round its time is the sum over its instructions of
+order (a paired COPY, two copies whose loads the kernels keep in flight together, is one), so
+within a round its time is the sum over its instructions of
 
     max(link_bytes / link_per_channel, (link_bytes + local_bytes) / hbm_per_channel)
 
@@ -126,13 +127,14 @@ def walk(program: Program, world: int, rank: int, heap: Sequence[int] | None = N
             rounds[-1]["sync"] = True
             rounds.append({"kinds": [], "link": [0] * grid, "local": [0] * grid, "sync": False, "steps": []})
             continue
-        operands = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
+        operands = list(ins[3:]) if ins[0] == COPY else [ins[3], *ins[4]]  # a paired COPY has 4
         remote = sum(_remote(r, rank, heap) for r in operands)
         split = shares(ins[2], ins[1], grid, granule)
         now = rounds[-1]
-        kind = _kind(ins, rank, heap)
-        if kind not in now["kinds"]:
-            now["kinds"].append(kind)
+        pairs = [ins[:3] + ins[i:i + 2] for i in range(3, len(ins), 2)] if ins[0] == COPY else [ins]
+        for kind in (_kind(one, rank, heap) for one in pairs):
+            if kind not in now["kinds"]:
+                now["kinds"].append(kind)
         now["steps"].append([(s * remote, s * (len(operands) - remote)) for s in split])
         for c, s in enumerate(split):
             now["link"][c] += s * remote

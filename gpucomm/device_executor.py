@@ -187,7 +187,7 @@ class DeviceExecutor:
             if ins[0] == SYNC:
                 rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), 0, 0, 0, 0, 0])
                 continue
-            count = 2 if ins[0] == COPY else 1 + len(ins[4])
+            count = len(ins) - 3 if ins[0] == COPY else 1 + len(ins[4])  # a paired COPY has 4 operands
             divide, divisor = (int(ins[5]), ins[6]) if ins[0] == REDUCE else (0, 1)
             rows.append([ins[0], ins[1], ins[2], count - 1, first, divide, divisor, 0])
             first += count
@@ -265,7 +265,7 @@ def operand_rows(program: Program, addrs: tuple[int, ...]) -> list[list[int]]:
     rows: list[list[int]] = []
     for ins in program.instructions:
         if ins[0] != SYNC:
-            named = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
+            named = list(ins[3:]) if ins[0] == COPY else [ins[3], *ins[4]]
             rows += [_operand(r, addrs) for r in named]
     return rows
 

@@ -29,13 +29,15 @@ def itemsize(dtype: torch.dtype) -> int:
 
 def _bounds(total: int, cap: int) -> list[int]:
     """Boundaries of ``total`` units cut into ``ceil(total / cap)`` pieces (one for 0), each at
-    most ``cap``, cut at multiples of the largest of 1, 2, 4, 8, 16 units that divides ``cap``:
-    pieces differ by at most that many units, and every cut is one a ``cap``-sized cut could be."""
+    most ``cap``: all but the last of one size, a multiple of the largest of 1, 2, 4, 8, 16
+    units that divides ``cap``, and the last short of it by less than one such unit per piece.
+    Equal pieces cut their slices alike, so that an instruction of one piece can share a
+    position with one of the next (two-shot's paired copies, gpucomm.algorithms.allreduce)."""
     cap = max(1, cap)
     k = max(1, -(-total // cap))
     align = math.gcd(cap, _ALIGN)
-    blocks = -(-total // align)  # <= k * cap / align: no piece exceeds cap
-    return [min(total, blocks * i // k * align) for i in range(k + 1)]
+    size = -(-total // (k * align)) * align  # <= cap: cap is a multiple of align
+    return [min(total, size * i) for i in range(k + 1)]
 
 
 def ranges(numel: int, cap: int) -> list[tuple[int, int]]:

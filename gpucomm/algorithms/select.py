@@ -93,7 +93,7 @@ ONESHOT_MAX_BYTES = 64 << 10
 # per piece, so the crossover falls as P grows.
 ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
     # P=2: one-shot ahead at every size to 1 GiB (the same NVLink bytes as two-shot, half the
-    # SYNCs): 1 GiB 3759.95 / 4247.08 us.
+    # SYNCs): 1 GiB 3759.95 / 3905.6 us.
     2: 1 << 30,
     3: 1 << 20,  # P=3: 1 MiB 12.41 / 13.74 us; 2 MiB 18.86 / 18.51 us
     4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.57 us; 64 KiB 15.22 / 14.14 us
