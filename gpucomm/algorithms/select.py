@@ -84,7 +84,8 @@ FAMILIES: dict[str, str] = {
 # all_reduce_{oneshot,twoshot}*.json files), medians in us, out-of-place / in-place. P=4: one-shot
 # ahead at 64 KiB (158/146 vs 174/240), two-shot ahead at 128 KiB (211/200 vs 237/213) and beyond
 # (256 KiB: 361/291 vs 463/411; 4 MiB: 3139/2438 vs 4183/4988). P=2: one-shot ahead by 6-17% at
-# 16 and 64 KiB, even from 256 KiB on. GPU numbers (bench/gpu_check.sh) are to set the CUDA value.
+# 16 and 64 KiB, even from 256 KiB on. CPU tensors only: GPUs take the model's thresholds below
+# until a GPU run (bench/gpu_check.sh) measures them.
 ONESHOT_MAX_BYTES = 64 << 10
 # all_reduce, one-shot vs two-shot, on GPUs (CUDA IPC), per world size: the largest size at which
 # the model has one-shot ahead, the model's 8 B - 1 GiB rows on ordinary float32 tensors
@@ -102,7 +103,7 @@ ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
     7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.71 us; 16 KiB 10.44 / 10.42 us
     8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.72 us; 16 KiB 11.15 / 10.44 us (the model's 8-rank rows)
 }
-# Above 8 ranks (no model row): 8 ranks' value; two-shot's advantage only grows with P.
+# Above 8 ranks (no model row): 8 ranks' value, the lowest; the crossover falls as P grows to 8.
 ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 # What the deterministic choice costs against the fastest of all four algorithms, size by size
 # at 4 ranks on this path: docs/algorithms.md, "What the contract costs" (2026-11-23, a 2-core VM
