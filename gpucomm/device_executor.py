@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from gpucomm.channels import launch_channels
+from gpucomm.channels import granule as granule_of, launch_channels
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.capture import capturing
 from gpucomm.ops.device_guard import on_device
@@ -32,7 +32,7 @@ from gpucomm.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE,
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.stream_order import StreamOrder
 
-__all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows"]
+__all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows", "channel_layout"]
 
 _ALIGN = 16
 # SYNC names its peers in an int64 bit mask.
@@ -190,25 +190,22 @@ class DeviceExecutor:
         """A program's instruction table on the device, and its launch constants: what does not
         depend on the call's buffers. Their operand tables are bound per call (:meth:`_bind`)."""
         rows: list[list[int]] = []
-        first = largest = 0
+        first = 0
         for ins in program.instructions:
             if ins[0] == SYNC:
                 rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), 0, 0, 0, 0, 0])
                 continue
-            count = 2 if ins[0] == COPY else 1 + len(ins[4])
+            count = len(ins) - 3 if ins[0] == COPY else 1 + len(ins[4])  # a paired COPY has 4 operands
             divide, divisor = (int(ins[5]), ins[6]) if ins[0] == REDUCE else (0, 1)
             rows.append([ins[0], ins[1], ins[2], count - 1, first, divide, divisor, 0])
             first += count
-            largest = max(largest, ins[1])
-        # Channel c owns the in-half positions of granules c, c + C, ...: one contiguous share of
-        # the half each where the program uses the workspace; copies outside it (between this
-        # rank's own buffers) wrap around the channels. The grid follows the program's size
-        # (gpucomm.channels), the same on every rank.
+        # Channel c owns the in-half positions of granules c, c + C, ... (gpucomm.channels.granule:
+        # 1/P of the extent over the grid, so that a 1/P slice is shared by every channel as much
+        # as a whole piece); copies outside the halves (between this rank's own buffers, or in
+        # place on a symmetric tensor) wrap around the channels by their position in the
+        # instruction. The grid follows the program's size (gpucomm.channels), the same on every rank.
         self.remember(program.fingerprint, program.name)  # to name the call an error record points at
-        extent = program.extent or largest
-        sized = max(extent, program.grid_bytes)
-        grid = launch_channels(sized, self.channels) if self.channels_by_size else self.channels
-        granule = max(_ALIGN, -(-extent // grid // _ALIGN) * _ALIGN)
+        grid, granule = channel_layout(program, self.engine.world_size, self.channels, self.channels_by_size)
         return {"channels": grid, "instructions": self._upload(rows, WORDS), "granule": granule, "bound": collections.OrderedDict()}
 
     def _bind(self, program: Program, form: dict, addrs: tuple[int, ...]) -> dict:
@@ -258,12 +255,23 @@ class DeviceExecutor:
         return CommTimeoutError(name, epoch, engine.comm_rank, missing, engine.timeout)
 
 
+def channel_layout(program: Program, world: int, channels: int, by_size: bool = True) -> tuple[int, int]:
+    """(grid, granule) of ``program``'s launch among ``world`` ranks, out of ``channels``
+    (every one unless ``by_size``): what the kernels split its instructions by, the same on
+    every rank (gpucomm.channels). The performance model and the tests count with it too."""
+    largest = max((ins[1] for ins in program.instructions if ins[0] != SYNC), default=0)
+    extent = program.extent or largest
+    grid = launch_channels(max(extent, program.grid_bytes), channels) if by_size else channels
+    # Outside the halves every instruction is its own slice: share each over the grid.
+    return grid, granule_of(extent, grid, world if program.extent else 1)
+
+
 def operand_rows(program: Program, addrs: tuple[int, ...]) -> list[list[int]]:
     """The operand table of ``program`` on the call's buffers at ``addrs``, row by row."""
     rows: list[list[int]] = []
     for ins in program.instructions:
         if ins[0] != SYNC:
-            named = [ins[3], ins[4]] if ins[0] == COPY else [ins[3], *ins[4]]
+            named = list(ins[3:]) if ins[0] == COPY else [ins[3], *ins[4]]
             rows += [_operand(r, addrs) for r in named]
     return rows
 

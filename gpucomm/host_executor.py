@@ -152,8 +152,8 @@ class HostExecutor:
         steps: list[Step] = []
         for ins in program.instructions:
             if ins[0] == COPY:
-                dst, src = self._region(ins[3], parity, addrs), self._region(ins[4], parity, addrs)
-                steps.append(_bound_copy(dst, src, self.fit))
+                for dst, src in zip(ins[3::2], ins[4::2]):  # one pair, or two (Builder.copy_pair)
+                    steps.append(_bound_copy(self._region(dst, parity, addrs), self._region(src, parity, addrs), self.fit))
             elif ins[0] == REDUCE:
                 out = self._region(ins[3], parity, addrs)
                 srcs = [self._region(s, parity, addrs) for s in ins[4]]

@@ -30,9 +30,11 @@ host-driven steps, and the argument carries over):
 
 Channels. The program kernel runs a program as several *channels* (one per program of the
 launch grid) that never wait for each other: channel c moves only the bytes whose in-half
-position lies in the granules it owns, and syncs only with channel c of the other ranks. An
-instruction's workspace operands therefore share one in-half position (``pos``), so that the
-channel that writes a byte of a half is the channel that reads it on every rank. Every launch
+position lies in the granules it owns (granule g is channel g % grid's, and a granule is 1/P of
+the program's extent over the grid: gpucomm.channels.granule, so every channel shares every
+instruction, a 1/P slice as much as a whole piece), and syncs only with channel c of the other
+ranks. An instruction's workspace operands therefore share one in-half position (``pos``), so
+that the channel that writes a byte of a half is the channel that reads it on every rank. Every launch
 runs every channel, so all channels count the same epochs and agree on the half of a round.
 """
 
@@ -172,7 +174,8 @@ Operand = Region | Slot | Ref | Arg
 class Program:
     """A recorded collective (see the module docstring).
 
-    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)``,
+    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one
+    instruction (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``,
     ``(REDUCE, nbytes, pos, out, srcs, divide, divisor)`` and ``(SYNC, signal, wait)`` (lists of
     local ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say
     which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
@@ -205,7 +208,7 @@ class Program:
         for ins in self.instructions:
             if ins[0] == COPY:
                 common |= ins[1] | ins[2]
-                for r in ins[3:5]:
+                for r in ins[3:]:
                     common |= r.offset if isinstance(r, Slot) else resolve(r, addrs)
         return next(size for size in (8, 4, 2, 1) if common % size == 0)
 
@@ -214,7 +217,7 @@ class Program:
         for ins in self.instructions:
             if ins[0] == SYNC:
                 continue
-            operands = ins[3:5] if ins[0] == COPY else (ins[3], *ins[4])
+            operands = ins[3:] if ins[0] == COPY else (ins[3], *ins[4])
             if ins[2] % _ALIGN or any((r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands):
                 return False
         return True
@@ -294,6 +297,18 @@ class Builder:
         if dst.nbytes:
             self._add((COPY, dst.nbytes, self._position("copy", [dst, src]), dst, src))
 
+    def copy_pair(self, dst: Operand, src: Operand, dst2: Operand, src2: Operand) -> None:
+        """``dst = src`` and ``dst2 = src2`` in one instruction: the kernels keep the loads of
+        both in flight at once, so that a copy through local memory (a piece into the
+        workspace) runs beside one over the links (a peer's slice out of it) rather than after
+        it. Both copies have one size, and their workspace operands one in-half position."""
+        if not dst.nbytes == src.nbytes == dst2.nbytes == src2.nbytes:
+            raise ValueError(
+                f"Builder.copy_pair: both copies must have one size, got {dst.nbytes}, {src.nbytes}, {dst2.nbytes} and {src2.nbytes} bytes"
+            )
+        if dst.nbytes:
+            self._add((COPY, dst.nbytes, self._position("copy_pair", [dst, src, dst2, src2]), dst, src, dst2, src2))
+
     def reduce(self, out: Operand, srcs: Sequence[Operand], dtype: torch.dtype, op: ReduceOp, divisor: int = 1) -> None:
         """``out = op(srcs[0], srcs[1], ...)`` in the accumulation type, rounded once; AVG
         divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction)."""
@@ -371,7 +386,7 @@ class Builder:
 
 def _operands(instruction: tuple) -> list[Operand]:
     if instruction[0] == COPY:
-        return list(instruction[3:5])
+        return list(instruction[3:])
     if instruction[0] == REDUCE:
         return [instruction[3], *instruction[4]]
     return []

@@ -32,7 +32,26 @@ KIB, MIB = 1 << 10, 1 << 20
     ],
 )
 def test_table(fn: str, nbytes: int, world_size: int, expected: str) -> None:
-    assert select.choose(fn, nbytes, world_size, "cuda_ipc", "auto") == expected
+    assert select.choose(fn, nbytes, world_size, "shm", "auto") == expected
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "world_size", "expected"),
+    [
+        (8 * KIB, 8, "oneshot"),
+        (16 * KIB, 8, "twoshot"),
+        (32 * KIB, 4, "oneshot"),
+        (64 * KIB, 4, "twoshot"),
+        (1 * MIB, 3, "oneshot"),
+        (2 * MIB, 3, "twoshot"),
+        (1 << 30, 2, "oneshot"),
+        (16 * KIB, 16, "twoshot"),
+    ],
+)
+def test_the_gpu_table_follows_the_model(nbytes: int, world_size: int, expected: str) -> None:
+    """On CUDA IPC the one-shot threshold is the model's crossover per world size (the rows
+    named beside ONESHOT_MAX_BYTES_GPU; tests/test_perf_model.py checks them against the model)."""
+    assert select.choose("all_reduce", nbytes, world_size, "cuda_ipc", "auto") == expected
 
 
 @pytest.mark.parametrize("fn", ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"])

@@ -8,7 +8,9 @@ reduces all P halves, in rank order, straight into its own tensor. One sync per 
 
 two-shot (per piece of up to one half): copy in; sync with all; rank r reduces slice r of all
 P halves into slice r of its *other* half (reduce-scatter); sync with all; every rank copies
-slice p from rank p (all-gather). Two syncs per piece.
+slice p from rank p (all-gather). Two syncs per piece. The all-gather of a piece shares its round
+with the next piece's copy-in, slice by slice in paired COPYs: the copy-in's local pass runs
+beside the all-gather's link reads.
 
 ring (per piece of up to P halves, cut into P chunks; q-1 and q+1 are the neighbours):
 reduce-scatter in P steps, step t handling chunk c = q-1-t: step 0 copies my chunk into my
@@ -79,20 +81,32 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     whole = Region.of(tensor)
     everyone = b.peers()
     P, me = b.world_size, b.rank
+    # The all-gather of piece k-1 and the copy-in of piece k share a round: slice by slice, the
+    # two are one paired COPY (Builder.copy_pair) where the slices have one size and position
+    # (every piece but the last: gpucomm.algorithms._pieces), so that the copy-in's pass
+    # through local memory runs beside the all-gather's reads over the links.
+    gather: list[tuple[Region, object]] = []  # piece k-1's copies out: (my tensor's slice, the peer's slot)
     for start, count in ranges(tensor.numel(), b.half_bytes // size):
         mine = whole.sub(start * size, count * size)
         staged = b.write_offset()
-        b.copy(b.slot(me, staged, mine.nbytes), mine)
-        b.sync(everyone, everyone)
         bounds = [count * p // P * size for p in range(P + 1)]
+        copy_in = [(b.slot(me, staged + bounds[p], bounds[p + 1] - bounds[p]), mine.sub(bounds[p], bounds[p + 1] - bounds[p])) for p in everyone]
+        if gather and all(out.nbytes == dst.nbytes and theirs.offset == dst.offset for (out, theirs), (dst, _) in zip(gather, copy_in)):
+            for (out, theirs), (dst, src) in zip(gather, copy_in):
+                b.copy_pair(out, theirs, dst, src)
+        else:
+            for out, theirs in gather:
+                b.copy(out, theirs)
+            b.copy(b.slot(me, staged, mine.nbytes), mine)
+        b.sync(everyone, everyone)
         lo, hi = bounds[me], bounds[me + 1]
         reduced = b.write_offset()
         slices = [b.slot(p, staged + lo, hi - lo) for p in everyone]
         b.reduce(b.slot(me, reduced + lo, hi - lo), slices, tensor.dtype, op, P)
         b.sync(everyone, everyone)
-        for p in everyone:
-            lo, hi = bounds[p], bounds[p + 1]
-            b.copy(mine.sub(lo, hi - lo), b.slot(p, reduced + lo, hi - lo))
+        gather = [(mine.sub(bounds[p], bounds[p + 1] - bounds[p]), b.slot(p, reduced + bounds[p], bounds[p + 1] - bounds[p])) for p in everyone]
+    for out, theirs in gather:
+        b.copy(out, theirs)
 
 
 def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:

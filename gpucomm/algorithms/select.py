@@ -19,16 +19,20 @@ tree fold their partials in ring or heap order and round 16-bit partials at ever
 run only when GPUCOMM_ALGO names them, with one warning per process that the call leaves the
 contract (:data:`ORDER_CHANGING`).
 
-Each threshold names the measurement behind it: CPU numbers so far (below), to be joined by
-GPU numbers when a GPU is lent. The topology is an input so that those can differ
-per transport; today one table serves both.
+Each threshold names the measurement or the model row behind it. On CUDA IPC (GPUs) the
+one-shot / two-shot threshold comes from the performance model read from gpucomm's programs
+(``python -m gpucomm._bench.model``, docs/performance.md), until a GPU measures it; on the
+shared-memory workspace (CPU tensors) from CPU measurements.
 """
 
 from __future__ import annotations
 
 import warnings
 
-__all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "SMALL", "choose", "forced_algo", "family_of", "keeps_contract"]
+__all__ = [
+    "ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "SMALL", "SMALL_MAX_BYTES", "choose", "forced_algo", "family_of",
+    "keeps_contract", "oneshot_max_bytes",
+]
 
 # The small-message all_reduce (gpucomm.small): the one-shot's copy, SYNC and fold in one launch
 # whose addresses are its parameters. On CUDA tensors it takes one-shot's sizes: it moves the same
@@ -38,6 +42,10 @@ __all__ = ["ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "SMALL", "choose", "force
 # one-shot where this path cannot serve a call (kernels=torch, more than 8 ranks on a node, a
 # message larger than a half).
 SMALL = "oneshot_small"
+# Where one-shot is the pick on CUDA tensors (oneshot_max_bytes), the small path takes it up to
+# 64 KiB: the latency-bound sizes whose first byte waits on the chain of loads the program kernel
+# runs; beyond, one-shot is link-bound and the program kernel's channels carry it.
+SMALL_MAX_BYTES = 64 << 10
 
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -92,8 +100,27 @@ FAMILIES: dict[str, str] = {
 # all_reduce_{oneshot,twoshot}*.json files), medians in us, out-of-place / in-place. P=4: one-shot
 # ahead at 64 KiB (158/146 vs 174/240), two-shot ahead at 128 KiB (211/200 vs 237/213) and beyond
 # (256 KiB: 361/291 vs 463/411; 4 MiB: 3139/2438 vs 4183/4988). P=2: one-shot ahead by 6-17% at
-# 16 and 64 KiB, even from 256 KiB on. GPU numbers (bench/gpu_check.sh) are to set the CUDA value.
+# 16 and 64 KiB, even from 256 KiB on. CPU tensors only: GPUs take the model's thresholds below
+# until a GPU run (bench/gpu_check.sh) measures them.
 ONESHOT_MAX_BYTES = 64 << 10
+# all_reduce, one-shot vs two-shot, on GPUs (CUDA IPC), per world size: the largest size at which
+# the model has one-shot ahead, the model's 8 B - 1 GiB rows on ordinary float32 tensors
+# (docs/results/2026-11-26-model/, "crossover": device us one-shot / two-shot at that size and
+# at twice it). One-shot reads (P-1)/P of n more over NVLink than two-shot and saves one SYNC
+# per piece, so the crossover falls as P grows.
+ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
+    # P=2: one-shot ahead at every size to 1 GiB (the same NVLink bytes as two-shot, half the
+    # SYNCs): 1 GiB 3759.95 / 3905.6 us.
+    2: 1 << 30,
+    3: 1 << 20,  # P=3: 1 MiB 12.41 / 13.74 us; 2 MiB 18.86 / 18.51 us
+    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.57 us; 64 KiB 15.22 / 14.14 us
+    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.35 us; 32 KiB 12.03 / 11.69 us
+    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.39 us; 32 KiB 13.45 / 11.78 us
+    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.71 us; 16 KiB 10.44 / 10.42 us
+    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.72 us; 16 KiB 11.15 / 10.44 us (the model's 8-rank rows)
+}
+# Above 8 ranks (no model row): 8 ranks' value, the lowest; the crossover falls as P grows to 8.
+ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 # What the deterministic choice costs against the fastest of all four algorithms, size by size
 # at 4 ranks on this path: docs/algorithms.md, "What the contract costs" (2026-11-23, a 2-core VM
 # under heavy load from other work: 1.1-3.6x behind tree or ring at most sizes with
@@ -118,6 +145,13 @@ ONESHOT_MAX_BYTES = 64 << 10
 # all_gather and reduce_scatter: direct vs ring. All-gather: direct was ahead at every size
 # (P=8, 1 MiB gathered: 133 vs 373 ms). Reduce-scatter: direct ahead at 16 KiB (P=4, 8), mixed
 # above (P=8, 256 KiB: 43 vs 17 ms ring ahead; 4 MiB: 350 vs 341 ms). The table picks direct.
+
+
+def oneshot_max_bytes(world_size: int, topology: str) -> int:
+    """The largest all_reduce that ``auto`` runs one-shot (the thresholds above)."""
+    if topology == "cuda_ipc":
+        return ONESHOT_MAX_BYTES_GPU.get(world_size, ONESHOT_MAX_BYTES_GPU_MANY if world_size > 8 else 1 << 30)
+    return ONESHOT_MAX_BYTES
 
 
 def family_of(fn: str) -> str | None:
@@ -208,7 +242,7 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
             _warn_order_changing(family, forced, knob)
         return forced
     if family == "all_reduce":
-        if nbytes <= ONESHOT_MAX_BYTES:
-            return SMALL if topology == "cuda_ipc" else "oneshot"
-        return "twoshot"
+        if nbytes > oneshot_max_bytes(world_size, topology):
+            return "twoshot"
+        return SMALL if topology == "cuda_ipc" and nbytes <= SMALL_MAX_BYTES else "oneshot"
     return "direct"

@@ -9,6 +9,7 @@
 //
 // Instructions (WORDS int64 each):
 //   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
+//   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
 //   REDUCE nbytes pos k operand divide divisor     operands[operand] = fold of the k after it
 //   SYNC   signal_mask wait_mask                   advance the epoch e; release-store
 //          (e << FP_BITS) | fingerprint into this channel's flag at every rank of signal_mask;
@@ -133,6 +134,21 @@ __device__ __forceinline__ void copy_range(gc_u64 dst, gc_u64 src, gc_u64 nbytes
     }
 }
 
+// A paired COPY's two copies over nbytes each: both sources' 16-byte vectors in flight together
+// where all four addresses are 16-byte aligned (common.cuh's copy_span_pair); otherwise the two
+// copies one after the other.
+__device__ __forceinline__ void copy_pair_range(gc_u64 dst, gc_u64 src, gc_u64 dst2, gc_u64 src2, gc_u64 nbytes) {
+    if (((dst | src | dst2 | src2) & 15) != 0) {
+        copy_range(dst, src, nbytes);
+        copy_range(dst2, src2, nbytes);
+        return;
+    }
+    const gc_u64 body = nbytes / 16 * 16;
+    gpucomm::copy_span_pair<uint4>(dst, src, dst2, src2, body / 16, threadIdx.x, blockDim.x);
+    copy_range(dst + body, src + body, nbytes - body);
+    copy_range(dst2 + body, src2 + body, nbytes - body);
+}
+
 // One REDUCE's bytes [lo, lo + nbytes), by the threads of this block, with common.cuh's numerics.
 template <class D, class Op>
 struct Fold {
@@ -165,8 +181,10 @@ __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool re
         const gc_i64 hi = min((g + 1) * L.granule, end) - pos;
         if (reduces) {
             Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6]);
-        } else {
+        } else if (n_src == 1) {
             copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
+        } else {
+            copy_pair_range(operands(0) + lo, operands(1) + lo, operands(2) + lo, operands(3) + lo, hi - lo);
         }
     }
 }
