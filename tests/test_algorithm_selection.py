@@ -15,8 +15,8 @@ KIB, MIB = 1 << 10, 1 << 20
 @pytest.mark.parametrize(
     ("fn", "nbytes", "world_size", "expected"),
     [
-        ("all_reduce", 4 * KIB, 4, select.SMALL),  # the one-shot with its addresses as parameters
-        ("all_reduce", select.ONESHOT_MAX_BYTES, 4, select.SMALL),
+        ("all_reduce", 4 * KIB, 4, "oneshot"),  # the small-message kernel serves CUDA tensors only
+        ("all_reduce", select.ONESHOT_MAX_BYTES, 4, "oneshot"),
         ("all_reduce", select.ONESHOT_MAX_BYTES + 4, 4, "twoshot"),
         ("all_reduce", 64 * MIB, 2, "twoshot"),
         ("all_reduce", 64 * MIB, 8, "twoshot"),
@@ -38,12 +38,14 @@ def test_table(fn: str, nbytes: int, world_size: int, expected: str) -> None:
 @pytest.mark.parametrize(
     ("nbytes", "world_size", "expected"),
     [
-        (8 * KIB, 8, "oneshot"),
+        (8 * KIB, 8, select.SMALL),  # one-shot up to 64 KiB runs in the small-message kernel
         (16 * KIB, 8, "twoshot"),
-        (32 * KIB, 4, "oneshot"),
+        (32 * KIB, 4, select.SMALL),
         (64 * KIB, 4, "twoshot"),
         (1 * MIB, 3, "oneshot"),
         (2 * MIB, 3, "twoshot"),
+        (select.SMALL_MAX_BYTES, 2, select.SMALL),
+        (select.SMALL_MAX_BYTES + 4, 2, "oneshot"),
         (1 << 30, 2, "oneshot"),
         (16 * KIB, 16, "twoshot"),
     ],

@@ -61,6 +61,11 @@ def _all_reduce(rank: int, world: int, nbytes: int) -> Program:
     """The program of what ``auto`` picks for an ordinary float32 tensor."""
     tensor = torch.empty(nbytes // 4, dtype=torch.float32)
     algo = select.choose("all_reduce", nbytes, world, "cuda_ipc", "auto")
+    if algo == select.SMALL:
+        # The small-message kernel is no program: its channels take contiguous, even shares of the
+        # tensor by construction (kernels/triton/small.py); the engine's stand-in where it cannot
+        # serve a call is the program one-shot, whose balance is what this checks.
+        algo = "oneshot"
     b = _builder(rank, world, "all_reduce", nbytes, [tensor])
     allreduce.run(algo, b, tensor, ReduceOp.SUM)
     return b.finish()
