@@ -149,11 +149,53 @@ def test_peer_data_loads_are_cg(compiled, arch: int) -> None:
     data that may be a peer's is loaded ``.cg``, L2 only; the plain loads left are of the kernel's
     own tables (addresses, instruction words: 8 bytes, or 4 for the program's counts)."""
     kernels = [("copy.cu", "gpucomm_copy")] + [("reduce.cu", name) for name in EXPECTED_KERNELS["reduce.cu"]]
-    kernels += [("program.cu", name) for name in PROGRAM_KERNELS]
+    kernels += [("program.cu", name) for name in PROGRAM_KERNELS] + [("small.cu", name) for name in SMALL_KERNELS]
     for file, name in kernels:
         loads = set(re.findall(r"\bld\.global(?:\.\w+)+", compiled[file, arch].ptx[name]))
         assert any(".cg." in load for load in loads), (name, loads)
         assert {load for load in loads if ".cg." not in load} <= {"ld.global.u64", "ld.global.u32"}, (name, loads)
+
+
+def _sync_events(ptx: str) -> list[str]:
+    """A kernel's barriers, fences, flag accesses, data stores and data loads in PTX order, each
+    one word: barrier, fence, release, acquire, store, load (plain), load.cg."""
+    events = []
+    for op in re.findall(r"\b(?:bar|barrier|fence|membar|st|ld|atom|red)\.[\w.]+", ptx):
+        parts = op.split(".")
+        if parts[0] in ("bar", "barrier"):
+            events.append("barrier")
+        elif parts[0] in ("fence", "membar"):
+            events.append("fence")
+        elif "release" in parts or "acquire" in parts:
+            events += [kind for kind in ("release", "acquire") if kind in parts and "sys" in parts]
+        elif parts[0] == "st" and "global" in parts:
+            events.append("store")
+        elif parts[0] == "ld" and "global" in parts:
+            events.append("load.cg" if "cg" in parts else "load")
+    return events
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sync_releases_after_a_block_barrier_and_fences_nothing(compiled, arch: int) -> None:
+    """The memory contract's SYNC (docs/kernel-contract.md), the same in the small kernels as in the
+    program kernels (tests/test_triton_aot.py checks Triton's): the kernel signals data its own
+    block wrote, so a block barrier, then the release stores, with no system-scope fence (that is
+    gpucomm_signal's, whose data earlier kernels wrote); the acquire polls, then a block barrier
+    before any data is loaded."""
+    for file, name in [("small.cu", name) for name in SMALL_KERNELS] + [("program.cu", name) for name in PROGRAM_KERNELS]:
+        events = _sync_events(compiled[file, arch].ptx[name])
+        assert "fence" not in events, (name, events)
+        # Between the block's last data store and the first release (the SYNC's signal), a barrier.
+        before = [event for event in events[: events.index("release")] if event in ("store", "barrier")]
+        assert before and before[-1] == "barrier", (name, events)
+        acquired = False
+        for event in events:
+            if event == "acquire":
+                acquired = True
+            elif event == "barrier":
+                acquired = False
+            elif event == "load.cg":
+                assert not acquired, (name, events)  # a load of data between the polls and the barrier
 
 
 @pytest.mark.parametrize("arch", ARCHS)

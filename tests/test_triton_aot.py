@@ -25,6 +25,12 @@ OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 _INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div|bar)\.[\w.]+")
 # Fences and atomics, in the order the PTX has them.
 _ORDERING = re.compile(r"\b(?:atom|red|fence|membar)\.[\w.]+")
+# What a SYNC's order is made of, in the order the PTX has them: barriers, fences, atomics, global
+# stores and loads (flag polls are atomics; data loads are ld.global).
+_SYNC_EVENTS = re.compile(r"\b(?:bar|barrier|fence|membar|atom|red|st\.global|ld\.global)\b[\w.]*")
+# The small all_reduce's variants: (op, dtype, ranks, the tensor 16-byte aligned).
+SMALL_VARIANTS = (("SUM", "float32", 8, True), ("AVG", "bfloat16", 2, True), ("MIN", "float16", 4, True),
+                  ("SUM", "int64", 8, True), ("SUM", "float32", 2, False))
 
 
 def _variants() -> dict[str, tuple]:
@@ -109,6 +115,22 @@ def _variants() -> dict[str, tuple]:
         }
         signature = {**program_signature, **{name: "constexpr" for name in constexprs}}
         variants[f"program-{op}-{dtype}"] = (program.program_kernel, signature, constexprs, {})
+    from gpucomm._kernels.triton import small
+
+    small_signature = {
+        "x_addr": "i64", "n": "i64", **{f"stage{p}": "i64" for p in range(8)}, **{f"flags{p}": "i64" for p in range(8)},
+        "half_bytes": "i64", "state_addr": "i64", "record_addr": "i64", "rank": "i32", "fingerprint": "i64",
+        "timeout_ns": "i64", "all_channels": "i32", "divisor": "i32",
+    }
+    for op, dtype, world, aligned in SMALL_VARIANTS:
+        elem = {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4)
+        lanes = 32 * small.NUM_WARPS
+        constexprs = {
+            "DTYPE": getattr(tl, dtype), "OP": getattr(reduce, f"OP_{op}"), "COPY": {8: tl.int64, 4: tl.int32, 2: tl.int16}[elem],
+            "ELEM": elem, "ALIGNED": aligned, "WORLD": world, "BLOCK": lanes * 16 // elem, "LANES": lanes,
+        }
+        signature = {**small_signature, **{name: "constexpr" for name in constexprs}}
+        variants[_small_name(op, dtype, world, aligned)] = (small.small_kernel, signature, constexprs, {})
     # The REDUCE body at fewer sources loaded at once (a workspace of 2 or 4 ranks).
     for sources in LOAD_SOURCES[:-1]:
         kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
@@ -127,11 +149,39 @@ def _variants() -> dict[str, tuple]:
     return variants
 
 
-def _options(name: str) -> dict:
-    """Compile options as the launcher passes them to the program kernel."""
-    from gpucomm._kernels.triton import program
+def _small_name(op: str, dtype: str, world: int, aligned: bool) -> str:
+    return f"small-{op}-{dtype}-world{world}" + ("" if aligned else "-unaligned")
 
+
+SMALL_NAMES = [_small_name(*variant) for variant in SMALL_VARIANTS]
+
+
+def _options(name: str) -> dict:
+    """Compile options as the launchers pass them to the program and small kernels."""
+    from gpucomm._kernels.triton import program, small
+
+    if name.startswith("small"):
+        return {"num_warps": small.NUM_WARPS}
     return {"num_warps": program.NUM_WARPS, "maxnreg": program.MAX_REGISTERS} if name.startswith("program") else {}
+
+
+def _sync_events(ptx: str) -> list[str]:
+    """The kernel's barriers, fences, flag atomics, data stores and data loads in PTX order, each
+    one word: barrier, fence, release, acquire, store, load (plain), load.cg."""
+    events = []
+    for op in _SYNC_EVENTS.findall(ptx):
+        parts = op.split(".")
+        if parts[0] in ("bar", "barrier"):
+            events.append("barrier")
+        elif parts[0] in ("fence", "membar"):
+            events.append("fence")
+        elif parts[0] in ("atom", "red"):
+            events += [kind for kind in ("release", "acquire") if kind in parts and "sys" in parts]
+        elif parts[0] == "st":
+            events.append("store")
+        else:
+            events.append("load.cg" if "cg" in parts else "load")
+    return events
 
 
 def _worker() -> dict[str, list[str] | str]:
@@ -155,6 +205,8 @@ def _worker() -> dict[str, list[str] | str]:
             report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(ptx))) + markers
             if name.startswith("signal"):
                 report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
+            if name.startswith(("small", "program")):
+                report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
             if name.startswith("program"):
                 report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
                 report[f"{name}-sm{arch}-timer"] = _timer_facts(compiled.asm["ttgir"])
@@ -288,7 +340,8 @@ def test_signal_fences_at_system_scope_before_it_releases(ptx, arch: int, name: 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", ["copy-aligned0", "copy-aligned1", "reduce-SUM-float32", "reduce-MAX-bfloat16",
-                                  "reduce-SUM-float16", "program-SUM-float32", "program-MIN-bfloat16", "program-SUM-int64"])
+                                  "reduce-SUM-float16", "program-SUM-float32", "program-MIN-bfloat16", "program-SUM-int64",
+                                  *SMALL_NAMES])
 def test_peer_data_loads_are_cg(ptx, arch: int, name: str) -> None:
     """The memory contract's loads (docs/kernel-contract.md): data that may be a peer's is loaded
     ``.cg`` (L2 only), as the CUDA kernels' ``__ldcg``; no 16-byte load of data goes through L1."""
@@ -296,6 +349,34 @@ def test_peer_data_loads_are_cg(ptx, arch: int, name: str) -> None:
     assert _has(seen, "ld", "global", "cg"), seen
     vectors = [i for i in seen if i.startswith("ld.global") and any(q in ("v2", "v4") for q in i.split("."))]
     assert all("cg" in i.split(".") for i in vectors), vectors
+    if name.startswith("small"):
+        # Its only plain loads are of its own state words (the channel's epoch, the poison): the
+        # copy-in's and the fold's loads, vectors and tails, are all .cg, as CUDA's small kernels.
+        plain = {i for i in seen if i.startswith("ld.global") and "cg" not in i.split(".")}
+        assert plain == {"ld.global.b64"}, seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", [*SMALL_NAMES, "program-SUM-float32", "program-MIN-bfloat16"])
+def test_sync_releases_after_a_block_barrier_and_fences_nothing(ptx, arch: int, name: str) -> None:
+    """The memory contract's SYNC (docs/kernel-contract.md), the same in the small kernel as in the
+    program kernel (tests/test_cuda_compile.py checks CUDA's): the kernel signals data its own block
+    wrote, so a block barrier, then the release stores, with no system-scope fence (that is the
+    signal kernel's, whose data earlier kernels wrote); the acquire polls, then a block barrier
+    before any data is loaded."""
+    events = ptx[f"{name}-sm{arch}-sync"]
+    assert "fence" not in events, events
+    # Between the block's last data store and the first release (the SYNC's signal), a barrier.
+    before = [event for event in events[: events.index("release")] if event in ("store", "barrier")]
+    assert before and before[-1] == "barrier", events
+    acquired = False
+    for event in events:
+        if event == "acquire":
+            acquired = True
+        elif event == "barrier":
+            acquired = False
+        elif event == "load.cg":
+            assert not acquired, events  # a load of data between the polls and the barrier
 
 
 @pytest.mark.parametrize("arch", ARCHS)

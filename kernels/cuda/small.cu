@@ -16,6 +16,11 @@
 // 0, ...]), error records and poison are the program kernel's, so launches of the two interleave
 // on one workspace and a timeout or another call's fingerprint ends in the same record.
 //
+// Memory order is the program kernel's (docs/kernel-contract.md, "One memory contract"): every
+// data load is __ldcg (copy_span, reduce_span); the SYNC is a block barrier, then the release
+// stores, and the acquire polls, then a block barrier. No __threadfence_system(): the flags
+// announce this block's own copy-in, not data written by earlier kernels.
+//
 // Kernels: gpucomm_small_<op>_<dtype> for every op (sum, prod, min, max, avg) x dtype. Launch with
 // one block of GPUCOMM_THREADS threads per channel.
 

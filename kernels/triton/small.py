@@ -16,6 +16,12 @@ same halves, flags, epochs, records and poison (kernels/triton/program.py's docs
 bits are the program kernel's and the two kinds of launch interleave freely on one workspace.
 A launch of fewer channels than the flag layout keeps the epochs of the others in step, as the
 program kernel does.
+
+Memory order is the program kernel's (docs/kernel-contract.md, "One memory contract"): data loads
+are ``.cg`` (L2 only), the copy-in's as the program kernel's COPY and the fold's through
+``load_acc``; the SYNC is a block barrier, then the release stores; the acquire polls, then a
+block barrier. No system-scope fence: the flags announce this block's own copy-in, which the
+barrier and the cumulative release order, not data written by earlier kernels.
 """
 
 import functools
@@ -150,12 +156,13 @@ def small_kernel(
         half = (e0 & 1) * half_bytes
         staged = tl.multiple_of((mine + half).to(tl.pointer_type(COPY)), 16)
         src = as_pointer(x_addr, COPY, ALIGNED)
+        # .cg, as the program kernel's COPY and CUDA's copy_span (docs/kernel-contract.md).
         for s in range(lo, body, BLOCK):
             offs = s + tl.arange(0, BLOCK)
-            tl.store(staged + offs, tl.load(src + offs, mask=offs < body), mask=offs < body)
+            tl.store(staged + offs, tl.load(src + offs, mask=offs < body, cache_modifier=".cg"), mask=offs < body)
         if body < hi:  # the tensor's last elements, short of a vector
             tail = body + tl.arange(0, VEC)
-            tl.store(staged + tail, tl.load(src + tail, mask=tail < hi), mask=tail < hi)
+            tl.store(staged + tail, tl.load(src + tail, mask=tail < hi, cache_modifier=".cg"), mask=tail < hi)
         e = e0 + 1
         kind, culprits, seen = _meet(areas, my_area, e, ch, rank, fingerprint, timeout_ns, WORLD, LANES)
         if kind != 0:
