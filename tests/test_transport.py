@@ -20,6 +20,7 @@ from rank_store import rank_store, store_barrier
 from spawn import run_ranks
 
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError, WorkspaceUnavailableError
+from gpucomm.liveness import alive
 from gpucomm.transport import TRANSPORTS, Workspace, cuda_ipc_available, open_workspace
 from gpucomm.transport import shm as shm_module
 from gpucomm.transport.workspace import Handshake
@@ -245,16 +246,20 @@ def test_open_close_loop_leaks_nothing():
         assert {c[1] for c in counts} == {0}, "segments still mapped after close"
 
 
-def _rank_killed_after_open(rank, world_size, prefix, seed):
+def _rank_killed_after_open(rank, world_size, prefix, seed, signum=signal.SIGKILL):
     store = rank_store(rank, world_size)
     ws = _open(store, prefix, rank, world_size)
     ws.data(rank).bytes.copy_(_pattern(seed, rank))
+    store.set(f"{prefix}pid/{rank}", str(os.getpid()))
     store_barrier(store, f"{prefix}written", rank, world_size)
     if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signum)
     # The dead rank's memory stays mapped here: its data is still readable.
     ok = torch.equal(ws.data(1).bytes, _pattern(seed, 1))
     ws.close()
+    victim = int(store.get(f"{prefix}pid/1"))
+    while alive(victim):  # rank 0 serves the store: it stays until rank 1 is past its last reply
+        time.sleep(0.01)
     if rank == 2:
         store.set(f"{prefix}done/2", b"1")
     else:
@@ -262,15 +267,18 @@ def _rank_killed_after_open(rank, world_size, prefix, seed):
     return ok
 
 
-def test_sigkilled_rank_leaves_nothing_in_dev_shm():
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_rank_killed_after_open_leaves_nothing_in_dev_shm(signum):
+    """Killed between collectives (SIGTERM's default action is as abrupt as SIGKILL's): every
+    segment was unlinked at the end of the open, the mappings alone keep the memory."""
     prefix = f"kill/{os.urandom(8).hex()}/"
-    results = run_ranks(_rank_killed_after_open, 3, prefix, 1234, timeout=120, allow_exit=(1,))
+    results = run_ranks(_rank_killed_after_open, 3, prefix, 1234, signum, timeout=120, allow_exit=(1,))
     assert results == [True, None, True]
     assert _segments(prefix) == []
 
 
 def _hostile_cases(prefix: str, token: str) -> list[tuple[str, bytes, type[Exception], str]]:
-    good = f"gpucomm_{token}_{os.getpid():x}_{'ab' * 8}_r1"
+    good = f"gpucomm_{token}_{'cd' * 4}_{os.getpid():x}_{'ab' * 8}_r1"
     size = 4096 + 256  # layout of data_bytes=64, flag_count=1
 
     def handle(name, size=size):
@@ -317,7 +325,7 @@ def test_hostile_store_values_are_refused_before_opening(monkeypatch, case):
 @pytest.mark.parametrize("plant", ["symlink", "mode 644"])
 def test_planted_segment_with_valid_name_is_refused(tmp_path, plant):
     prefix = f"plant/{os.urandom(8).hex()}/"
-    name = f"gpucomm_{shm_module._prefix_token(prefix)}_{os.getpid():x}_{os.urandom(8).hex()}_r1"
+    name = f"gpucomm_{shm_module._prefix_token(prefix)}_{shm_module._space_token()}_{os.getpid():x}_{os.urandom(8).hex()}_r1"
     path = os.path.join(shm_module.SHM_DIR, name)
     target = tmp_path / "target"
     target.write_bytes(b"\0" * (4096 + 256))
@@ -338,21 +346,75 @@ def test_planted_segment_with_valid_name_is_refused(tmp_path, plant):
         os.unlink(path)
 
 
-def test_stale_segment_of_dead_process_is_reaped():
-    prefix = f"stale/{os.urandom(8).hex()}/"
-    token = shm_module._prefix_token(prefix)
+def _dead_pid() -> int:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    stale = f"gpucomm_{token}_{int(dead.stdout):x}_{os.urandom(8).hex()}_r0"
-    alive = f"gpucomm_{token}_{os.getpid():x}_{os.urandom(8).hex()}_r0"
-    for name in (stale, alive):
+    return int(dead.stdout)
+
+
+def test_dead_creators_segments_are_reaped_whatever_their_job_and_only_in_this_pid_space():
+    """An open reaps any job's segment whose creator is dead here, not only its own prefix's (a
+    crashed job's prefix is never drawn again); a live creator's, one from another pid namespace
+    (its pid means another process there) and a name of another pattern are left."""
+    mine, dead = shm_module._space_token(), _dead_pid()
+    other_space = "0" * 8 if mine != "0" * 8 else "1" * 8
+    crashed = f"gone/{os.urandom(8).hex()}/"  # another job's prefix
+    token = shm_module._prefix_token(crashed)
+    names = {
+        "dead here": f"gpucomm_{token}_{mine}_{dead:x}_{os.urandom(8).hex()}_r0",
+        "alive here": f"gpucomm_{token}_{mine}_{os.getpid():x}_{os.urandom(8).hex()}_r1",
+        "other namespace": f"gpucomm_{token}_{other_space}_{dead:x}_{os.urandom(8).hex()}_r2",
+        "no pid space": f"gpucomm_{token}_{dead:x}_{os.urandom(8).hex()}_r3",
+    }
+    for name in names.values():
         os.close(os.open(os.path.join(shm_module.SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
     try:
-        _in_process(prefix).close()
-        assert _segments(prefix) == [alive], "the dead process's segment must go, the live one's stay"
+        _in_process(f"next/{os.urandom(8).hex()}/").close()
+        assert sorted(_segments(crashed)) == sorted(v for k, v in names.items() if k != "dead here")
     finally:
-        for name in (stale, alive):
+        for name in names.values():
             if os.path.exists(os.path.join(shm_module.SHM_DIR, name)):
                 os.unlink(os.path.join(shm_module.SHM_DIR, name))
+
+
+def _killed_in_the_window(rank, world_size, prefix, signum, timeout):
+    """Open; this rank (every rank when ``signum`` is SIGKILL) dies by ``signum`` right after
+    creating its segment, before any peer can open it. A survivor returns its error's type."""
+    real = shm_module.create_segment
+
+    def create_then_die(*args, **kwargs):
+        fd = real(*args, **kwargs)
+        if signum == signal.SIGKILL or rank == 1:
+            os.kill(os.getpid(), signum)
+        return fd
+
+    shm_module.create_segment = create_then_die
+    store = dist.HashStore() if signum == signal.SIGKILL else rank_store(rank, world_size)
+    try:
+        _open(store, prefix, rank, world_size, timeout=timeout).close()
+    except GpucommError as exc:
+        return type(exc).__name__
+    return "opened"
+
+
+def test_a_job_killed_inside_the_segment_window_leaves_nothing_after_the_next_job():
+    prefix = f"window/{os.urandom(8).hex()}/"
+    run_ranks(_killed_in_the_window, 2, prefix, signal.SIGKILL, 30.0, timeout=120, allow_exit=(0, 1))
+    left = _segments(prefix)
+    try:
+        # A rank that opens after the other died reaps its segment: the last one's stays.
+        assert left, "a rank killed in the window leaves its segment until a later open"
+        _in_process(f"next/{os.urandom(8).hex()}/").close()  # the next job, under a prefix of its own
+        assert _segments(prefix) == []
+    finally:
+        for name in _segments(prefix):
+            os.unlink(os.path.join(shm_module.SHM_DIR, name))
+
+
+def test_a_rank_sigtermed_during_init_leaves_nothing_once_its_peer_gives_up():
+    prefix = f"term/{os.urandom(8).hex()}/"
+    results = run_ranks(_killed_in_the_window, 2, prefix, signal.SIGTERM, 5.0, timeout=120, allow_exit=(1,))
+    assert results == ["CommTimeoutError", None]
+    assert _segments(prefix) == []
 
 
 def test_cuda_ipc_reports_why_it_is_unavailable():
