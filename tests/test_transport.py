@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 
 import pytest
 import torch
@@ -436,13 +437,13 @@ def _cuda_handle(header: object, handle: bytes = bytes(range(64))) -> bytes:
 @pytest.mark.parametrize(
     "raw, error, message",
     [
-        (_cuda_handle({"pid": 1, "bus_id": "0000:3B:00.0", "size": 8192}, b"\0" * 63), GpucommError, "64 handle bytes"),
+        (_cuda_handle({"pid": 1, "pid_space": "b/1", "bus_id": "0000:3B:00.0", "size": 8192}, b"\0" * 63), GpucommError, "64 handle bytes"),
         (b"\x80\x04\x95" + b"\0" * 64, GpucommError, "64 handle bytes"),
         (b"\xff\n" + bytes(64), GpucommError, "not ASCII JSON"),
-        (_cuda_handle({"pid": 1, "bus_id": "../../x", "size": 8192}), GpucommError, "malformed header"),
-        (_cuda_handle({"pid": "1", "bus_id": "0000:3B:00.0", "size": 8192}), GpucommError, "malformed header"),
-        (_cuda_handle({"pid": 1, "bus_id": "0000:3B:00.0", "size": 8192, "x": 0}), GpucommError, "malformed header"),
-        (_cuda_handle({"pid": 1, "bus_id": "0000:3B:00.0", "size": 4096}), CommMismatchError, "different data_bytes"),
+        (_cuda_handle({"pid": 1, "pid_space": "b/1", "bus_id": "../../x", "size": 8192}), GpucommError, "malformed header"),
+        (_cuda_handle({"pid": "1", "pid_space": "b/1", "bus_id": "0000:3B:00.0", "size": 8192}), GpucommError, "malformed header"),
+        (_cuda_handle({"pid": 1, "pid_space": "b/1", "bus_id": "0000:3B:00.0", "size": 8192, "x": 0}), GpucommError, "malformed header"),
+        (_cuda_handle({"pid": 1, "pid_space": "b/1", "bus_id": "0000:3B:00.0", "size": 4096}), CommMismatchError, "different data_bytes"),
         (b" " * 300 + b"\n" + bytes(64), GpucommError, "64 handle bytes"),
     ],
 )
@@ -458,8 +459,8 @@ def test_cuda_ipc_handle_parsing_accepts_a_well_formed_value():
     from gpucomm.transport.cuda_ipc import _parse_handle
 
     handle = bytes(range(10, 74))
-    header, parsed = _parse_handle(_cuda_handle({"pid": 77, "bus_id": "00000000:3B:00.0", "size": 8192}, handle), 1, 8192)
-    assert header == {"pid": 77, "bus_id": "00000000:3B:00.0", "size": 8192} and parsed == handle
+    header, parsed = _parse_handle(_cuda_handle({"pid": 77, "pid_space": "b/1", "bus_id": "00000000:3B:00.0", "size": 8192}, handle), 1, 8192)
+    assert header == {"pid": 77, "pid_space": "b/1", "bus_id": "00000000:3B:00.0", "size": 8192} and parsed == handle
 
 
 # -- every rank takes the same decision ------------------------------------------------------------
@@ -619,6 +620,87 @@ def test_cuda_ipc_handle_that_cannot_be_opened_is_agreed_by_every_rank():
         assert seconds < 20, f"rank {rank} took {seconds:.1f} s"
         assert freed == [(0x7F0000000000, True)], "each rank frees its own buffer, once every rank unmapped its peers"
         assert closed == ([0x7E0000000000] if rank == 0 else []), "rank 0 unmaps the peer it had opened"
+
+
+def _fake_cuda_ipc(rank, world_size, prefix, runtime):
+    """open_cuda_ipc's CuPy replaced by ``runtime`` (no GPU here); the store this rank uses."""
+    import contextlib
+
+    from gpucomm.transport import cuda_ipc
+
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=lambda dev: contextlib.nullcontext()))
+    cuda_ipc._cupy = lambda: cupy
+    cuda_ipc.alias_bytes = lambda base, size, device: torch.empty(size, dtype=torch.uint8)
+    torch.cuda.is_available = lambda: True
+    store = rank_store(rank, world_size)
+    runtime.all_unmapped = lambda: store.check([f"{prefix}ws_closed/{r}" for r in range(world_size)])
+    return store
+
+
+class _FaultedRuntime(_FakeRuntime):
+    """After ``fault`` is set, every synchronize raises, as after a kernel that faulted."""
+
+    fault = False
+
+    def deviceSynchronize(self):  # noqa: N802 - CuPy's names
+        if self.fault:
+            raise _FakeRuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+
+def _rank_closes_after_a_fault(rank, world_size, prefix):
+    runtime = _FaultedRuntime(refuse_open=False)
+    store = _fake_cuda_ipc(rank, world_size, prefix, runtime)
+    ws = open_workspace("cuda_ipc", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=64,
+                        flag_count=1, device=torch.device("cuda", 0), timeout=30.0)
+    runtime.fault = rank == 0
+    start, raised = time.monotonic(), None
+    try:
+        ws.close()
+    except _FakeRuntimeError as exc:
+        raised = str(exc)
+    outcome = raised, time.monotonic() - start, runtime.freed, runtime.closed
+    _finish(store, prefix, rank, world_size)
+    return outcome
+
+
+def test_cuda_ipc_close_goes_on_past_a_faulted_synchronize():
+    """Rank 0's synchronize raises (a kernel fault): it still unmaps its peer, meets the barrier
+    and frees its buffer, then raises the fault; rank 1 does not wait out its timeout for it."""
+    prefix = f"ipcfault/{os.urandom(8).hex()}/"
+    results = run_ranks(_rank_closes_after_a_fault, 2, prefix, timeout=120)
+    for rank, (raised, seconds, freed, closed) in enumerate(results):
+        assert (raised is not None and "illegal memory access" in raised) == (rank == 0), (rank, raised)
+        assert closed == [0x7E0000000000] and freed == [(0x7F0000000000, True)], (rank, closed, freed)
+        # The timeout is 30 s; both ranks' closes took ~0.05 s here (2 shared cores).
+        assert seconds < 10, f"rank {rank}'s close took {seconds:.1f} s"
+
+
+def _rank_closes_with_a_dead_peer(rank, world_size, prefix):
+    runtime = _FakeRuntime(refuse_open=False)
+    store = _fake_cuda_ipc(rank, world_size, prefix, runtime)
+    ws = open_workspace("cuda_ipc", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=64,
+                        flag_count=1, device=torch.device("cuda", 0), timeout=30.0)
+    store.set(f"{prefix}pid/{rank}", str(os.getpid()))
+    store_barrier(store, f"{prefix}opened", rank, world_size)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    victim = int(store.get(f"{prefix}pid/1"))
+    while alive(victim):
+        time.sleep(0.01)
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ws.close()
+    return time.monotonic() - start, runtime.freed, [str(w.message) for w in caught]
+
+
+def test_cuda_ipc_close_does_not_wait_for_a_peer_whose_process_ended():
+    prefix = f"ipcdead/{os.urandom(8).hex()}/"
+    results = run_ranks(_rank_closes_with_a_dead_peer, 2, prefix, timeout=120, allow_exit=(1,))
+    seconds, freed, caught = results[0]
+    # The timeout is 30 s (the old close waited it out, then warned); ~0.03 s here.
+    assert seconds < 10 and caught == [], (seconds, caught)
+    assert freed == [(0x7F0000000000, False)], freed  # rank 1 never met the barrier: it is gone
 
 
 # -- space first, then memory ------------------------------------------------------------------
