@@ -157,7 +157,7 @@ def test_a_squatted_name_is_the_named_error_on_every_rank_at_once():
         kind, seconds, message = result
         assert kind == "FdExchangeRefused", (rank, result)
         assert "rank 0 cannot listen" in message and "another process holds the name" in message
-        # Agreed through the store, not waited out: ~0.1 s here under load (2 cores shared).
+        # Agreed through the store, not waited out: 2-3 ms measured here (2 loaded cores).
         assert seconds < TIMEOUT_S / 2, (rank, seconds)
 
 
