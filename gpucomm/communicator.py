@@ -87,6 +87,15 @@ def release_all() -> None:
         comm._release_threads()
 
 
+def _attempt(step: Callable[[], object], failures: list[BaseException]) -> None:
+    """Run one step of a close, keeping its failure for after the rest (a CUDA error is a
+    RuntimeError, as are gpucomm's own; a file or socket refusal an OSError)."""
+    try:
+        step()
+    except (RuntimeError, OSError) as exc:
+        failures.append(exc)
+
+
 def _rank_device(local_rank: int) -> torch.device | None:
     """This rank's GPU: LOCAL_RANK modulo the visible devices (several ranks may share one)."""
     if not torch.cuda.is_available():
@@ -233,11 +242,12 @@ class Communicator:
 
     def _close_engines(self) -> None:
         engines, self._engines = list(self._engines.values()), {}
-        try:
-            for engine in engines:
-                engine.close()
-        finally:
-            engines.clear()
+        failures: list[BaseException] = []
+        for engine in engines:  # each its own workspace: one that cannot close keeps none of the rest
+            _attempt(engine.close, failures)
+        engines.clear()
+        if failures:
+            raise failures[0]
 
     def _close_record(self) -> None:
         signal_, record = self._signal, self._own_record
@@ -248,19 +258,27 @@ class Communicator:
             record.close()
 
     def close(self) -> None:
-        """Free the workspace, the flight record and the gloo group. Idempotent."""
+        """Free the workspace, the flight record and the gloo group. Idempotent.
+
+        Every step is tried past one that fails (a broken communicator's device may refuse its
+        synchronize: the rest is still freed), and the first failure is raised after the last."""
         if self._closed:
             return
         self._closed = True
         _LIVE.discard(self)
+        failures: list[BaseException] = []
         try:
-            self._progress.close()  # before the workspace goes: its collectives run on it
-            self._close_engines()
-            self._close_record()
+            _attempt(self._progress.close, failures)  # before the workspace goes: its collectives run on it
+            _attempt(self._close_engines, failures)
+            _attempt(self._close_record, failures)
         finally:
-            self._fallback.close()
-            if not _LIVE:  # no communicator left to watch: no gpucomm thread outlives the last one
-                stop_watchdog()
+            try:
+                self._fallback.close()
+            finally:
+                if not _LIVE:  # no communicator left to watch: no gpucomm thread outlives the last one
+                    stop_watchdog()
+        if failures:
+            raise failures[0]
 
     def _release_threads(self) -> None:
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""

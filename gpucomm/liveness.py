@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-__all__ = ["Liveness", "alive"]
+__all__ = ["Liveness", "alive", "pid_space"]
 
 # A surviving rank on another host reaches the same failure within gloo's timeout; this much
 # longer it is given to check in before it is named as missing.
@@ -38,7 +38,7 @@ _POLL_S = 0.02
 _STORE_ERRORS = (RuntimeError, dist.DistStoreError)
 
 
-def _pid_space() -> str:
+def pid_space() -> str:
     """Where this process's pid names it: this boot of this machine and this pid namespace."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -56,7 +56,7 @@ class Liveness:
         self.rank = rank
         self.world_size = world_size
         self.host = socket.gethostname()
-        self.pid_space = _pid_space()
+        self.pid_space = pid_space()
         store.set(f"{self.prefix}proc/{rank}", f"{self.host} {os.getpid()} {self.pid_space}")
         self._known: list[tuple[str, str, str]] | None = None
 

@@ -53,8 +53,9 @@ def gpucomm_shm_entries() -> set[str]:
         return set()
 
 
-# gpucomm/transport/shm.py's names: gpucomm_<prefix token>_<creator's pid, hex>_<random>_r<rank>.
-_SEGMENT = re.compile(r"gpucomm_[0-9a-f]{16}_([0-9a-f]{1,8})_[0-9a-f]{16}_r[0-9]+")
+# gpucomm/transport/shm.py's names: gpucomm_<prefix token>_<pid space>_<creator's pid, hex>_<random>_r<rank>
+# (and, before the pid space, without it).
+_SEGMENT = re.compile(r"gpucomm_[0-9a-f]{16}_(?:[0-9a-f]{8}_)?([0-9a-f]{1,8})_[0-9a-f]{16}_r[0-9]+")
 
 
 def _left_behind(name: str) -> bool:

@@ -5,6 +5,7 @@ versions live in tests/gpu)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import time
@@ -137,7 +138,10 @@ def test_mismatched_calls_raise_on_every_rank(path: str, kind: str) -> None:
 
 def _resource_counts() -> tuple[int, int, int]:
     """(open files, RSS, /dev/shm entries this process made). Only its own entries (their names
-    carry its pid): other test runs on the machine have segments of their own there for a moment."""
+    carry its pid): other test runs on the machine have segments of their own there for a moment.
+    Collected first: a closed workspace's mapping (and the descriptor Python's mmap keeps with it)
+    goes when the last view of it does, at a collection whose moment other allocations decide."""
+    gc.collect()
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])

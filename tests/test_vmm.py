@@ -51,7 +51,7 @@ me = vmm.gpu_identity(0)
 assert len(me) == 32, me
 assert vmm.multicast_unavailable(0, [me, me[::-1]]) == ""
 assert "ranks share a GPU" in vmm.multicast_unavailable(0, [me, me])
-exchange = FdExchange("test/", rank, world, timeout=30)
+exchange = FdExchange(store, "test/", rank, world, timeout=30)
 if order == "other_context":  # this thread holds another GPU's context when the heap opens
     from cuda.bindings import driver
     driver.cuInit(0)
@@ -122,7 +122,7 @@ else:  # rank 1 binds before every device is added: the double refuses, as the d
         driver.cuMulticastAddDevice(handle, 0)
         barrier("done")
     else:
-        fd = exchange.receive(1)[(0, 2)]
+        fd = exchange.receive([0], 2)[0]
         _, handle = driver.cuMemImportFromShareableHandle(fd, posix_fd)
         err, = driver.cuMulticastBindMem(handle, 0, heap.own_handle, 0, heap.size, 0)
         print("bind before add:", int(err))

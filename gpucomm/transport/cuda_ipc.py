@@ -10,7 +10,11 @@ handle ``cudaIpcOpenMemHandle`` refuses: containers without a shared IPC namespa
 through the handshake, and every rank raises
 :class:`~gpucomm.errors.WorkspaceUnavailableError` at the same step.
 ``close()`` is collective: every rank unmaps its peers, then waits at a store barrier before
-freeing its own buffer, so that no peer still maps memory that is freed.
+freeing its own buffer, so that no peer still maps memory that is freed. A peer whose process
+has ended (judged by the pid its header published, where that pid means it: same pid namespace)
+mapped nothing any more, and is not waited for. Every step of the close is tried, past a refused
+one (after a kernel fault the device's synchronize raises, and every call after it): the barrier
+is still met and the rest still released, and the first error is raised at the end.
 
 CuPy is imported only when this transport is used.
 """
@@ -21,11 +25,13 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
 from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError, WorkspaceUnavailableError
+from gpucomm.liveness import alive, pid_space
 from gpucomm.ops.contract import alias_bytes
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
@@ -135,8 +141,9 @@ def _parse_handle(raw: bytes, peer: int, size: int) -> tuple[dict, bytes]:
         raise GpucommError(f"{where} has a header that is not ASCII JSON: {head[:80]!r}") from exc
     if (
         not isinstance(header, dict)
-        or set(header) != {"pid", "bus_id", "size"}
+        or set(header) != {"pid", "pid_space", "bus_id", "size"}
         or not isinstance(header["pid"], int)
+        or not isinstance(header["pid_space"], str)
         or not isinstance(header["bus_id"], str)
         or _BUS_ID.fullmatch(header["bus_id"]) is None
     ):
@@ -171,20 +178,38 @@ class _Buffers:
         # Our handle went out: peers may map our buffer, and must unmap it before we free it (on
         # a failed open too: every rank then reaches release, and its barrier, together).
         self.opened = False
+        # The peers' pids where they mean those processes here (same pid namespace).
+        self.peer_pids: dict[int, int] = {}
+
+    def _ended(self, peer: int) -> bool:
+        """Whether ``peer``'s process has ended (its mappings went with it)."""
+        pid = self.peer_pids.get(peer)
+        return pid is not None and not alive(pid)
 
     def release(self) -> None:
+        """Unmap the peers, meet the close barrier, free this rank's buffer: every step tried,
+        the first error raised after the last (module docstring)."""
         runtime = self.cupy.cuda.runtime
+        errors: list[BaseException] = []
+
+        def attempt(step: Callable[[], object]) -> None:
+            try:
+                step()
+            except runtime.CUDARuntimeError as exc:
+                errors.append(exc)
+
         with self.cupy.cuda.Device(self.dev):
-            # Kernels still reading peers must finish before their mappings go away.
-            runtime.deviceSynchronize()
+            # Kernels still reading peers must finish before their mappings go away. After a
+            # kernel fault this raises, and so does every later call on this context: tried anyway.
+            attempt(runtime.deviceSynchronize)
             peers, self.peers = self.peers, []
             for ptr in peers:
-                runtime.ipcCloseMemHandle(ptr)
+                attempt(lambda ptr=ptr: runtime.ipcCloseMemHandle(ptr))
             if self.opened and self.handshake.world_size > 1:
                 self.opened = False
                 try:
                     # Freeing memory a peer still maps is undefined behaviour for CUDA IPC.
-                    self.handshake.closed()
+                    self.handshake.closed(gone=self._ended)
                 except RuntimeError as exc:  # CommTimeoutError, or the store is already gone
                     warnings.warn(
                         f"gpucomm cuda_ipc: rank {self.handshake.rank} could not confirm that every peer "
@@ -194,7 +219,9 @@ class _Buffers:
                     )
             own, self.own = self.own, None
             if own is not None:
-                runtime.free(own)
+                attempt(lambda: runtime.free(own))
+        if errors:
+            raise errors[0]
 
 
 def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device) -> Workspace:
@@ -223,11 +250,13 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
         except runtime.CUDARuntimeError as exc:
             reason = f"cannot make its {size}-byte buffer on device {dev}: {exc}"
             handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: reason}))
-        header = json.dumps({"pid": os.getpid(), "bus_id": bus, "size": size}).encode("ascii")
+        header = json.dumps({"pid": os.getpid(), "pid_space": pid_space(), "bus_id": bus, "size": size}).encode("ascii")
         raws = handshake.exchange(header + b"\n" + handle)
         buffers.opened = True
         try:
             parsed = {peer: _parse_handle(raw, peer, size) for peer, raw in enumerate(raws) if peer != rank}
+            here = pid_space()
+            buffers.peer_pids = {peer: h["pid"] for peer, (h, _) in parsed.items() if h["pid_space"] == here}
             with cupy.cuda.Device(dev):
                 for peer, (peer_header, _) in parsed.items():
                     _check_peer_access(cupy, dev, bus, peer, peer_header["bus_id"])

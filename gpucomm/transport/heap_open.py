@@ -115,7 +115,7 @@ def open_vmm_parts(
     from gpucomm.transport import vmm
     from gpucomm.transport.fdpass import FdExchange
 
-    exchange = FdExchange(prefix, rank, world_size, timeout)
+    exchange = FdExchange(store, prefix, rank, world_size, timeout)
     mapping = multicast = None
     try:
         # Agreed before any heap is made: whether a multicast object will bind the heaps, and so

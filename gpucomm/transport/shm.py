@@ -1,14 +1,18 @@
 """The ``shm`` transport: every rank's workspace buffer in POSIX shared memory (/dev/shm).
 
-Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid>_<random>_r<rank>`` (mode 0600), maps it,
+Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid space>_<pid>_<random>_r<rank>`` (mode 0600), maps it,
 and publishes ``{"name": ..., "size": ...}`` as JSON. Peers accept a name only if it matches
 exactly the pattern expected for that rank under this prefix and the file is a regular file
 owned by this user with no group/other permissions; nothing from the store is unpickled.
 
 Once every rank has mapped every peer (the "opened" barrier) each rank unlinks its own name:
 the mappings keep the memory alive, and nothing is left in /dev/shm even if a process is later
-SIGKILLed. A process killed inside the handshake window leaves its segment; the next open under
-the same prefix removes segments whose creating process is dead.
+SIGKILLed. A process killed inside the handshake window (SIGKILL, or SIGTERM's default action)
+leaves its segment, pages reserved. Every open, and every open that fails, removes this user's
+segments whose creating process is dead (:func:`reap_dead`), whatever job made them: a crashed
+job's prefix is never drawn again. The name carries where its creator's pid means that process
+(this boot and pid namespace, :func:`gpucomm.liveness.pid_space`): a segment made in another pid
+namespace (a container sharing this /dev/shm) is never judged, let alone removed.
 
 **Space first, then memory.** A segment reserves every page when it is created
 (:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it
@@ -32,9 +36,10 @@ import stat
 import torch
 
 from gpucomm.errors import CommMismatchError, GpucommError, WorkspaceUnavailableError
+from gpucomm.liveness import alive, pid_space
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
-__all__ = ["open_shm", "create_segment", "reserve", "space_advice", "SHM_DIR"]
+__all__ = ["open_shm", "create_segment", "reap_dead", "reserve", "space_advice", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 # A well-formed handle is ~80 bytes; anything much longer is not one of ours.
@@ -45,39 +50,46 @@ def _prefix_token(prefix: str) -> str:
     return hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:16]
 
 
+def _space_token() -> str:
+    """Where this process's pid means it (boot and pid namespace), in 8 hex digits: 32 bits, so
+    two namespaces on one machine collide once in ~4e9 pairs."""
+    return hashlib.sha256(pid_space().encode("utf-8")).hexdigest()[:8]
+
+
 def _name_pattern(token: str, rank: int) -> re.Pattern[str]:
-    # pid in hex (<= 8 digits on Linux, pid_max <= 2**22) and 64 random bits: the random part
-    # keeps two jobs that happen to use the same prefix on one host apart.
-    return re.compile(rf"gpucomm_{token}_([0-9a-f]{{1,8}})_[0-9a-f]{{16}}_r{rank}")
+    # A peer's pid space may differ from ours (containers sharing /dev/shm but not pids). pid in
+    # hex (<= 8 digits on Linux, pid_max <= 2**22) and 64 random bits: the random part keeps two
+    # jobs that happen to use the same prefix on one host apart.
+    return re.compile(rf"gpucomm_{token}_[0-9a-f]{{8}}_([0-9a-f]{{1,8}})_[0-9a-f]{{16}}_r{rank}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, belongs to someone else
-        return True
-    return True
+# Any job's segment: (pid space, creator's pid in hex).
+_ANY_SEGMENT = re.compile(r"gpucomm_[0-9a-f]{16}_([0-9a-f]{8})_([0-9a-f]{1,8})_[0-9a-f]{16}_r[0-9]+")
 
 
-def _reap_stale(token: str) -> None:
-    """Unlink this user's segments under this prefix whose creating process is dead."""
-    stale = re.compile(rf"gpucomm_{token}_([0-9a-f]{{1,8}})_[0-9a-f]{{16}}_r[0-9]+")
+def reap_dead() -> list[str]:
+    """Unlink this user's gpucomm segments whose creating process is dead, judged only where its
+    pid means the same process as here (module docstring); the names unlinked. A live creator's
+    segment is left (its handshake may be under way), and so is every name of another pattern."""
+    space = _space_token()
     try:
         names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return
+    except OSError:  # no /dev/shm (the open says so), or one this user cannot list
+        return []
+    reaped = []
     for name in names:
-        match = stale.fullmatch(name)
-        if match is None or _pid_alive(int(match.group(1), 16)):
+        match = _ANY_SEGMENT.fullmatch(name)
+        if match is None or match.group(1) != space or alive(int(match.group(2), 16)):
             continue
         path = os.path.join(SHM_DIR, name)
         try:
-            if os.lstat(path).st_uid == os.getuid():
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
                 os.unlink(path)
+                reaped.append(name)
         except FileNotFoundError:  # another rank reaped it first
             pass
+    return reaped
 
 
 # Why a rank cannot open a peer's segment when the host, not the segment, is at fault: the
@@ -276,8 +288,8 @@ def open_shm(
     rank, world_size = handshake.rank, handshake.world_size
     _, size = buffer_layout(data_bytes, flag_count)
     token = _prefix_token(handshake.prefix)
-    _reap_stale(token)
-    name = f"gpucomm_{token}_{os.getpid():x}_{secrets.token_hex(8)}_r{rank}"
+    reap_dead()
+    name = f"gpucomm_{token}_{_space_token()}_{os.getpid():x}_{secrets.token_hex(8)}_r{rank}"
     segments = _Segments()
     views: list[torch.Tensor | None] = [None] * world_size
     try:
@@ -314,6 +326,7 @@ def open_shm(
     except BaseException:
         views = []
         segments.release()
+        reap_dead()  # a peer killed inside the window left its segment: its creator is dead now
         raise
     bases = [view.data_ptr() for view in views]
     return Workspace("shm", rank, world_size, device, data_bytes, flag_count, bases, views, segments.release)

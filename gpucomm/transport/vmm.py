@@ -428,7 +428,7 @@ def _import_and_add(driver: ModuleType, exchange: FdExchange, rank: int, world_s
         if rank == 0:
             exchange.send(list(range(1, world_size)), fd, _TAG_MULTICAST)
         else:
-            received = exchange.receive(1)[(0, _TAG_MULTICAST)]
+            received = exchange.receive([0], _TAG_MULTICAST)[0]
             try:
                 mc._handle = _check(driver.cuMemImportFromShareableHandle(received, driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
             finally:

@@ -41,6 +41,9 @@ __all__ = ["Workspace", "Handshake", "FLAG_AREA_ALIGN", "DATA_ALIGN", "buffer_la
 FLAG_AREA_ALIGN = 4096
 DATA_ALIGN = 256
 FLAG_BYTES = 8  # one int64 epoch counter
+# How often the close barrier looks again at the ranks it waits for, and whether they have ended:
+# a close with a dead peer returns within this of the barrier's last live arrival.
+_CLOSE_POLL_S = 0.02
 
 
 def _round_up(n: int, align: int) -> int:
@@ -267,10 +270,26 @@ class Handshake:
             raise error  # its own words say more than the agreed ones; it is of their kind
         raise agreed from error
 
-    def closed(self) -> None:
-        """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers."""
+    def closed(self, gone: Callable[[int], bool] | None = None) -> None:
+        """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers, or
+        has ended (``gone(rank)``: its mappings went with its process), never waiting out the
+        timeout for a rank known to be gone."""
         self.store.set(f"{self.prefix}ws_closed/{self.rank}", b"1")
-        self._wait("workspace close", "ws_closed", time.monotonic() + self.timeout)
+        deadline = time.monotonic() + self.timeout
+        if gone is None:
+            self._wait("workspace close", "ws_closed", deadline)
+            return
+        waiting = [r for r in range(self.world_size) if r != self.rank]
+        while True:
+            waiting = [r for r in waiting if not self.store.check([f"{self.prefix}ws_closed/{r}"]) and not gone(r)]
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                raise CommTimeoutError(
+                    op="workspace close", epoch=None, rank=self.rank, missing=waiting, timeout=self.timeout,
+                    detail=f"no 'ws_closed' key from them under prefix {self.prefix!r}",
+                )
+            time.sleep(_CLOSE_POLL_S)
 
 
 def _kind(error: GpucommError) -> str:
