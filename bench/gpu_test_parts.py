@@ -50,7 +50,7 @@ PARTS: dict[str, tuple[Step, ...]] = {
         # The files that check fixes made without a GPU first, each a few seconds a case but the
         # async file (its DDP and two-stream cases took 7-24 s on the H100).
         Step("tests_gpu_ranks_a", 230, tuple(f"{_G}{name}.py" for name in (
-            "test_bound_launch_gpu", "test_caller_stream_gpu", "test_async_gpu", "test_cuda_ipc",
+            "test_bound_launch_gpu", "test_small_gpu", "test_caller_stream_gpu", "test_async_gpu", "test_cuda_ipc",
             "test_symmetric_gpu", "test_bench_timing_gpu",
         ))),
     ),
