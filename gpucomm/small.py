@@ -1,7 +1,7 @@
 """The small-message all_reduce of one engine: the one-shot with its addresses in its parameters.
 
-``GPUCOMM_ALGO=oneshot_small``, and ``auto`` for all_reduce of up to 64 KiB on CUDA tensors
-(:mod:`gpucomm.algorithms.select`), run one launch of ``kernels/triton/small.py`` or
+``GPUCOMM_ALGO=oneshot_small``, and ``auto`` where it picks one-shot for an all_reduce of up to 64 KiB
+on CUDA tensors (:mod:`gpucomm.algorithms.select`), run one launch of ``kernels/triton/small.py`` or
 ``kernels/cuda/small.cu`` (the engine's kernels) instead of the program kernel's one-shot. The
 work is the same (copy into this rank's half, one SYNC, every rank folds every half in rank
 order), on the same halves, flags, epochs, error records and poison as the device executor's

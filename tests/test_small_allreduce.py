@@ -179,9 +179,13 @@ def test_the_torch_kernels_are_refused_by_name() -> None:
 def test_auto_takes_the_small_path_on_cuda_tensors_up_to_64_kib() -> None:
     from gpucomm.algorithms import select
 
-    assert select.choose("all_reduce", 64 << 10, 8, "cuda_ipc", "auto") == select.SMALL
+    # Wherever the model has one-shot ahead (its GPU threshold per world size), up to 64 KiB.
+    assert select.choose("all_reduce", 64 << 10, 2, "cuda_ipc", "auto") == select.SMALL
     assert select.choose("all_reduce", 4, 2, "cuda_ipc", "auto") == select.SMALL
-    assert select.choose("all_reduce", (64 << 10) + 1, 8, "cuda_ipc", "auto") != select.SMALL
+    assert select.choose("all_reduce", (64 << 10) + 1, 2, "cuda_ipc", "auto") == "oneshot"
+    at_8 = select.oneshot_max_bytes(8, "cuda_ipc")
+    assert select.choose("all_reduce", at_8, 8, "cuda_ipc", "auto") == select.SMALL
+    assert select.choose("all_reduce", at_8 + 4, 8, "cuda_ipc", "auto") == "twoshot"
     # CPU tensors stay on the program kernel's one-shot; the name serves wherever it is given.
     assert select.choose("all_reduce", 4096, 4, "shm", "auto") == "oneshot"
     assert select.choose("all_reduce", 4096, 4, "shm", "oneshot_small") == select.SMALL
