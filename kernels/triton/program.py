@@ -138,14 +138,14 @@ def _copy_pair_range(
     for start in range(0, body, STEP):
         offs = start + tl.arange(0, STEP)
         mask = offs < body
-        x = tl.load(s + offs, mask=mask)
-        x2 = tl.load(s2 + offs, mask=mask)
+        x = tl.load(s + offs, mask=mask, cache_modifier=".cg")
+        x2 = tl.load(s2 + offs, mask=mask, cache_modifier=".cg")
         tl.store(d + offs, x, mask=mask)
         tl.store(d2 + offs, x2, mask=mask)
     offs = body + tl.arange(0, 16)
     mask = offs < n
-    x = tl.load(s + offs, mask=mask)
-    x2 = tl.load(s2 + offs, mask=mask)
+    x = tl.load(s + offs, mask=mask, cache_modifier=".cg")
+    x2 = tl.load(s2 + offs, mask=mask, cache_modifier=".cg")
     tl.store(d + offs, x, mask=mask)
     tl.store(d2 + offs, x2, mask=mask)
 
