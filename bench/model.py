@@ -241,7 +241,8 @@ def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
             counted[select.SMALL] = counted["oneshot"]
         for algo, c in counted.items():
             out.append(_row(nbytes, P, "ordinary", algo, algo == pick, c, p))
-        inplace = pick == "twoshot" and nbytes > half
+        # The engine's rule (Engine.serves): a symmetric tensor larger than a half goes in place.
+        inplace = pick in ("oneshot", "twoshot") and nbytes > half
         for algo in [a for a in counted if a in ("oneshot", "twoshot", select.SMALL)]:
             out.append(_row(nbytes, P, "symmetric", algo, algo == pick and not inplace, counted[algo], p))
         c = count("twoshot", nbytes, P, half, symmetric=True, p=p)

@@ -361,8 +361,16 @@ class Engine:
         nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
         topology = "hierarchical" if self.topology.hierarchical else self.transport
         algo = select.choose(fn, nbytes, self.comm_size, topology, self.knob_algo)
-        if algo == select.SMALL and select.forced_algo(fn, self.knob_algo) == "auto" and self.small.unsupported(tensor):
-            return "oneshot"  # the same algorithm through the program kernel (named, it raises why not)
+        if select.forced_algo(fn, self.knob_algo) != "auto":
+            return algo
+        if algo == select.SMALL and self.small.unsupported(tensor):
+            algo = "oneshot"  # the same algorithm through the program kernel (named, it raises why not)
+        if algo == "oneshot" and nbytes > self.half_bytes and self.symmetric_offset(tensor) is not None:
+            # Where the model has one-shot ahead of two-shot through the halves (2 and 3 ranks on
+            # a GPU), a symmetric tensor larger than a half still goes in place: two-shot reads
+            # the peers' copies with no copy in and three SYNCs in all, one-shot through the
+            # halves copies every piece in and SYNCs once a piece (bench/model.py's symmetric rows).
+            return "twoshot"
         return algo
 
     def describe(self, algo: str) -> dict[str, object]:

@@ -135,6 +135,12 @@ def _every_collective(
         expected = {"broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"}
         if not expected <= in_place:
             bad.append(f"rank {rank}: no in-place program for {sorted(expected - in_place)}")
+        # 10000 float32 elements: 40 KB, one-shot's size under auto (up to 64 KiB here), yet more
+        # than a half: a symmetric tensor goes in place all the same (Engine.serves).
+        one_shot_sized = [key for key in engine._programs if key[0] == "all_reduce" and "symmetric" in key[1]
+                          and key[1][0] == torch.float32 and key[1][1] * 4 <= 64 << 10]
+        if torch.float32 in dtypes and 10000 in sizes and not one_shot_sized:
+            bad.append(f"rank {rank}: a one-shot-sized symmetric all_reduce above a half did not run in place")
     for sub in forced.values():
         sub.close()
     gpucomm.destroy_process_group()
