@@ -274,6 +274,18 @@ class Builder:
             )
         return Slot(peer, offset.round, offset.offset, nbytes)
 
+    def reserve(self, offset: HalfOffset, nbytes: int) -> None:
+        """The round's layout of a half spans ``[offset, offset + nbytes)`` on every rank, whatever
+        this rank's own instructions touch of it. The channels split a half by the program's
+        extent (gpucomm.channels.granule), and a byte must belong to the same channel on every
+        rank: an algorithm whose ranks use different parts of one layout (scatter's sub-slots,
+        all_to_all's uneven pieces) reserves the whole of it on every rank."""
+        if offset.offset < 0 or nbytes < 0 or offset.offset + nbytes > self.half_bytes:
+            raise ValueError(
+                f"Builder.reserve: [{offset.offset}, {offset.offset + nbytes}) is outside a half of {self.half_bytes} bytes"
+            )
+        self.program.extent = max(self.program.extent, offset.offset + nbytes)
+
     def symmetric(self, peer: int, region: Region) -> Region:
         """Local rank ``peer``'s copy of ``region``, a region of this rank's symmetric heap
         (gpucomm.transport.heap): the same offset in ``peer``'s heap, at its address in this

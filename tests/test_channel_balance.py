@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpucomm.algorithms import allgather, allreduce, reducescatter, rooted, select
+from gpucomm.algorithms import allgather, allreduce, alltoall, reducescatter, rooted, select
 from gpucomm.channels import MAX_CHANNELS, shares
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
 from gpucomm.device_executor import channel_layout
@@ -165,3 +165,44 @@ def test_pieces_are_even_and_keep_sixteen_byte_cuts() -> None:
     parts = [piece(region, t, 300) for t in range(5)]
     assert [p.nbytes for p in parts] == [252, 252, 252, 244, 0]
     assert [p.addr for p in parts[:4]] == [0, 252, 504, 756]
+
+
+def _scatter(rank: int, world: int, nbytes: int, root: int) -> Program:
+    tensor = torch.empty(nbytes // 4, dtype=torch.float32)
+    inputs = [torch.empty(nbytes // 4, dtype=torch.float32) for _ in range(world)] if rank == root else None
+    b = _builder(rank, world, "scatter", nbytes, [tensor, *(inputs or [])])
+    rooted.scatter(b, tensor, inputs, root)
+    return b.finish()
+
+
+def _all_to_all(rank: int, world: int, nbytes: int) -> list[Program]:
+    """Both programs of an all_to_all whose ranks send different totals (rank r sends r + 1
+    times ``nbytes`` to every rank): its two programs, announce and deliver."""
+    sends = [(rank + 1) * nbytes] * world
+    receives = [(p + 1) * nbytes for p in range(world)]
+    ins = [torch.empty(n // 4, dtype=torch.float32) for n in sends]
+    outs = [torch.empty(n // 4, dtype=torch.float32) for n in receives]
+    sizes = torch.empty(2 * world, dtype=torch.int64)
+    regions = [Region.of(t) for t in (*outs, *ins, sizes)]
+    first = Builder(rank, world, HALF, "all_to_all", (nbytes,), args=regions)
+    alltoall.announce(first, [Region.of(t) for t in outs], [Region.of(t) for t in ins], Region.of(sizes))
+    matrix = [[(p + 1) * nbytes] * world + [(q + 1) * nbytes for q in range(world)] for p in range(world)]
+    second = Builder(rank, world, HALF, "all_to_all", (nbytes,), args=regions)
+    alltoall.deliver(second, [Region.of(t) for t in outs], [Region.of(t) for t in ins], alltoall.rounds(matrix, HALF, range(world), "all_to_all"))
+    return [first.finish(), second.finish()]
+
+
+@pytest.mark.parametrize("world", (2, 3, 8))
+def test_every_rank_lays_a_call_out_on_the_same_channels(world: int) -> None:
+    """A byte of a half belongs to the same channel on every rank: the grid and the granule of
+    a call's programs agree across ranks, also where the ranks touch different parts of the
+    layout (scatter's root writes every sub-slot and rank i reads one; all_to_all's ranks send
+    different totals). A peer's channel that wrote other bytes would release this channel's
+    wait early (found by tests/test_reliability.py's fuzz: scatter at 3 ranks on 2 channels)."""
+    for nbytes in (16396, 1 << 20, 15 * (3 << 20) + 36):
+        for root in range(world):
+            layouts = {channel_layout(_scatter(r, world, nbytes, root), world, MAX_CHANNELS) for r in range(world)}
+            assert len(layouts) == 1, (nbytes, root, layouts)
+        for i in range(2):
+            layouts = {channel_layout(_all_to_all(r, world, nbytes)[i], world, MAX_CHANNELS) for r in range(world)}
+            assert len(layouts) == 1, (nbytes, i, layouts)

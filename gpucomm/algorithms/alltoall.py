@@ -57,6 +57,8 @@ def announce(b: Builder, outs: Sequence[Region], ins: Sequence[Region], sizes: R
     me, P = b.rank, b.world_size
     sub = _sub_slot(b.half_bytes, P, b.op_name)
     base = b.write_offset()
+    # Every rank's pieces differ in size: the whole round layout, the same on every rank.
+    b.reserve(base, header_bytes(P) + P * sub)
     b.copy(b.slot(me, base, sizes.nbytes), sizes)
     offset = base + header_bytes(P)
     for j in b.peers():
@@ -87,6 +89,7 @@ def deliver(b: Builder, outs: Sequence[Region], ins: Sequence[Region], total_rou
     me, P = b.rank, b.world_size
     sub = _sub_slot(b.half_bytes, P, b.op_name)
     for t in range(total_rounds):
+        b.reserve(b.write_offset(), header_bytes(P) + P * sub)  # as announce: one layout on every rank
         if t > 0:
             offset = b.write_offset() + header_bytes(P)
             for j in b.peers():

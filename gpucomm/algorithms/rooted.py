@@ -107,6 +107,7 @@ def scatter(b: Builder, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | N
     for t in range(count([whole.nbytes], cap)):
         mine = piece(whole, t, cap)
         offset = b.write_offset()
+        b.reserve(offset, P * mine.nbytes)  # the root writes every sub-slot, rank i reads one
         if is_root:
             for i in others:
                 b.copy(b.slot(me, offset + i * mine.nbytes, mine.nbytes), piece(ins[i], t, cap))
