@@ -30,8 +30,14 @@ __all__ = ["main"]
 
 
 def _rank(rank: int, world: int, port: int, numel: int, rounds: int, results: multiprocessing.Queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import torch
 
     import gpucomm
@@ -67,8 +73,11 @@ def _rank(rank: int, world: int, port: int, numel: int, rounds: int, results: mu
 def main(argv: list[str] | None = None) -> int:
     from .sizes import parse_size
 
-    p = argparse.ArgumentParser(prog="python -m gpucomm._bench.async_return", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m gpucomm._bench.async_return",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn")
     p.add_argument("--size", type=parse_size, default="32M", help="bytes per rank (float32)")
     p.add_argument("--rounds", type=int, default=7, help="rounds, each timing both calls in alternating order")
@@ -80,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     slowest = {k: [slowest_rank([[per_rank[r][0][k][i]] for r in per_rank]) for i in range(args.rounds)] for k in keys}
     med = {k: statistics.median(v) for k, v in slowest.items()}
     threads = os.environ.get("OMP_NUM_THREADS", "not set")
-    print(f"# all_reduce of {numel * 4} B float32, {args.nproc} ranks, {per_rank[0][2]}, OMP_NUM_THREADS {threads};"
-          f" median [min-max] over {args.rounds} rounds of the slowest rank, ms")
+    print(
+        f"# all_reduce of {numel * 4} B float32, {args.nproc} ranks, {per_rank[0][2]}, OMP_NUM_THREADS {threads};"
+        f" median [min-max] over {args.rounds} rounds of the slowest rank, ms"
+    )
     for k in keys:
-        print(f"{k:>13}  {med[k] * 1e3:9.3f}  [{min(slowest[k]) * 1e3:.3f}-{max(slowest[k]) * 1e3:.3f}]  x{med[k] / med['blocking']:.3f} of blocking")
+        print(
+            f"{k:>13}  {med[k] * 1e3:9.3f}  [{min(slowest[k]) * 1e3:.3f}-{max(slowest[k]) * 1e3:.3f}]  x{med[k] / med['blocking']:.3f} of blocking"
+        )
     ok = all(v[1] for v in per_rank.values())
     print("every call's result, and the future holding the reduced tensor: " + ("PASS" if ok else "FAIL"))
     if args.json:

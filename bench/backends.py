@@ -16,9 +16,21 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Backend", "BACKENDS", "DEFAULT_TIMEOUT_S", "NCCL_MULTI_RANK_ENV", "NCCL_MULTI_RANK_SINCE",
-           "gpucomm_api_available", "why_unavailable", "nccl_version", "nccl_refusal", "nccl_shares_gpus",
-           "nccl_spawn_env", "make_backend", "describe_gpucomm"]
+__all__ = [
+    "Backend",
+    "BACKENDS",
+    "DEFAULT_TIMEOUT_S",
+    "NCCL_MULTI_RANK_ENV",
+    "NCCL_MULTI_RANK_SINCE",
+    "gpucomm_api_available",
+    "why_unavailable",
+    "nccl_version",
+    "nccl_refusal",
+    "nccl_shares_gpus",
+    "nccl_spawn_env",
+    "make_backend",
+    "describe_gpucomm",
+]
 
 BACKENDS = ("gpucomm", "gloo", "nccl")
 
@@ -49,9 +61,14 @@ def why_unavailable(name: str, device: torch.device, world_size: int, local_worl
     if name == "gloo":
         return None if dist.is_gloo_available() else "torch was built without gloo"
     if name == "nccl":
-        return nccl_refusal(device.type, dist.is_nccl_available(), nccl_version(),
-                            torch.cuda.device_count() if device.type == "cuda" else 0, local_world_size,
-                            os.environ.get(NCCL_MULTI_RANK_ENV))
+        return nccl_refusal(
+            device.type,
+            dist.is_nccl_available(),
+            nccl_version(),
+            torch.cuda.device_count() if device.type == "cuda" else 0,
+            local_world_size,
+            os.environ.get(NCCL_MULTI_RANK_ENV),
+        )
     raise ValueError(f"why_unavailable: expected a backend in {BACKENDS}, got {name!r}")
 
 
@@ -75,8 +92,14 @@ def nccl_shares_gpus(version: tuple[int, ...] | None, gpus: int, local_world_siz
     return local_world_size > gpus >= 1 and version is not None and version[:2] >= NCCL_MULTI_RANK_SINCE
 
 
-def nccl_refusal(device_type: str, nccl_built: bool, version: tuple[int, ...] | None, gpus: int,
-                 local_world_size: int, env_value: str | None) -> str | None:
+def nccl_refusal(
+    device_type: str,
+    nccl_built: bool,
+    version: tuple[int, ...] | None,
+    gpus: int,
+    local_world_size: int,
+    env_value: str | None,
+) -> str | None:
     """Why NCCL cannot run in this layout, in words (None: it can). ``version`` is the installed
     NCCL's, ``env_value`` this rank's :data:`NCCL_MULTI_RANK_ENV`."""
     if device_type != "cuda":
@@ -88,12 +111,16 @@ def nccl_refusal(device_type: str, nccl_built: bool, version: tuple[int, ...] | 
     shared = f"{local_world_size} local ranks would share {gpus} GPU(s)"
     if not nccl_shares_gpus(version, gpus, local_world_size):
         since = ".".join(map(str, NCCL_MULTI_RANK_SINCE))
-        return (f"nccl: {shared}, and NCCL {_version_text(version)} takes one GPU per rank (several ranks on one "
-                f"GPU from NCCL {since}, with {NCCL_MULTI_RANK_ENV}=1)")
+        return (
+            f"nccl: {shared}, and NCCL {_version_text(version)} takes one GPU per rank (several ranks on one "
+            f"GPU from NCCL {since}, with {NCCL_MULTI_RANK_ENV}=1)"
+        )
     if env_value != "1":
-        return (f"nccl: {shared}: NCCL {_version_text(version)} accepts that with {NCCL_MULTI_RANK_ENV}=1 in the "
-                f"ranks' environment before they start, and it is {env_value!r} here (gpucomm-bench sets it in the "
-                "ranks it spawns; under torchrun, set it in torchrun's environment)")
+        return (
+            f"nccl: {shared}: NCCL {_version_text(version)} accepts that with {NCCL_MULTI_RANK_ENV}=1 in the "
+            f"ranks' environment before they start, and it is {env_value!r} here (gpucomm-bench sets it in the "
+            "ranks it spawns; under torchrun, set it in torchrun's environment)"
+        )
     return None
 
 
@@ -149,7 +176,8 @@ def make_backend(
         # torch >= 2.12 marks these two names deprecated; they are the names gpucomm mirrors and
         # the only ones older torch has, so the bench keeps them and silences the notice.
         warnings.filterwarnings(
-            "ignore", message=r".*torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`? is deprecated",
+            "ignore",
+            message=r".*torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`? is deprecated",
             category=FutureWarning,
         )
         extra = {"device_id": device} if name == "nccl" else {}

@@ -32,52 +32,94 @@ def build_parser() -> argparse.ArgumentParser:
     # Every option's help ends with its default: "%(default)s" where the value says it all, words
     # where the default depends on the host or on gpucomm.
     p.add_argument("test", choices=(*COLLECTIVES, "all", "kernels"), help="what to measure")
-    p.add_argument("-b", "--minbytes", type=parse_size, default="8",
-                   help="smallest size (8, 1K, 4M, 1G) (default: %(default)s)")
+    p.add_argument(
+        "-b", "--minbytes", type=parse_size, default="8", help="smallest size (8, 1K, 4M, 1G) (default: %(default)s)"
+    )
     p.add_argument("-e", "--maxbytes", type=parse_size, default="32M", help="largest size (default: %(default)s)")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0,
-                   help="size multiplier between rows (default: %(default)s)")
-    p.add_argument("-n", "--iters", type=int, default=20,
-                   help="timed iterations per size (median taken) (default: %(default)s)")
+    p.add_argument(
+        "-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows (default: %(default)s)"
+    )
+    p.add_argument(
+        "-n", "--iters", type=int, default=20, help="timed iterations per size (median taken) (default: %(default)s)"
+    )
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first (default: %(default)s)")
-    p.add_argument("-G", "--cudagraph", type=int, default=0, metavar="LAUNCHES",
-                   help="capture the timed iterations into a CUDA graph and replay it this many times: the device's "
-                   "time per call without the host's enqueue in it; CUDA tensors, and backends whose calls can be "
-                   "captured (not gloo) (default: %(default)s, no graph)")
-    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
-                   help="check results (1) or not (0) (default: %(default)s)")
-    p.add_argument("-o", "--op", choices=OPS, default="sum",
-                   help="reduction of reducing collectives (default: %(default)s)")
-    p.add_argument("-d", "--datatype", choices=("float", "half", "bfloat16", "double", "int32", "int64"),
-                   default="float", help="element type (default: %(default)s)")
-    p.add_argument("-r", "--root", type=int, default=0,
-                   help="root of broadcast, reduce, gather, scatter (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="rounds per size of a collective test; each measures every backend once, in "
-                   "alternating order, and the median over rounds is reported with its min-max spread "
-                   "(default: %(default)s)")
-    p.add_argument("--nproc", type=int, default=None,
-                   help="local ranks to spawn; ignored under torchrun (default: one per GPU, or 2 on CPU)")
-    p.add_argument("--bind", choices=("auto", "none", "core"), default="auto",
-                   help="cores of spawned ranks: core binds each to one core of its own, auto does so where "
-                   "there is a core per rank, none leaves them to the scheduler (default: %(default)s)")
-    p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="backend under test (default: gpucomm, or gloo where gpucomm's API is absent)")
-    p.add_argument("--compare", default="",
-                   help="comma list of peers to run on the same sizes: gloo,nccl (default: none)")
+    p.add_argument(
+        "-G",
+        "--cudagraph",
+        type=int,
+        default=0,
+        metavar="LAUNCHES",
+        help="capture the timed iterations into a CUDA graph and replay it this many times: the device's "
+        "time per call without the host's enqueue in it; CUDA tensors, and backends whose calls can be "
+        "captured (not gloo) (default: %(default)s, no graph)",
+    )
+    p.add_argument(
+        "-c", "--check", type=int, choices=(0, 1), default=1, help="check results (1) or not (0) (default: %(default)s)"
+    )
+    p.add_argument(
+        "-o", "--op", choices=OPS, default="sum", help="reduction of reducing collectives (default: %(default)s)"
+    )
+    p.add_argument(
+        "-d",
+        "--datatype",
+        choices=("float", "half", "bfloat16", "double", "int32", "int64"),
+        default="float",
+        help="element type (default: %(default)s)",
+    )
+    p.add_argument(
+        "-r", "--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default: %(default)s)"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds per size of a collective test; each measures every backend once, in "
+        "alternating order, and the median over rounds is reported with its min-max spread "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="local ranks to spawn; ignored under torchrun (default: one per GPU, or 2 on CPU)",
+    )
+    p.add_argument(
+        "--bind",
+        choices=("auto", "none", "core"),
+        default="auto",
+        help="cores of spawned ranks: core binds each to one core of its own, auto does so where "
+        "there is a core per rank, none leaves them to the scheduler (default: %(default)s)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="backend under test (default: gpucomm, or gloo where gpucomm's API is absent)",
+    )
+    p.add_argument(
+        "--compare", default="", help="comma list of peers to run on the same sizes: gloo,nccl (default: none)"
+    )
     knob = "(default: gpucomm's own: its GPUCOMM_{} variable, else auto)"
     p.add_argument("--transport", default=None, help=f"gpucomm knob: auto|shm|cuda_ipc|gloo {knob.format('TRANSPORT')}")
     p.add_argument("--kernels", default=None, help=f"gpucomm knob: auto|torch|triton|cuda {knob.format('KERNELS')}")
-    p.add_argument("--algo", default=None,
-                   help=f"gpucomm knob: auto|oneshot|twoshot|ring|tree|direct {knob.format('ALGO')}")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the tensors live; auto: CUDA if present (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help=f"seconds before a stuck collective fails (default: {DEFAULT_TIMEOUT_S:g}; "
-                   "gpucomm keeps its own, GPUCOMM_TIMEOUT or the same)")
+    p.add_argument(
+        "--algo", default=None, help=f"gpucomm knob: auto|oneshot|twoshot|ring|tree|direct {knob.format('ALGO')}"
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the tensors live; auto: CUDA if present (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds before a stuck collective fails (default: {DEFAULT_TIMEOUT_S:g}; "
+        "gpucomm keeps its own, GPUCOMM_TIMEOUT or the same)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the check inputs (default: random)")
-    p.add_argument("--json", default=None, metavar="FILE",
-                   help="write settings and every row as JSON (default: none)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write settings and every row as JSON (default: none)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="plot busbw against size (default: none)")
     return p
 
@@ -99,8 +141,10 @@ def _check_cudagraph(args: argparse.Namespace) -> None:
         where = "--device cpu" if args.device == "cpu" else "torch sees no CUDA device here"
         raise ValueError(f"gpucomm-bench: -G/--cudagraph replays a CUDA graph and needs CUDA tensors, got {where}")
     if args.test != "kernels" and "gloo" in _backends(args):
-        raise ValueError("gpucomm-bench: -G/--cudagraph captures every backend's calls into a CUDA graph, and gloo's "
-                         "cannot be captured (they copy through the host): drop gloo from --backend/--compare")
+        raise ValueError(
+            "gpucomm-bench: -G/--cudagraph captures every backend's calls into a CUDA graph, and gloo's "
+            "cannot be captured (they copy through the host): drop gloo from --backend/--compare"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +167,19 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.test == "kernels":
         from .kernels_bench import run_kernels
 
-        return run_kernels(sizes, args.datatype, args.op, args.iters, args.warmup_iters, bool(args.check),
-                           args.device, args.json, args.plot, argv, graph_launches=args.cudagraph)
+        return run_kernels(
+            sizes,
+            args.datatype,
+            args.op,
+            args.iters,
+            args.warmup_iters,
+            bool(args.check),
+            args.device,
+            args.json,
+            args.plot,
+            argv,
+            graph_launches=args.cudagraph,
+        )
 
     from .launch import launch
     from .runner import Settings

@@ -36,14 +36,26 @@ from .ranks import spawn_ranks
 __all__ = ["main"]
 
 # (name, dtype, copy_bytes): what a DDP job's collectives compile (AVG is SUM's kernel).
-DDP_SPECIALISATIONS = (("fp32 all_reduce", "float32", 8), ("bf16 all_reduce", "bfloat16", 8), ("broadcast (copy only)", None, 8))
+DDP_SPECIALISATIONS = (
+    ("fp32 all_reduce", "float32", 8),
+    ("bf16 all_reduce", "bfloat16", 8),
+    ("broadcast (copy only)", None, 8),
+)
 
 
-def _first_call(rank: int, world: int, port: int, double: str, cache: str, lock: bool, results: multiprocessing.Queue) -> None:
+def _first_call(
+    rank: int, world: int, port: int, double: str, cache: str, lock: bool, results: multiprocessing.Queue
+) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_CACHE_DIR=os.path.join(cache, "triton"),
-        GPUCOMM_CACHE_DIR=cache, TRITON_DEFAULT_FP_FUSION="1",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+        GPUCOMM_CACHE_DIR=cache,
+        TRITON_DEFAULT_FP_FUSION="1",
     )
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
@@ -68,7 +80,9 @@ def _first_call(rank: int, world: int, port: int, double: str, cache: str, lock:
 def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
     """Each DDP specialisation compiled from an empty cache, one after the other (one process)."""
     cache = tempfile.mkdtemp(prefix="gpucomm-cold-")
-    os.environ.update(TRITON_CACHE_DIR=os.path.join(cache, "triton"), GPUCOMM_CACHE_DIR=cache, TRITON_DEFAULT_FP_FUSION="1")
+    os.environ.update(
+        TRITON_CACHE_DIR=os.path.join(cache, "triton"), GPUCOMM_CACHE_DIR=cache, TRITON_DEFAULT_FP_FUSION="1"
+    )
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
     from triton.backends.compiler import GPUTarget
@@ -78,15 +92,33 @@ def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
     from .driver_double import TARGET_ARCH
 
     kernels = HostOnlyTritonKernels(GPUTarget("cuda", TARGET_ARCH, 32), double)
-    prog, operands, peers = torch.zeros(3 * 8, dtype=torch.int64), torch.zeros(12, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    prog, operands, peers = (
+        torch.zeros(3 * 8, dtype=torch.int64),
+        torch.zeros(12, dtype=torch.int64),
+        torch.zeros(4, dtype=torch.int64),
+    )
     state, record = torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
     seconds = {}
     for name, dtype, copy_bytes in DDP_SPECIALISATIONS:
         start = time.perf_counter()
         kernels.prepare_program(
-            prog, operands, peers, state.data_ptr(), record.data_ptr(), channels=1, rank=0, world=2, fingerprint=7,
-            half_bytes=1 << 24, granule=4096, timeout_ns=300 * 10**9, dtype=getattr(torch, dtype) if dtype else None,
-            op=0, copy_bytes=copy_bytes, aligned=True, all_channels=8,
+            prog,
+            operands,
+            peers,
+            state.data_ptr(),
+            record.data_ptr(),
+            channels=1,
+            rank=0,
+            world=2,
+            fingerprint=7,
+            half_bytes=1 << 24,
+            granule=4096,
+            timeout_ns=300 * 10**9,
+            dtype=getattr(torch, dtype) if dtype else None,
+            op=0,
+            copy_bytes=copy_bytes,
+            aligned=True,
+            all_channels=8,
         )
         seconds[name] = time.perf_counter() - start
     results.put((0, seconds))
@@ -95,7 +127,9 @@ def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.cold_start", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4, 8], help="rank counts (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=1, help="runs of each mode per rank count, alternating (default: %(default)s)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs of each mode per rank count, alternating (default: %(default)s)"
+    )
     parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
     from .driver_double import library
@@ -111,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in compiles.items():
         print(f"  {name:<24} {seconds:6.2f}")
     rows = []
-    print(f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   (init_process_group to the first all_reduce's return, slowest rank, "
-          f"median of {args.rounds} rounds alternating; empty caches)")
+    print(
+        f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   (init_process_group to the first all_reduce's return, slowest rank, "
+        f"median of {args.rounds} rounds alternating; empty caches)"
+    )
     for nproc in args.nproc:
         row: dict = {"nproc": nproc, "no_lock": {"rounds_max_s": []}, "lock": {"rounds_max_s": []}}
         for r in range(args.rounds):
@@ -123,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("no_lock", "lock"):
             row[mode]["median_s"] = statistics.median(row[mode]["rounds_max_s"])
         rows.append(row)
-        print(f"{nproc:>5} {row['no_lock']['median_s']:>10.2f} {row['lock']['median_s']:>8.2f}   "
-              f"rounds: {[round(x, 1) for x in row['no_lock']['rounds_max_s']]} / {[round(x, 1) for x in row['lock']['rounds_max_s']]}")
+        print(
+            f"{nproc:>5} {row['no_lock']['median_s']:>10.2f} {row['lock']['median_s']:>8.2f}   "
+            f"rounds: {[round(x, 1) for x in row['no_lock']['rounds_max_s']]} / {[round(x, 1) for x in row['lock']['rounds_max_s']]}"
+        )
     if args.json:
         write_json(args.json, run_settings(args), compile_s=compiles, first_call=rows)
     return 0

@@ -143,8 +143,9 @@ def _all_reduce(case: Case, mod, op, inplace: bool) -> Prepared:
     inp = rank_values(case, case.rank, c, case.op)
     if inplace:
         buf = _empty(case, c)
-        return Prepared(lambda: mod.all_reduce(buf, op=op), lambda: _fill(buf, inp), buf,
-                        partial(_want_reduced, case, c))
+        return Prepared(
+            lambda: mod.all_reduce(buf, op=op), lambda: _fill(buf, inp), buf, partial(_want_reduced, case, c)
+        )
     src, out = _empty(case, c), _empty(case, c)
 
     def call() -> None:
@@ -164,8 +165,9 @@ def _broadcast(case: Case, mod, op, inplace: bool) -> Prepared:
     expected = partial(_want_data, case, root, c)
     if inplace:
         buf = _empty(case, c)
-        return Prepared(lambda: mod.broadcast(buf, src=root),
-                        lambda: _fill(buf, inp) if is_root else _poison(buf), buf, expected)
+        return Prepared(
+            lambda: mod.broadcast(buf, src=root), lambda: _fill(buf, inp) if is_root else _poison(buf), buf, expected
+        )
     src, out = _empty(case, c), _empty(case, c)
 
     def call() -> None:
@@ -186,8 +188,12 @@ def _reduce(case: Case, mod, op, inplace: bool) -> Prepared:
     expected = partial(_want_reduced, case, c)
     if inplace:
         buf = _empty(case, c)
-        return Prepared(lambda: mod.reduce(buf, dst=root, op=op), lambda: _fill(buf, inp),
-                        buf if case.rank == root else None, expected)
+        return Prepared(
+            lambda: mod.reduce(buf, dst=root, op=op),
+            lambda: _fill(buf, inp),
+            buf if case.rank == root else None,
+            expected,
+        )
     src, out = _empty(case, c), _empty(case, c)
 
     def call() -> None:
@@ -259,8 +265,7 @@ def _gather(case: Case, mod, op, inplace: bool) -> Prepared:
         _fill(src, mine)
 
     expected = partial(_want_all_pieces, case, c)
-    return Prepared(lambda: mod.gather(src, gather_list=pieces, dst=root), reset,
-                    out if r == root else None, expected)
+    return Prepared(lambda: mod.gather(src, gather_list=pieces, dst=root), reset, out if r == root else None, expected)
 
 
 def _scatter(case: Case, mod, op, inplace: bool) -> Prepared:

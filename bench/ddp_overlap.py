@@ -47,14 +47,20 @@ MODES = ("compute", "gloo", "hook", "hook-blocking", "hook-shm", "hook-shm-block
 
 
 def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from gpucomm import ddp
-    from gpucomm.communicator import Communicator
+    from gpucomm.comm.communicator import Communicator
     from gpucomm.config import Config
 
     dist.init_process_group("gloo")
@@ -76,7 +82,9 @@ def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, resu
         model = DistributedDataParallel(layers, bucket_cap_mb=args.bucket_mb)
         if mode.startswith("hook"):
             comm = comms["hook-shm" if mode.startswith("hook-shm") else "hook"]
-            model.register_comm_hook(ddp.GpucommState(comm=comm), blocking_hook if mode.endswith("-blocking") else ddp.allreduce_hook)
+            model.register_comm_hook(
+                ddp.GpucommState(comm=comm), blocking_hook if mode.endswith("-blocking") else ddp.allreduce_hook
+            )
         return model
 
     batch = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
@@ -109,8 +117,11 @@ def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, resu
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpucomm._bench.ddp_overlap", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m gpucomm._bench.ddp_overlap",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn")
     p.add_argument("--rounds", type=int, default=5, help="rounds of every mode, alternating")
     p.add_argument("--steps", type=int, default=10, help="timed steps per mode and round (median taken)")
@@ -118,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=8, help="layers of the MLP")
     p.add_argument("--batch", type=int, default=64, help="samples per rank and step")
     p.add_argument("--bucket-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to time (gloo is always one: the baseline)")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=MODES,
+        help="modes to time (gloo is always one: the baseline)",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="write settings and every round's medians")
     args = p.parse_args(argv)
     if "gloo" not in args.modes:
@@ -126,16 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     per_rank = spawn_ranks(_step_times, args.nproc, args)
     # A step ends when the slowest rank's does (the steps start together, after a barrier): the
     # figure of a round is per step the slowest rank, then the median over steps.
-    rounds = {m: [slowest_rank([per_rank[r][m][k] for r in sorted(per_rank)]) for k in range(args.rounds)]
-              for m in args.modes}
+    rounds = {
+        m: [slowest_rank([per_rank[r][m][k] for r in sorted(per_rank)]) for k in range(args.rounds)] for m in args.modes
+    }
     threads = os.environ.get("OMP_NUM_THREADS", f"not set: torch's default, {os.cpu_count()} cores")
-    print(f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
-          f" buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; median [min-max] over {args.rounds} rounds, ms")
+    print(
+        f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
+        f" buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; median [min-max] over {args.rounds} rounds, ms"
+    )
     base = statistics.median(rounds["gloo"])
     for mode in args.modes:
         values = rounds[mode]
         med = statistics.median(values)
-        print(f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo")
+        print(
+            f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo"
+        )
     if args.json:
         write_json(args.json, run_settings(args), rounds_s=rounds)
     return 0

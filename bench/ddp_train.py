@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     if hook is not None:
         ddp_model.register_comm_hook(state, hook)
-    losses, times = train_steps(ddp_model, args.steps, seed=args.seed, rank=rank, batch=args.batch, lr=args.lr, device=device)
+    losses, times = train_steps(
+        ddp_model, args.steps, seed=args.seed, rank=rank, batch=args.batch, lr=args.lr, device=device
+    )
     mean_losses = torch.tensor(losses, dtype=torch.float64, device=device)
     dist.all_reduce(mean_losses)  # the loss over all ranks' samples, for the printout
     mean_losses /= world
@@ -159,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for step, (loss, seconds) in enumerate(zip(mean_losses.tolist(), times)):
             print(f"step {step:4d}  loss {loss:.6f}  time {seconds * 1e3:8.3f} ms", flush=True)
         steady = times[1:] or times  # the first step includes DDP's bucket rebuild
-        print(f"{label}: {world} ranks, {args.device}, median step {statistics.median(steady) * 1e3:.3f} ms", flush=True)
+        print(
+            f"{label}: {world} ranks, {args.device}, median step {statistics.median(steady) * 1e3:.3f} ms", flush=True
+        )
         if args.out:
             torch.save({name: p.detach().cpu() for name, p in model.named_parameters()}, args.out)
     dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""The tests' CUDA driver double (tests/cuda_double) for benchmarks that time the host's side of a
+"""The tests' CUDA driver double (tests/support/cuda_double) for benchmarks that time the host's side of a
 launch without a GPU: its library, and the host-only Triton kernels bound on it.
 
 Benchmark-only and explicit: a rank calls :func:`install_host_only_kernels` before
@@ -20,14 +20,16 @@ __all__ = ["library", "launches", "install_host_only_kernels", "wait_for_peers",
 
 # What the kernels are compiled for: an H100's sm_90, as the lent GPUs are.
 TARGET_ARCH = 90
-_DOUBLE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "cuda_double"
+_DOUBLE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "support" / "cuda_double"
 
 
 def library() -> str:
     """The path of the double's libcuda.so.1, built on first use (needs a checkout: the double's
     sources live in tests/, which a wheel does not ship)."""
     if not (_DOUBLE / "__init__.py").exists():
-        raise SystemExit(f"the CUDA driver double's sources are not at {_DOUBLE}: run this benchmark from a gpucomm checkout")
+        raise SystemExit(
+            f"the CUDA driver double's sources are not at {_DOUBLE}: run this benchmark from a gpucomm checkout"
+        )
     spec = importlib.util.spec_from_file_location("cuda_double", _DOUBLE / "__init__.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules.setdefault("cuda_double", module)

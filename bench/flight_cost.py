@@ -3,7 +3,7 @@
 A one-rank communicator on the shared-memory workspace with the torch kernels runs a repeated
 blocking all_reduce of 2 fp32 (8 bytes), the host's fast path, in rounds that alternate between
 three flight logs: the communicator's own with the C writer (``kernels/host/flight_record.c``),
-the same with the Python twin (:class:`gpucomm.flight.PyRecorder`, what a host without a C
+the same with the Python twin (:class:`gpucomm.reliability.flight.PyRecorder`, what a host without a C
 compiler gets), and a log whose hooks do nothing. Each round times ``--calls`` calls by the
 thread's CPU time (other processes on the machine do not count) and wall clock; also timed
 alone, one ``again`` + ``completed`` pair of each writer. Medians over rounds, and the median of
@@ -58,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import gpucomm
     from gpucomm.config import Config
-    from gpucomm.flight import RING, _RING_AT, FlightLog, PyRecorder, teach
+    from gpucomm.reliability.flight import _RING_AT, RING, FlightLog, PyRecorder, teach
 
-    comm = gpucomm.Communicator(torch.distributed.HashStore(), 0, 1, config=Config.from_env(transport="shm", kernels="torch"))
+    comm = gpucomm.Communicator(
+        torch.distributed.HashStore(), 0, 1, config=Config.from_env(transport="shm", kernels="torch")
+    )
     native = comm._flight
     if type(native.record.writer) is PyRecorder:
-        raise SystemExit("flight_cost: the C writer did not build here (see gpucomm.native); nothing to compare")
+        raise SystemExit(
+            "flight_cost: the C writer did not build here (see gpucomm.toolchain.native); nothing to compare"
+        )
     record = native.record
     twin = PyRecorder(record._mine, _RING_AT, RING, lambda frame: teach(twin, record.intern, frame))
     python = FlightLog(record, native.group)
@@ -87,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     comm._flight = native
     comm.close()
 
-    medians = {name: {"cpu_us": statistics.median(s[0] for s in runs), "wall_us": statistics.median(s[1] for s in runs)} for name, runs in samples.items()}
+    medians = {
+        name: {"cpu_us": statistics.median(s[0] for s in runs), "wall_us": statistics.median(s[1] for s in runs)}
+        for name, runs in samples.items()
+    }
     ratios = {
         name: statistics.median(w[0] / wo[0] for w, wo in zip(samples[name], samples["without"]))
         for name in ("C writer", "Python writer")

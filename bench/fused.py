@@ -58,8 +58,12 @@ def _same_bits(got: tuple, want: tuple) -> bool:
 
 def _rank(rank: int, world: int, port: int, device: str, args: dict, results: multiprocessing.Queue) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: this process's first import
@@ -115,8 +119,13 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
         return torch.matmul(gathered, b)
 
     every_a = torch.cat([(_rank_tensor(q, -1, (m, k), False).float() / k**0.5).to(bf16) for q in range(world)]).to(dev)
-    pairs["ag_matmul"] = {"fused": lambda: gf.all_gather_matmul(a, b), "unfused": ag_unfused,
-                          "reset": lambda: gathered.fill_(float("nan")), "want": torch.matmul(every_a, b), "check": "close"}
+    pairs["ag_matmul"] = {
+        "fused": lambda: gf.all_gather_matmul(a, b),
+        "unfused": ag_unfused,
+        "reset": lambda: gathered.fill_(float("nan")),
+        "want": torch.matmul(every_a, b),
+        "check": "close",
+    }
     for count in args["oneshot"]:
         t0 = _rank_tensor(rank, count, (count,), True).to(dev)
         t_lang, t_prog = t0.clone(), t0.clone()
@@ -135,8 +144,13 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
             for t in ts:
                 t.fill_(float("nan"))
 
-        pairs[f"oneshot {count}"] = {"fused": one_lang, "unfused": one_prog, "reset": poison,
-                                     "want": ranks_sum(count, (count,)), "check": "bits"}
+        pairs[f"oneshot {count}"] = {
+            "fused": one_lang,
+            "unfused": one_prog,
+            "reset": poison,
+            "want": ranks_sum(count, (count,)),
+            "check": "bits",
+        }
 
     times: dict[str, dict[str, list[list[float]]]] = {name: {"fused": [], "unfused": []} for name in pairs}
     for name, pair in pairs.items():
@@ -159,7 +173,9 @@ def _rank(rank: int, world: int, port: int, device: str, args: dict, results: mu
         for kind in ("fused", "unfused"):
             got = check_after(pair["reset"], pair[kind], dev)
             if pair["check"] == "bits":
-                same = _same_bits(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,))
+                same = _same_bits(
+                    got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)
+                )
             else:
                 same = torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2 * (k**0.5))
             if not same:
@@ -178,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", type=int, default=512, help="rows of a shard")
     parser.add_argument("--k", type=int, default=8192)
     parser.add_argument("--n", type=int, default=3584)
-    parser.add_argument("--oneshot", type=int, nargs="+", default=[4, 4096, 32768], help="elements of the one-shot pairs")
+    parser.add_argument(
+        "--oneshot", type=int, nargs="+", default=[4, 4096, 32768], help="elements of the one-shot pairs"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--json", help="write the results here")
@@ -187,17 +205,24 @@ def main(argv: list[str] | None = None) -> int:
     wrong = [w for r in sorted(per_rank) for w in per_rank[r]["wrong"]]
     rows = []
     for name in per_rank[0]["times"]:
-        row = {"pair": name, "wrong": [w for r in sorted(per_rank) for w in per_rank[r]["wrong"] if w.startswith(f"{name}:")]}
+        row = {
+            "pair": name,
+            "wrong": [w for r in sorted(per_rank) for w in per_rank[r]["wrong"] if w.startswith(f"{name}:")],
+        }
         for kind in ("fused", "unfused"):
             # Per round: per call the slowest rank, the median over calls; then the median over rounds.
             by_round = zip(*(per_rank[r]["times"][name][kind] for r in sorted(per_rank)))
             row[f"{kind}_us"] = round(statistics.median(slowest_rank(calls) for calls in by_round) * 1e6, 1)
         row["fused/unfused"] = round(row["fused_us"] / row["unfused_us"], 3)
         rows.append(row)
-    print(f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   (oneshot: language / program kernel; slowest rank)")
+    print(
+        f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   (oneshot: language / program kernel; slowest rank)"
+    )
     for row in rows:
-        print(f"{row['pair']:>16} {row['fused_us']:10.1f} {row['unfused_us']:11.1f} {row['fused/unfused']:7.3f}"
-              + ("  WRONG" if row["wrong"] else ""))
+        print(
+            f"{row['pair']:>16} {row['fused_us']:10.1f} {row['unfused_us']:11.1f} {row['fused/unfused']:7.3f}"
+            + ("  WRONG" if row["wrong"] else "")
+        )
     print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
     if args.json:
         write_json(args.json, run_settings(args), rows=rows, wrong=wrong)

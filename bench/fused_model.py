@@ -62,9 +62,9 @@ LLAMA70B_AG = {"tokens": 8192, "k": 8192, "n": 7168}
 # an H100's SMs.
 PUSH_PROGRAMS = 16
 SMS = 132
-STAGE_HALF_MAX = 4 << 20  # gpucomm.engine_layout.STAGE_HALF_MAX
+STAGE_HALF_MAX = 4 << 20  # gpucomm.workspace.layout.STAGE_HALF_MAX
 TWO_SHOT_MIN_BYTES = 1 << 20  # gpucomm.fused's choice (set from this model's crossover)
-CHANNELS = 32  # gpucomm.channels on an H100 with one rank per GPU: min(32, 132 // 4)
+CHANNELS = 32  # gpucomm.workspace.channels on an H100 with one rank per GPU: min(32, 132 // 4)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,7 +79,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--saturating-grid", type=int, default=16, help="assumed: channels that saturate NVLink")
     parser.add_argument("--host-us", type=float, default=10.0, help="host Python per eager call (issue 22's goal)")
     parser.add_argument("--mma-tflops", type=float, default=989.0, help="published: H100 SXM dense bf16 peak")
-    parser.add_argument("--mma-fraction", type=float, default=0.7, help="assumed: the share of the peak a Triton matmul reaches")
+    parser.add_argument(
+        "--mma-fraction", type=float, default=0.7, help="assumed: the share of the peak a Triton matmul reaches"
+    )
     parser.add_argument("--json", help="write the tables here")
     return parser.parse_args(argv)
 
@@ -95,11 +97,19 @@ def rmsnorm_rows(args: argparse.Namespace, hidden: int = HIDDEN, tokens: tuple[i
         grid = min(T, CHANNELS)
         link, local = (P - 1) * n, 6 * n + 2 * hidden
         share = min(1.0, grid / args.saturating_grid)
-        fused = args.launch_us + pieces * args.sync_us + max(link / (args.link_gbs * 1e3 * share), (local + link) / (args.hbm_gbs * 1e3))
+        fused = (
+            args.launch_us
+            + pieces * args.sync_us
+            + max(link / (args.link_gbs * 1e3 * share), (local + link) / (args.hbm_gbs * 1e3))
+        )
         pieces2 = pieces
         link2 = 2 * (P - 1) * n // P
         share2 = min(1.0, min(-(-T // P), CHANNELS) / args.saturating_grid)
-        fused2 = args.launch_us + 2 * pieces2 * args.sync_us + max(link2 / (args.link_gbs * 1e3 * share2), (local + n + link2) / (args.hbm_gbs * 1e3))
+        fused2 = (
+            args.launch_us
+            + 2 * pieces2 * args.sync_us
+            + max(link2 / (args.link_gbs * 1e3 * share2), (local + n + link2) / (args.hbm_gbs * 1e3))
+        )
         # What gpucomm.fused's algo="auto" runs (gpucomm/fused/_norm.py: TWO_SHOT_MIN_BYTES).
         picked = fused2 if n >= TWO_SHOT_MIN_BYTES and T >= P else fused
         half = model._half_bytes(args.workspace_bytes)
@@ -146,21 +156,40 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     norm = rmsnorm_rows(args)
     print(f"all_reduce_residual_rmsnorm, hidden {HIDDEN}, bf16, {args.world} ranks (predicted, us)")
-    print(f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} {'fused eager':>12} {'unfused eager':>14}")
+    print(
+        f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} {'fused eager':>12} {'unfused eager':>14}"
+    )
     for r in norm:
-        print(f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} {r['fused_auto_us']:10.1f} "
-              f"{r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} {r['unfused_eager_us']:14.1f}")
+        print(
+            f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} {r['fused_auto_us']:10.1f} "
+            f"{r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} {r['unfused_eager_us']:14.1f}"
+        )
     sweep = rmsnorm_rows(args, tokens=tuple(2**i for i in range(10)))
     # From a row per rank on, where two-shot stays ahead at every larger count.
-    ahead = [r["tokens"] >= args.world and all(q["fused_twoshot_us"] < q["fused_us"] for q in sweep if q["tokens"] >= r["tokens"]) for r in sweep]
+    ahead = [
+        r["tokens"] >= args.world
+        and all(q["fused_twoshot_us"] < q["fused_us"] for q in sweep if q["tokens"] >= r["tokens"])
+        for r in sweep
+    ]
     crossover = next((r["tokens"] for r, a in zip(sweep, ahead) if a), None)
     print(f"two-shot ahead of one-shot from {crossover} tokens of {HIDDEN} (predicted)")
     ag = ag_matmul(args, **LLAMA70B_AG)
-    print(f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, times {ag['k']} x {ag['n']} (predicted):")
-    print(f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; fused {ag['fused_us']} us; "
-          f"hidden fraction of the gather {ag['hidden_fraction']:.0%}")
+    print(
+        f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, times {ag['k']} x {ag['n']} (predicted):"
+    )
+    print(
+        f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; fused {ag['fused_us']} us; "
+        f"hidden fraction of the gather {ag['hidden_fraction']:.0%}"
+    )
     if args.json:
-        write_json(args.json, run_settings(args), rmsnorm=norm, rmsnorm_sweep=sweep, twoshot_from_tokens=crossover, all_gather_matmul=ag)
+        write_json(
+            args.json,
+            run_settings(args),
+            rmsnorm=norm,
+            rmsnorm_sweep=sweep,
+            twoshot_from_tokens=crossover,
+            all_gather_matmul=ag,
+        )
     return 0
 
 

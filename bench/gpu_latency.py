@@ -78,8 +78,12 @@ def _bare_launch(device):  # noqa: ANN001, ANN202
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     import torch
 
@@ -167,7 +171,11 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
     torch_launch()  # its kernel loaded once
     launcher_launch()
     rounds: dict[str, list[float]] = {
-        "eager_device_us": [], "eager_host_us": [], "graph_us": [], "torch_launch_host_us": [], "launcher_host_us": [],
+        "eager_device_us": [],
+        "eager_host_us": [],
+        "graph_us": [],
+        "torch_launch_host_us": [],
+        "launcher_host_us": [],
     }
     for r in range(args.rounds):
         for mode in ("eager", "graph") if r % 2 == 0 else ("graph", "eager"):
@@ -191,13 +199,20 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpucomm._bench.gpu_latency", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m gpucomm._bench.gpu_latency",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn")
     p.add_argument("--bytes", type=int, default=8, help="bytes per rank (fp32)")
     p.add_argument("--kernels", default="triton", choices=("triton", "cuda"), help="the program kernel")
-    p.add_argument("--launch", default="bound", choices=("bound", "jit"),
-                   help="the program kernel's launch: gpucomm's launcher, or Triton's JIT dispatch / CuPy's Function")
+    p.add_argument(
+        "--launch",
+        default="bound",
+        choices=("bound", "jit"),
+        help="the program kernel's launch: gpucomm's launcher, or Triton's JIT dispatch / CuPy's Function",
+    )
     p.add_argument("--iters", type=int, default=1000, help="eager calls per burst")
     p.add_argument("--per-graph", type=int, default=100, help="calls captured into the graph")
     p.add_argument("--replays", type=int, default=20, help="graph replays per round")
@@ -213,26 +228,64 @@ def main(argv: list[str] | None = None) -> int:
     names = ["eager_device_us", "eager_host_us", "graph_us", "torch_launch_host_us"]
     if all(len(per_rank[r]["rounds"]["launcher_host_us"]) == args.rounds for r in per_rank):
         names.append("launcher_host_us")
-    figures = {name: [slowest_rank([[per_rank[r]["rounds"][name][k]] for r in per_rank]) for k in range(args.rounds)]
-               for name in names}
+    figures = {
+        name: [slowest_rank([[per_rank[r]["rounds"][name][k]] for r in per_rank]) for k in range(args.rounds)]
+        for name in names
+    }
     checks = all(per_rank[r]["check"] for r in per_rank)
-    print(f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
-          f"median [min-max] over {args.rounds} rounds, slowest rank, us per call")
+    print(
+        f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
+        f"median [min-max] over {args.rounds} rounds, slowest rank, us per call"
+    )
     for name, values in figures.items():
         print(f"{name:>16}  {statistics.median(values):8.2f}  [{min(values):.2f}-{max(values):.2f}]")
     print(f"# check: {'PASS' if checks else 'FAIL'}")
     if args.json:
         medians = {name: statistics.median(values) for name, values in figures.items()}
-        results = [{"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_host_us"], "what": "eager host time per call"},
-                   {"launch": args.launch, "kernels": args.kernels, "median_us": medians["eager_device_us"], "what": "eager device time per call"},
-                   {"launch": args.launch, "kernels": args.kernels, "median_us": medians["graph_us"], "what": "graph replay time per call"},
-                   {"launch": "torch", "kernels": "torch", "median_us": medians["torch_launch_host_us"], "what": "host time per torch add_ launch, the same tensor"}]
+        results = [
+            {
+                "launch": args.launch,
+                "kernels": args.kernels,
+                "median_us": medians["eager_host_us"],
+                "what": "eager host time per call",
+            },
+            {
+                "launch": args.launch,
+                "kernels": args.kernels,
+                "median_us": medians["eager_device_us"],
+                "what": "eager device time per call",
+            },
+            {
+                "launch": args.launch,
+                "kernels": args.kernels,
+                "median_us": medians["graph_us"],
+                "what": "graph replay time per call",
+            },
+            {
+                "launch": "torch",
+                "kernels": "torch",
+                "median_us": medians["torch_launch_host_us"],
+                "what": "host time per torch add_ launch, the same tensor",
+            },
+        ]
         if "launcher_host_us" in medians:
-            results.append({"launch": "bound", "kernels": "cuda", "median_us": medians["launcher_host_us"],
-                            "what": "host time per bare launch through gpucomm's launcher (a prepared 16-byte copy)"})
+            results.append(
+                {
+                    "launch": "bound",
+                    "kernels": "cuda",
+                    "median_us": medians["launcher_host_us"],
+                    "what": "host time per bare launch through gpucomm's launcher (a prepared 16-byte copy)",
+                }
+            )
         for entry in results[:3]:  # gpucomm's own figures: wrong where the checked call was
             entry["wrong"] = not checks
-        write_json(args.json, run_settings(args, device=torch.cuda.get_device_name()), rounds_us=figures, check=checks, results=results)
+        write_json(
+            args.json,
+            run_settings(args, device=torch.cuda.get_device_name()),
+            rounds_us=figures,
+            check=checks,
+            results=results,
+        )
     return 0 if checks else 1
 
 

@@ -1,6 +1,6 @@
 """tests/gpu in two parts, each one call of a lent GPU machine (10 minutes at most, install and MPS
 included): ``bash bench/gpu_check.sh tests-a`` then ``tests-b``. Every case of tests/gpu is in
-exactly one step of one part (tests/test_bench.py collects each step's selection on CPU and checks
+exactly one step of one part (tests/bench/test_bench.py collects each step's selection on CPU and checks
 it).
 
 ``python3 -m gpucomm._bench.gpu_test_parts PART`` prints one line per step, quoted for the shell
@@ -49,17 +49,38 @@ PARTS: dict[str, tuple[Step, ...]] = {
         Step("tests_gpu_kernels", 230, (*_KERNEL_FILES, "-k", f"not ({_ORDER})"), spread=True),
         # The files that check fixes made without a GPU first, each a few seconds a case but the
         # async file (its DDP and two-stream cases took 7-24 s on the H100).
-        Step("tests_gpu_ranks_a", 230, tuple(f"{_G}{name}.py" for name in (
-            "test_bound_launch_gpu", "test_small_gpu", "test_caller_stream_gpu", "test_async_gpu", "test_cuda_ipc",
-            "test_symmetric_gpu", "test_bench_timing_gpu",
-        ))),
+        Step(
+            "tests_gpu_ranks_a",
+            230,
+            tuple(
+                f"{_G}{name}.py"
+                for name in (
+                    "test_bound_launch_gpu",
+                    "test_small_gpu",
+                    "test_caller_stream_gpu",
+                    "test_async_gpu",
+                    "test_cuda_ipc",
+                    "test_symmetric_gpu",
+                    "test_bench_timing_gpu",
+                )
+            ),
+        ),
     ),
     "tests-b": (
         # Never run to the end on a GPU: graph replays and timeouts, a killed peer (4 s timeout),
         # every collective and algorithm on the workspace.
-        Step("tests_gpu_ranks_b", 240, tuple(f"{_G}{name}.py" for name in (
-            "test_first_contact_gpu", "test_stream_ordered_gpu", "test_workspace_collectives_gpu",
-        ))),
+        Step(
+            "tests_gpu_ranks_b",
+            240,
+            tuple(
+                f"{_G}{name}.py"
+                for name in (
+                    "test_first_contact_gpu",
+                    "test_stream_ordered_gpu",
+                    "test_workspace_collectives_gpu",
+                )
+            ),
+        ),
         # The fused comparison (several compiles) and DDP (four set-ups of 13-28 s) last.
         Step("tests_gpu_fused_ddp", 280, (f"{_G}test_fused_gpu.py", f"{_G}test_ddp_gpu.py")),
     ),

@@ -18,7 +18,7 @@ On the shared-memory path (the torch kernels) the collective runs for real: 8 by
 ranks, waits included. Each call is timed alone; the median and p90 in microseconds, and the
 Python function calls per call (``sys.setprofile``: every call event inside one collective).
 
-``--record-rounds N`` also times what the flight record (:mod:`gpucomm.flight`) costs on each
+``--record-rounds N`` also times what the flight record (:mod:`gpucomm.reliability.flight`) costs on each
 path: N rounds of ``--calls`` calls alternating the communicator's own flight log and one whose
 hooks do nothing (both ranks swap together), the median call of each round, and the median over
 rounds of each pair's ratio.
@@ -50,7 +50,9 @@ __all__ = ["main", "JIT_PUBLISHED_US"]
 # arguments, H100 host); tritonbench PR #669 (13.2 us with 19 arguments, 3.6 us calling the compiled
 # kernel directly); vLLM PR #34838 (8.7 us through the JIT, 4.5 us through a cached compiled kernel).
 JIT_PUBLISHED_US = {
-    "triton PR 7771 (after)": [13.0, 17.0], "tritonbench PR 669": 13.2, "vLLM PR 34838": 8.7,
+    "triton PR 7771 (after)": [13.0, 17.0],
+    "tritonbench PR 669": 13.2,
+    "vLLM PR 34838": 8.7,
     "bare cuLaunchKernel": [1.3, 1.6],
 }
 
@@ -73,12 +75,24 @@ def _python_calls(call) -> int:  # noqa: ANN001
 
 
 def _rank(
-    rank: int, world: int, port: int, path: str, launch: str, double: str | None, sync: str, calls: int, record_rounds: int,
+    rank: int,
+    world: int,
+    port: int,
+    path: str,
+    launch: str,
+    double: str | None,
+    sync: str,
+    calls: int,
+    record_rounds: int,
     results: multiprocessing.Queue,
 ) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     if path == "device" and launch == "recorder":
         os.environ["TRITON_INTERPRET"] = "1"
@@ -109,8 +123,12 @@ def _rank(
     for _ in range(50):
         gpucomm.all_reduce(t)
     gpucomm.barrier()
-    out = {"path": path, "launch": launch if path == "device" else "shm", **median_p90_us(each_call(lambda: gpucomm.all_reduce(t), calls)),
-           "python_calls": _python_calls(lambda: gpucomm.all_reduce(t))}
+    out = {
+        "path": path,
+        "launch": launch if path == "device" else "shm",
+        **median_p90_us(each_call(lambda: gpucomm.all_reduce(t), calls)),
+        "python_calls": _python_calls(lambda: gpucomm.all_reduce(t)),
+    }
     if path == "device" and launch == "bound":
         from .driver_double import launches
 
@@ -123,7 +141,9 @@ def _rank(
         out["launches_per_call"] = recorded - launches_before
         out["recorder_us"] = median_p90_us(each_call(lambda: InterpretedFunction.run(None), calls))["median_us"]
     if record_rounds:
-        out["record"] = _record_cost(gpucomm.api._world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds)
+        out["record"] = _record_cost(
+            gpucomm.distributed.api._world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds
+        )
     if double is not None:  # no kernel runs on the double: gpucomm.barrier() waits for nobody
         from .driver_double import wait_for_peers
 
@@ -144,9 +164,13 @@ def _record_cost(comm, call, calls: int, rounds: int) -> dict:  # noqa: ANN001
     comm._flight = real
     ratios = [w / wo for w, wo in zip(medians["with"], medians["without"])]
     return {
-        "with_us": statistics.median(medians["with"]), "without_us": statistics.median(medians["without"]),
-        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-        "rounds_with_us": medians["with"], "rounds_without_us": medians["without"],
+        "with_us": statistics.median(medians["with"]),
+        "without_us": statistics.median(medians["without"]),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "rounds_with_us": medians["with"],
+        "rounds_without_us": medians["without"],
     }
 
 
@@ -172,37 +196,60 @@ def _jit_here() -> dict:
 
     if not torch.cuda.is_available():
         return {
-            "path": "device", "launch": "jit", "median_us": None, "p90_us": None, "python_calls": None,
+            "path": "device",
+            "launch": "jit",
+            "median_us": None,
+            "p90_us": None,
+            "python_calls": None,
             "not_measured": "Triton's JIT dispatch needs a CUDA device (torch.cuda is unavailable here); published figures per launch instead",
             "published_us": JIT_PUBLISHED_US,
         }
-    raise SystemExit("--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU (bench/gpu_check.sh's latency part)")
+    raise SystemExit(
+        "--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU (bench/gpu_check.sh's latency part)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.host_time", description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per path (default: %(default)s)")
-    parser.add_argument("--paths", nargs="+", default=["device", "shm"], choices=["device", "shm"], help="paths to time")
-    parser.add_argument("--launch", nargs="+", default=["bound"], choices=["bound", "jit", "recorder"],
-                        help="how the device path launches its kernel (default: %(default)s; see the module docstring)")
-    parser.add_argument("--record-rounds", type=int, default=0, help="rounds timing the flight record's cost (default: none)")
+    parser.add_argument(
+        "--paths", nargs="+", default=["device", "shm"], choices=["device", "shm"], help="paths to time"
+    )
+    parser.add_argument(
+        "--launch",
+        nargs="+",
+        default=["bound"],
+        choices=["bound", "jit", "recorder"],
+        help="how the device path launches its kernel (default: %(default)s; see the module docstring)",
+    )
+    parser.add_argument(
+        "--record-rounds", type=int, default=0, help="rounds timing the flight record's cost (default: none)"
+    )
     parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
     runs = [(path, launch) for path in args.paths for launch in (args.launch if path == "device" else ["shm"])]
     rows = [measure(path, args.calls, args.record_rounds, launch) for path, launch in runs]
-    print(f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    print(
+        f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
+    )
     for row in rows:
         if row["median_us"] is None:
-            print(f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   {row['not_measured']}: {row['published_us']}")
+            print(
+                f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   {row['not_measured']}: {row['published_us']}"
+            )
             continue
         extra = f"   recorder {row['recorder_us']:.2f} us," if "recorder_us" in row else ""
         extra += f"   {row['launches_per_call']} launch per call" if "launches_per_call" in row else ""
-        print(f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}")
+        print(
+            f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}"
+        )
     for row in rows:
         if "record" in row:
             r = row["record"]
-            print(f"{row['path']:<8} flight record: {r['with_us']:.2f} us with, {r['without_us']:.2f} us without; "
-                  f"ratio {r['ratio_median']:.3f} (rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f})")
+            print(
+                f"{row['path']:<8} flight record: {r['with_us']:.2f} us with, {r['without_us']:.2f} us without; "
+                f"ratio {r['ratio_median']:.3f} (rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f})"
+            )
     if args.json:
         write_json(args.json, run_settings(args), results=rows)
     return 0

@@ -24,8 +24,8 @@ from gpucomm.ops.contract import Region
 from gpucomm.ops.registry import get_kernels
 from gpucomm.reduce_op import ReduceOp
 
-from .hostinfo import device_name, versions
 from .collectives import CHECK_RANGES, poison_value
+from .hostinfo import device_name, versions
 from .runner import DTYPES
 from .timing import check_after, count_wrong, slowest_rank, time_calls, time_graph
 
@@ -71,8 +71,9 @@ def _line(row: dict) -> str:
     )
 
 
-def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, json_path, plot_path, argv,
-                graph_launches: int = 0) -> int:
+def run_kernels(
+    sizes, dtype_name, op_name, iters, warmup, check, device_kind, json_path, plot_path, argv, graph_launches: int = 0
+) -> int:
     """Measure every available implementation; 0 if no check found a wrong value. ``graph_launches``
     > 0 times each kernel's calls captured into a CUDA graph (:func:`timing.time_graph`)."""
     if device_kind == "cuda" and not torch.cuda.is_available():
@@ -89,8 +90,10 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
         except UnsupportedError as err:
             notes.append(f"{name}: not run: {err}")
     if not on_gpu:
-        notes.append("CPU run: the torch reference only (Triton on CPU runs only under its slow "
-                     "interpreter; the CUDA kernels need a GPU)")
+        notes.append(
+            "CPU run: the torch reference only (Triton on CPU runs only under its slow "
+            "interpreter; the CUDA kernels need a GPU)"
+        )
     if graph_launches:
         if not on_gpu:
             raise ValueError("gpucomm-bench kernels: -G/--cudagraph needs a CUDA device")
@@ -112,8 +115,16 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
         copy_s = slowest_rank([timed(partial(out.copy_, src), device, warmup, iters)])
         roof = 2 * nbytes / copy_s / 1e9
         base = {"size": nbytes, "count": numel, "type": dtype_name}
-        row = {**base, "impl": "torch", "kernel": "copy_", "k": 1, "time_us": copy_s * 1e6, "gbps": roof,
-               "roof_fraction": 1.0, "wrong": None}
+        row = {
+            **base,
+            "impl": "torch",
+            "kernel": "copy_",
+            "k": 1,
+            "time_us": copy_s * 1e6,
+            "gbps": roof,
+            "roof_fraction": 1.0,
+            "wrong": None,
+        }
         rows.append(row)
         print(_line(row), flush=True)
         for name, kernels in impls.items():
@@ -127,8 +138,14 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
                     # AVG divides by k: the inputs are multiples of the divisor of their own k.
                     ins = [x * k // max(REDUCE_INPUTS) for x in ints[:k]] if op_name == "avg" else ints[:k]
                     typed = [x.to(dtype) for x in ins]
-                    call = partial(kernels.reduce, Region.of(out), [Region.of(t) for t in typed], dtype, op,
-                                   k if op_name == "avg" else 1)
+                    call = partial(
+                        kernels.reduce,
+                        Region.of(out),
+                        [Region.of(t) for t in typed],
+                        dtype,
+                        op,
+                        k if op_name == "avg" else 1,
+                    )
                 seconds = slowest_rank([timed(call, device, warmup, iters)])
                 wrong = None
                 if check:
@@ -143,18 +160,36 @@ def run_kernels(sizes, dtype_name, op_name, iters, warmup, check, device_kind, j
                     wrong = count_wrong(out, expected)
                     wrong_total += wrong
                 gbps = (k + 1) * nbytes / seconds / 1e9
-                row = {**base, "impl": name, "kernel": kernel, "k": k, "time_us": seconds * 1e6, "gbps": gbps,
-                       "roof_fraction": gbps / roof, "wrong": wrong}
+                row = {
+                    **base,
+                    "impl": name,
+                    "kernel": kernel,
+                    "k": k,
+                    "time_us": seconds * 1e6,
+                    "gbps": gbps,
+                    "roof_fraction": gbps / roof,
+                    "wrong": wrong,
+                }
                 rows.append(row)
                 print(_line(row), flush=True)
 
     print(f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}", flush=True)
     if json_path:
         settings = {
-            "argv": list(argv), "dtype": dtype_name, "op": op_name, "iters": iters, "warmup": warmup,
-            "check": check, "sizes": list(sizes), "device": str(device), "graph_launches": graph_launches,
-            "device_name": device_name(device), "versions": versions(),
-            "implementations": list(impls), "notes": notes, "host": socket.gethostname(),
+            "argv": list(argv),
+            "dtype": dtype_name,
+            "op": op_name,
+            "iters": iters,
+            "warmup": warmup,
+            "check": check,
+            "sizes": list(sizes),
+            "device": str(device),
+            "graph_launches": graph_launches,
+            "device_name": device_name(device),
+            "versions": versions(),
+            "implementations": list(impls),
+            "notes": notes,
+            "host": socket.gethostname(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         with open(json_path, "w") as f:

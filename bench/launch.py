@@ -53,8 +53,9 @@ def _cores_for(nproc: int, bind: str) -> list[set[int] | None]:
     return [{cores[r]} for r in range(nproc)]
 
 
-def _rank_main(rank: int, world: int, port: int, settings: Settings, cores: set[int] | None,
-               env: dict[str, str]) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, settings: Settings, cores: set[int] | None, env: dict[str, str]
+) -> None:
     if cores is not None:
         os.sched_setaffinity(0, cores)
     os.environ.update(
@@ -96,8 +97,9 @@ def launch(settings: Settings, nproc: int) -> int:
         if failed_at is not None and time.monotonic() - failed_at > FAIL_GRACE_S:
             for p in procs:
                 if p.is_alive():
-                    print(f"gpucomm-bench: terminating rank {procs.index(p)} after another rank failed",
-                          file=sys.stderr)
+                    print(
+                        f"gpucomm-bench: terminating rank {procs.index(p)} after another rank failed", file=sys.stderr
+                    )
                     p.terminate()
         time.sleep(0.1)
     for p in procs:

@@ -28,8 +28,13 @@ _HOST_READS = ("tolist", "item", "cpu", "__int__")
 
 def _count(rank: int, world: int, port: int, numel: int, algo: str, results: multiprocessing.Queue) -> None:
     os.environ.update(
-        TRITON_INTERPRET="1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        TRITON_INTERPRET="1",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     import torch
     from triton.runtime.interpreter import InterpretedFunction
@@ -87,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     per_rank = spawn_ranks(_count, args.nproc, args.numel, args.algo, timeout=1200)
     counts = per_rank[0]
-    print(f"{'collective':<24} {'launches':>8} {'host reads':>10}   ({args.nproc} ranks, {args.numel} fp32, algo={args.algo})")
+    print(
+        f"{'collective':<24} {'launches':>8} {'host reads':>10}   ({args.nproc} ranks, {args.numel} fp32, algo={args.algo})"
+    )
     for name, c in counts.items():
         print(f"{name:<24} {c['launches']:>8} {c['host_reads']:>10}")
     if args.json:

@@ -3,7 +3,7 @@
 For each size and algorithm this builds the programs gpucomm runs on every rank (the real
 Builder and algorithms, on CPU tensors that are never touched: nothing is launched), lays each
 out on the program kernel's channels by the executor's own rule
-(:func:`gpucomm.device_executor.channel_layout`) and walks it round by round. A round is the
+(:func:`gpucomm.workspace.device_executor.channel_layout`) and walks it round by round. A round is the
 work between two SYNCs; a channel runs its instructions one after the other, in the program's
 order (a paired COPY, two copies whose loads the kernels keep in flight together, is one), so
 within a round its time is the sum over its instructions of
@@ -44,18 +44,30 @@ from collections.abc import Sequence
 import torch
 
 from gpucomm.algorithms import allreduce, select
-from gpucomm.channels import MAX_CHANNELS, launch_channels, shares
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
-from gpucomm.device_executor import channel_layout
 from gpucomm.ops.contract import Region
-from gpucomm.program import COPY, SYNC, Builder, Program, Ref, Slot
+from gpucomm.ops.program import COPY, SYNC, Builder, Program, Ref, Slot
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.workspace.channels import MAX_CHANNELS, launch_channels, shares
+from gpucomm.workspace.device_executor import channel_layout
 
 from .hostinfo import run_settings, write_json
 
 __all__ = [
-    "main", "build", "walk", "critical_path", "crossover", "count", "count_multimem", "predict", "rows", "busbw", "sync_share",
-    "LINK_GBS", "SIZES", "markdown",
+    "main",
+    "build",
+    "walk",
+    "critical_path",
+    "crossover",
+    "count",
+    "count_multimem",
+    "predict",
+    "rows",
+    "busbw",
+    "sync_share",
+    "LINK_GBS",
+    "SIZES",
+    "markdown",
 ]
 
 # NVLink 4: 450 GB/s per direction per H100 (published), of which NCCL's ring reaches 82%
@@ -70,7 +82,7 @@ WORKSPACE_SIZES = [s << 20 for s in (8, 16, 32, 64, 128, 256)]
 
 
 def _half_bytes(workspace_bytes: int) -> int:
-    """The engine's half for a data area of ``workspace_bytes`` (gpucomm.engine_layout)."""
+    """The engine's half for a data area of ``workspace_bytes`` (gpucomm.workspace.layout)."""
     p2p = workspace_bytes // 4 // 256 * 256
     return (workspace_bytes - p2p) // 2 // 256 * 256
 
@@ -82,7 +94,9 @@ def _heap(tensor: torch.Tensor, rank: int, world: int) -> list[int]:
     return [tensor.data_ptr() + (p - rank) * span for p in range(world)]
 
 
-def build(algo: str, nbytes: int, world: int, rank: int, half_bytes: int, inplace: bool = False) -> tuple[Program, list[int] | None]:
+def build(
+    algo: str, nbytes: int, world: int, rank: int, half_bytes: int, inplace: bool = False
+) -> tuple[Program, list[int] | None]:
     """Rank ``rank``'s program of an all_reduce of ``nbytes`` (float32, SUM) and, ``inplace``
     (two-shot on a symmetric tensor), the heap bases it was built with."""
     tensor = torch.empty(max(1, nbytes // 4), dtype=torch.float32)  # never touched: no memory used
@@ -117,7 +131,9 @@ def _kind(ins: tuple, rank: int, heap: Sequence[int] | None) -> str:
     return "gather" if _remote(src, rank, heap) else "copy"
 
 
-def walk(program: Program, world: int, rank: int, heap: Sequence[int] | None = None, channels: int = MAX_CHANNELS) -> tuple[int, list[dict]]:
+def walk(
+    program: Program, world: int, rank: int, heap: Sequence[int] | None = None, channels: int = MAX_CHANNELS
+) -> tuple[int, list[dict]]:
     """(grid, rounds) of ``program`` on rank ``rank``: each round's name (the kinds of its
     instructions), each channel's link and local bytes, and whether a SYNC ends it."""
     grid, granule = channel_layout(program, world, channels)
@@ -131,7 +147,7 @@ def walk(program: Program, world: int, rank: int, heap: Sequence[int] | None = N
         remote = sum(_remote(r, rank, heap) for r in operands)
         split = shares(ins[2], ins[1], grid, granule)
         now = rounds[-1]
-        pairs = [ins[:3] + ins[i:i + 2] for i in range(3, len(ins), 2)] if ins[0] == COPY else [ins]
+        pairs = [ins[:3] + ins[i : i + 2] for i in range(3, len(ins), 2)] if ins[0] == COPY else [ins]
         for kind in (_kind(one, rank, heap) for one in pairs):
             if kind not in now["kinds"]:
                 now["kinds"].append(kind)
@@ -167,7 +183,9 @@ def critical_path(walks: Sequence[tuple[int, list[dict]]], p: argparse.Namespace
     return us, list(phases.values())
 
 
-def count(algo: str, nbytes: int, world: int, half_bytes: int, symmetric: bool = False, p: argparse.Namespace | None = None) -> dict:
+def count(
+    algo: str, nbytes: int, world: int, half_bytes: int, symmetric: bool = False, p: argparse.Namespace | None = None
+) -> dict:
     """What one all_reduce of ``nbytes`` costs: its SYNCs, rank 0's NVLink and local bytes, the
     grid, and (``p`` given) the device us and phases of its critical path. ``symmetric``: two-shot
     in place on a symmetric tensor."""
@@ -198,9 +216,17 @@ def count_multimem(nbytes: int, world: int) -> dict:
     (the switch fans it out): (1 + 1/P) n, against 2 (P-1)/P n for two-shot."""
     grid = launch_channels(max(1, nbytes // world), MAX_CHANNELS)
     link = nbytes + nbytes // world
-    return {"syncs": 2, "link_bytes": link, "local_bytes": 0, "grid": grid, "multimem": True,
-            "phases": [{"name": "barrier", "channel_bytes": [0] * grid, "syncs": 1},
-                       {"name": "ld_reduce+st", "channel_bytes": [link // grid] * grid, "syncs": 1}]}
+    return {
+        "syncs": 2,
+        "link_bytes": link,
+        "local_bytes": 0,
+        "grid": grid,
+        "multimem": True,
+        "phases": [
+            {"name": "barrier", "channel_bytes": [0] * grid, "syncs": 1},
+            {"name": "ld_reduce+st", "channel_bytes": [link // grid] * grid, "syncs": 1},
+        ],
+    }
 
 
 def predict(counts: dict, p: argparse.Namespace) -> float:
@@ -220,8 +246,16 @@ def busbw(nbytes: int, us: float, world: int) -> float:
 
 def _row(nbytes: int, world: int, tensor: str, algo: str, auto: bool, c: dict, p: argparse.Namespace) -> dict:
     us = predict(c, p)
-    return {"size_bytes": nbytes, "world": world, "tensor": tensor, "algo": algo, "auto": auto,
-            "device_us": round(us, 2), "busbw_gbps": round(busbw(nbytes, us, world), 1), "phases": c["phases"]}
+    return {
+        "size_bytes": nbytes,
+        "world": world,
+        "tensor": tensor,
+        "algo": algo,
+        "auto": auto,
+        "device_us": round(us, 2),
+        "busbw_gbps": round(busbw(nbytes, us, world), 1),
+        "phases": c["phases"],
+    }
 
 
 def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
@@ -235,9 +269,9 @@ def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
         pick = select.choose("all_reduce", nbytes, P, "cuda_ipc", "auto")
         counted = {algo: count(algo, nbytes, P, half, p=p) for algo in ALGOS}
         if nbytes <= select.SMALL_MAX_BYTES:
-            # The small path (gpucomm.small) moves one-shot's bytes with one-shot's SYNC on the
+            # The small path (gpucomm.workspace.small) moves one-shot's bytes with one-shot's SYNC on the
             # same grid; what it saves, the chain of dependent loads before a channel's first
-            # byte (tests/test_small_ptx.py), is a latency this model has no term for.
+            # byte (tests/ops/test_small_ptx.py), is a latency this model has no term for.
             counted[select.SMALL] = counted["oneshot"]
         for algo, c in counted.items():
             out.append(_row(nbytes, P, "ordinary", algo, algo == pick, c, p))
@@ -301,12 +335,24 @@ def markdown(rows_: Sequence[dict]) -> str:
         bus = f", {r['busbw_gbps']:.0f}" if size >= 2 << 20 else ""
         return f"{r['device_us']:.1f}{bus} ({r['algo']})"
 
-    lines = ["| size | ordinary (auto) | symmetric (auto) | multimem (symmetric) | NCCL (published) | others (published) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| size | ordinary (auto) | symmetric (auto) | multimem (symmetric) | NCCL (published) | others (published) |",
+        "|---|---|---|---|---|---|",
+    ]
     for size in TABLE_SIZES:
         nccl, others = PUBLISHED.get(size, ("", ""))
-        name = f"{size >> 30} GiB" if size >= 1 << 30 else f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B"
-        lines.append(f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | {cell('multimem', size, auto=False)} | {nccl} | {others} |")
+        name = (
+            f"{size >> 30} GiB"
+            if size >= 1 << 30
+            else f"{size >> 20} MiB"
+            if size >= 1 << 20
+            else f"{size >> 10} KiB"
+            if size >= 1 << 10
+            else f"{size} B"
+        )
+        lines.append(
+            f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | {cell('multimem', size, auto=False)} | {nccl} | {others} |"
+        )
     return "\n".join(lines)
 
 
@@ -316,17 +362,29 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workspace-bytes", type=int, default=DEFAULT_WORKSPACE_BYTES["cuda"])
     ap.add_argument("--launch-us", type=float, default=3.0, help="assumed: kernel start to first instruction")
     ap.add_argument("--sync-us", type=float, default=3.0, help="assumed: one flag round trip over NVLink")
-    ap.add_argument("--link-gbs", type=float, default=LINK_GBS,
-                    help="NVLink per direction per H100: 0.82 x the published 450 GB/s, NCCL's ring's share")
     ap.add_argument(
-        "--multimem-gbs", type=float, default=309.0,
+        "--link-gbs",
+        type=float,
+        default=LINK_GBS,
+        help="NVLink per direction per H100: 0.82 x the published 450 GB/s, NCCL's ring's share",
+    )
+    ap.add_argument(
+        "--multimem-gbs",
+        type=float,
+        default=309.0,
         help="assumed: NVLink bytes per second per direction of multimem traffic, as NCCL's NVLS reaches it "
         "(its published 480 GB/s bus at 1 GiB moves (1 + 1/8) GiB per direction in 3.91 ms)",
     )
-    ap.add_argument("--hbm-gbs", type=float, default=3000.0, help="one H100's copy bandwidth (published, measured 2.97 TB/s)")
+    ap.add_argument(
+        "--hbm-gbs", type=float, default=3000.0, help="one H100's copy bandwidth (published, measured 2.97 TB/s)"
+    )
     ap.add_argument("--saturating-grid", type=int, default=16, help="assumed: channels that saturate NVLink")
     ap.add_argument("--json", help="write the rows here")
-    ap.add_argument("--table", metavar="JSON", help="print docs/performance.md's table from the rows of this --json file, nothing else")
+    ap.add_argument(
+        "--table",
+        metavar="JSON",
+        help="print docs/performance.md's table from the rows of this --json file, nothing else",
+    )
     return ap
 
 
@@ -337,16 +395,25 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown(json.load(f)["rows"]))
         return 0
     table = rows(args)
-    print(f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  phases (name: busiest channel bytes, syncs)")
+    print(
+        f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  phases (name: busiest channel bytes, syncs)"
+    )
     for r in table:
         phases = "; ".join(f"{ph['name']}: {max(ph['channel_bytes'], default=0)}, {ph['syncs']}" for ph in r["phases"])
-        print(f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} {r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}")
+        print(
+            f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} {r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
+        )
     shares_ = {ws: round(sync_share(ws, args), 3) for ws in WORKSPACE_SIZES}
     print("share of a 1 GiB two-shot all_reduce (ordinary tensor) spent in SYNCs, by GPUCOMM_WORKSPACE_BYTES:")
     print("  " + ", ".join(f"{ws >> 20} MiB: {share:.1%}" for ws, share in shares_.items()))
     if args.json:
-        write_json(args.json, run_settings(args, half_bytes=_half_bytes(args.workspace_bytes)), rows=table, sync_share=shares_,
-                   crossover=crossover(args))
+        write_json(
+            args.json,
+            run_settings(args, half_bytes=_half_bytes(args.workspace_bytes)),
+            rows=table,
+            sync_share=shares_,
+            crossover=crossover(args),
+        )
     return 0
 
 

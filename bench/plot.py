@@ -38,7 +38,7 @@ def plot_tables(tables: Sequence[dict], path: str, title: str) -> None:
         ax.set_ylabel("busbw (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -44,9 +44,8 @@ def _variant(cell: dict | None) -> str:
 
 
 def table_row(row: dict) -> str:
-    return (
-        f"  {row['size']:>10}  {row['count']:>12}  {row['type']:>8}  {row['redop']:>6}  {row['root']:>6}"
-        + "".join(_variant(row[v]) for v in VARIANTS)
+    return f"  {row['size']:>10}  {row['count']:>12}  {row['type']:>8}  {row['redop']:>6}  {row['root']:>6}" + "".join(
+        _variant(row[v]) for v in VARIANTS
     )
 
 

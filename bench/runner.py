@@ -234,18 +234,38 @@ def _emit(bar, text: str) -> None:
         bar.write(text, file=sys.stdout)
 
 
-def _run_collective(coll: str, backends: list[Backend], rank, world, device, s: Settings, ex: _Exchange, bar,
-                    seed: int, not_run: list[dict]) -> list[dict]:
+def _run_collective(
+    coll: str,
+    backends: list[Backend],
+    rank,
+    world,
+    device,
+    s: Settings,
+    ex: _Exchange,
+    bar,
+    seed: int,
+    not_run: list[dict],
+) -> list[dict]:
     """Every size of one collective on every started backend; rank 0's tables (empty list elsewhere),
     in the order of ``s.backends``, with a table saying why for each peer in ``not_run``."""
     spec = SPECS[coll]
     dtype = DTYPES[s.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
-    tables = {b.name: {"backend": b.name, "collective": coll, "rows": [], "error": None, "skipped": None}
-              for b in backends}
-    refused = {item["backend"]: {"backend": item["backend"], "collective": coll, "rows": [], "error": None,
-                                 "skipped": f"not run: {item['reason']}", "wrong": 0, "avg_busbw": None}
-               for item in not_run}
+    tables = {
+        b.name: {"backend": b.name, "collective": coll, "rows": [], "error": None, "skipped": None} for b in backends
+    }
+    refused = {
+        item["backend"]: {
+            "backend": item["backend"],
+            "collective": coll,
+            "rows": [],
+            "error": None,
+            "skipped": f"not run: {item['reason']}",
+            "wrong": 0,
+            "avg_busbw": None,
+        }
+        for item in not_run
+    }
     sizes = s.sizes
     if world < spec.min_world:
         for table in tables.values():
@@ -316,8 +336,13 @@ def _print_collective(tables: list[dict], s: Settings, bar) -> None:
 
 
 def _rank_info(device: torch.device) -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "device": str(device), "device_name": device_name(device),
-            "cores": sorted(os.sched_getaffinity(0))}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "device": str(device),
+        "device_name": device_name(device),
+        "cores": sorted(os.sched_getaffinity(0)),
+    }
 
 
 def _cores_text(cores: list[int]) -> str:
@@ -340,8 +365,9 @@ def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -
     return runnable, skipped
 
 
-def _start_backends(names: list[str], store: dist.Store, rank, world, device, s: Settings,
-                    skipped: list[dict]) -> list[Backend]:
+def _start_backends(
+    names: list[str], store: dist.Store, rank, world, device, s: Settings, skipped: list[dict]
+) -> list[Backend]:
     """Start every backend at once, each on its own store prefix, so that rounds can alternate.
 
     torch's backends first: torch's default group is gpucomm's once gpucomm has one (one world),
@@ -401,15 +427,21 @@ def run_rank(s: Settings) -> int:
         wrong = sum(t["wrong"] for t in tables)
         primary_errors = [t for t in tables if t["backend"] == s.backends[0] and t["error"]]
         failed = wrong > 0 or bool(primary_errors)
-        verdict = "# OK" if not failed else (
-            f"# FAILED: {wrong} wrong value(s), {len(primary_errors)} collective(s) with errors on {s.backends[0]}"
+        verdict = (
+            "# OK"
+            if not failed
+            else (
+                f"# FAILED: {wrong} wrong value(s), {len(primary_errors)} collective(s) with errors on {s.backends[0]}"
+            )
         )
         if s.json_path:
             _write_json(s, world, seed, served, infos, skipped, tables, failed, nccl)
         if s.plot_path:
             from .plot import plot_tables
 
-            plot_tables(tables, s.plot_path, f"gpucomm-bench, {world} ranks, {s.dtype} {s.op}, {infos[0]['device_name']}")
+            plot_tables(
+                tables, s.plot_path, f"gpucomm-bench, {world} ranks, {s.dtype} {s.op}, {infos[0]['device_name']}"
+            )
         print(verdict, flush=True)
     code = int(ex.share(("1" if failed else "0") if rank == 0 else None))
     ex.close()
@@ -427,8 +459,10 @@ def _gpucomm_line(served: dict, device: torch.device) -> str:
 def _header(s: Settings, world, seed, served, device, infos, skipped, nccl) -> str:
     timing = "# time: per iteration the slowest rank's, median over iterations"
     if s.graph_launches:
-        timing = (f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times; "
-                  "per replay the slowest rank's time per iteration, median over replays")
+        timing = (
+            f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times; "
+            "per replay the slowest rank's time per iteration, median over replays"
+        )
     if s.rounds > 1:
         timing += f", median over {s.rounds} rounds (backends in alternating order)"
     lines = [
@@ -444,23 +478,31 @@ def _header(s: Settings, world, seed, served, device, infos, skipped, nccl) -> s
     if served is not None:
         lines.append(_gpucomm_line(served, device))
     if nccl is not None and nccl["multi_rank_gpu"]:
-        lines.append(f"# nccl: NCCL {nccl['version']}, {nccl['local_ranks']} local ranks on {nccl['gpus']} GPU(s): "
-                     f"{NCCL_MULTI_RANK_ENV}=1 in the ranks' environment, as gpucomm's ranks share them")
+        lines.append(
+            f"# nccl: NCCL {nccl['version']}, {nccl['local_ranks']} local ranks on {nccl['gpus']} GPU(s): "
+            f"{NCCL_MULTI_RANK_ENV}=1 in the ranks' environment, as gpucomm's ranks share them"
+        )
     for item in skipped:
         lines.append(f"# {item['backend']}: not run: {item['reason']}")
     lines.append("#\n# Using devices")
     for r, info in enumerate(infos):
-        lines.append(f"#  Rank {r:2d} Pid {info['pid']:6d} on {info['host']} device {info['device']} [{info['device_name']}]"
-                     f" cores {_cores_text(info['cores'])}")
+        lines.append(
+            f"#  Rank {r:2d} Pid {info['pid']:6d} on {info['host']} device {info['device']} [{info['device_name']}]"
+            f" cores {_cores_text(info['cores'])}"
+        )
     return "\n".join(lines)
 
 
 def _nccl_info(device: torch.device, local_world: int) -> dict:
     """The NCCL this run's nccl rows come from, and whether its ranks share GPUs."""
     version, gpus = nccl_version(), torch.cuda.device_count()
-    return {"version": ".".join(map(str, version)) if version else None, "gpus": gpus, "local_ranks": local_world,
-            "multi_rank_gpu": nccl_shares_gpus(version, gpus, local_world),
-            NCCL_MULTI_RANK_ENV: os.environ.get(NCCL_MULTI_RANK_ENV)}
+    return {
+        "version": ".".join(map(str, version)) if version else None,
+        "gpus": gpus,
+        "local_ranks": local_world,
+        "multi_rank_gpu": nccl_shares_gpus(version, gpus, local_world),
+        NCCL_MULTI_RANK_ENV: os.environ.get(NCCL_MULTI_RANK_ENV),
+    }
 
 
 def _write_json(s: Settings, world, seed, served, infos, skipped, tables, failed, nccl) -> None:

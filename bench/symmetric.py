@@ -6,7 +6,7 @@ alternating order round after round:
 
 - ``ordinary``: a torch tensor, the table's algorithm (copied into the workspace's halves);
 - ``symmetric``: a tensor of the symmetric heap, the table's algorithm (two-shot in place above
-  one half of the workspace, gpucomm.engine);
+  one half of the workspace, gpucomm.workspace.engine);
 - ``ordinary_2shot`` and ``symmetric_2shot``: two-shot forced (GPUCOMM_ALGO=twoshot), so that the
   symmetric one runs in place at every size: the copy it saves, size by size;
 - with ``--multimem``: ``symmetric_multimem`` (GPUCOMM_ALGO=multimem).
@@ -51,12 +51,24 @@ def _calls(nbytes: int) -> int:
 
 
 def _rank(
-    rank: int, world: int, port: int, device: str, kernels: str, sizes: list[int], rounds: int, multimem: bool,
-    heap_bytes: int, results: multiprocessing.Queue,
+    rank: int,
+    world: int,
+    port: int,
+    device: str,
+    kernels: str,
+    sizes: list[int],
+    rounds: int,
+    multimem: bool,
+    heap_bytes: int,
+    results: multiprocessing.Queue,
 ) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     import warnings
 
@@ -92,7 +104,11 @@ def _rank(
         n = max(1, nbytes // 4)
         tensors = {}
         for name, comm in comms.items():
-            t = comm.empty(n, dtype=torch.float32, device=device) if name.startswith("symmetric") else torch.empty(n, device=device)
+            t = (
+                comm.empty(n, dtype=torch.float32, device=device)
+                if name.startswith("symmetric")
+                else torch.empty(n, device=device)
+            )
             t.fill_(rank + 1)
             tensors[name] = t
         calls = _calls(nbytes)
@@ -119,9 +135,16 @@ def _rank(
     for comm in {id(c): c for c in comms.values() if c is not world_comm}.values():
         comm.close()
     gpucomm.destroy_process_group()
-    results.put((rank, {"rounds": {k: {str(s): v for s, v in d.items()} for k, d in out.items()},
-                        "wrong": {str(s): v for s, v in wrong.items()},
-                        "no_multimem": why if multimem else None}))
+    results.put(
+        (
+            rank,
+            {
+                "rounds": {k: {str(s): v for s, v in d.items()} for k, d in out.items()},
+                "wrong": {str(s): v for s, v in wrong.items()},
+                "no_multimem": why if multimem else None,
+            },
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,10 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [s for s in SIZES if s <= args.max_bytes]
     heap_bytes = 2 * max(sizes) + (16 << 20)  # the tensors of one size, with room for the reserve
     per_rank = spawn_ranks(
-        _rank, args.nproc, args.device, args.kernels, sizes, args.rounds, args.multimem, heap_bytes, timeout=3600,
+        _rank,
+        args.nproc,
+        args.device,
+        args.kernels,
+        sizes,
+        args.rounds,
+        args.multimem,
+        heap_bytes,
+        timeout=3600,
     )
-    wrong = [f"rank {r} at {nbytes} bytes: {w}" for r in sorted(per_rank) for nbytes, ws in per_rank[r]["wrong"].items()
-             for w in ws]
+    wrong = [
+        f"rank {r} at {nbytes} bytes: {w}"
+        for r in sorted(per_rank)
+        for nbytes, ws in per_rank[r]["wrong"].items()
+        for w in ws
+    ]
     no_multimem = per_rank[0]["no_multimem"]
     if no_multimem:
         print(f"multimem: not run here: {no_multimem}")
@@ -148,10 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for nbytes in sizes:
         # Which series' checked call was wrong at this size, on any rank: the row is wrong.
-        row: dict = {"bytes": nbytes, "wrong": sorted({w.split(":")[0] for r in per_rank for w in per_rank[r]["wrong"].get(str(nbytes), [])})}
+        row: dict = {
+            "bytes": nbytes,
+            "wrong": sorted({w.split(":")[0] for r in per_rank for w in per_rank[r]["wrong"].get(str(nbytes), [])}),
+        }
         # A round's figure of a series: per call the slowest rank, then the median over calls.
         per_round = {
-            name: [slowest_rank([per_rank[r]["rounds"][name][str(nbytes)][i] for r in sorted(per_rank)]) for i in range(args.rounds)]
+            name: [
+                slowest_rank([per_rank[r]["rounds"][name][str(nbytes)][i] for r in sorted(per_rank)])
+                for i in range(args.rounds)
+            ]
             for name in series
         }
         for name in series:
@@ -163,14 +204,18 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{a}/{b}"] = round(statistics.median(ratios), 3)
             row[f"{a}/{b} range"] = [round(ratios[0], 3), round(ratios[-1], 3)]
         rows.append(row)
-    print(f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "      sym/ord (range)      sym2/ord2 (range)"
-          "   (us per call: per call the slowest rank, median over calls and rounds)")
+    print(
+        f"{'bytes':>10} " + " ".join(f"{s:>18}" for s in series) + "      sym/ord (range)      sym2/ord2 (range)"
+        "   (us per call: per call the slowest rank, median over calls and rounds)"
+    )
     for row in rows:
         cells = " ".join(f"{row[s]:18.1f}" for s in series)
         a, b = "symmetric/ordinary", "symmetric_2shot/ordinary_2shot"
-        print(f"{row['bytes']:>10} {cells}  {row[a]:6.3f} ({row[a + ' range'][0]:.2f}-{row[a + ' range'][1]:.2f})"
-              f"  {row[b]:6.3f} ({row[b + ' range'][0]:.2f}-{row[b + ' range'][1]:.2f})"
-              + (f"  WRONG: {', '.join(row['wrong'])}" if row["wrong"] else ""))
+        print(
+            f"{row['bytes']:>10} {cells}  {row[a]:6.3f} ({row[a + ' range'][0]:.2f}-{row[a + ' range'][1]:.2f})"
+            f"  {row[b]:6.3f} ({row[b + ' range'][0]:.2f}-{row[b + ' range'][1]:.2f})"
+            + (f"  WRONG: {', '.join(row['wrong'])}" if row["wrong"] else "")
+        )
     print("results: " + ("all correct" if not wrong else "WRONG: " + "; ".join(wrong[:5])))
     if args.json:
         write_json(args.json, run_settings(args), rows=rows, wrong=wrong, no_multimem=no_multimem)

@@ -66,7 +66,9 @@ def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iter
     if device.type != "cuda":
         raise ValueError(f"time_graph: CUDA graphs need a CUDA device, got {device}")
     if iters < 1 or launches < 1 or warmup < 0:
-        raise ValueError(f"time_graph: expected iters >= 1, launches >= 1 and warmup >= 0, got {iters}, {launches}, {warmup}")
+        raise ValueError(
+            f"time_graph: expected iters >= 1, launches >= 1 and warmup >= 0, got {iters}, {launches}, {warmup}"
+        )
     stream = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(stream)
@@ -95,8 +97,10 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> float:
     rank, then the median over iterations. Every rank must give the same number of iterations."""
     counts = {len(samples) for samples in per_rank}
     if not per_rank or len(counts) != 1 or 0 in counts:
-        raise ValueError(f"slowest_rank: expected one or more ranks with the same number (>= 1) of samples, "
-                         f"got {[len(s) for s in per_rank]}")
+        raise ValueError(
+            f"slowest_rank: expected one or more ranks with the same number (>= 1) of samples, "
+            f"got {[len(s) for s in per_rank]}"
+        )
     return statistics.median(max(iteration) for iteration in zip(*per_rank))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpucomm.watchdog import _Watchdog
+from gpucomm.reliability.watchdog import _Watchdog
 from gpucomm.work import Work
 
 from .hostinfo import run_settings, write_json
@@ -44,7 +44,9 @@ def poll_us(works: int, queues: int, polls: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucomm._bench.watchdog_poll", description=__doc__.splitlines()[0])
-    parser.add_argument("--works", type=int, nargs="+", default=[600, 1200, 10000], help="works in flight (default: %(default)s)")
+    parser.add_argument(
+        "--works", type=int, nargs="+", default=[600, 1200, 10000], help="works in flight (default: %(default)s)"
+    )
     parser.add_argument("--queues", type=int, default=1, help="streams they are spread over (default: %(default)s)")
     parser.add_argument("--polls", type=int, default=200, help="polls timed per count (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")

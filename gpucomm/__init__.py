@@ -5,9 +5,10 @@
 
 from torch.distributed import Backend, FileStore, HashStore, PrefixStore, Store, TCPStore
 
-from gpucomm.api import (
-    split_group,
-    shrink_group,
+from gpucomm import fused, language  # noqa: E402, F401  gpucomm.fused.*, gpucomm.language (no Triton imported yet)
+from gpucomm.comm.communicator import Communicator
+from gpucomm.distributed import backend as _backend  # noqa: E402, F401  registers "gpucomm" with torch.distributed
+from gpucomm.distributed.api import (
     GroupMember,
     P2POp,
     all_gather,
@@ -21,18 +22,18 @@ from gpucomm.api import (
     barrier,
     batch_isend_irecv,
     broadcast,
+    check,
     destroy_process_group,
     empty,
     gather,
     get_backend,
     get_default_communicator,
-    graph_safe,
-    check,
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
     get_rank,
     get_world_size,
+    graph_safe,
     group,
     init_process_group,
     irecv,
@@ -53,10 +54,21 @@ from gpucomm.api import (
     reduce_scatter_tensor,
     scatter,
     send,
+    shrink_group,
+    split_group,
     status,
     supports_complex,
 )
-from gpucomm.communicator import Communicator
+from gpucomm.distributed.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from gpucomm.distributed.torch_names import *  # noqa: F403  torch.distributed's other names (gpucomm.distributed.torch_names.__all__)
+from gpucomm.distributed.torch_names import __all__ as _surface_names
 from gpucomm.errors import (
     CommBrokenError,
     CommMismatchError,
@@ -67,24 +79,11 @@ from gpucomm.errors import (
     UnsupportedError,
     WorkspaceUnavailableError,
 )
-from gpucomm.objects import (
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    recv_object_list,
-    scatter_object_list,
-    send_object_list,
-)
 from gpucomm.reduce_op import ReduceOp
-from gpucomm.surface import *  # noqa: F403  torch.distributed's other names (gpucomm.surface.__all__)
-from gpucomm.surface import __all__ as _surface_names
 from gpucomm.work import Work
 
-from gpucomm import backend as _backend  # noqa: E402, F401  registers "gpucomm" with torch.distributed
-from gpucomm import fused, language  # noqa: E402, F401  gpucomm.fused.*, gpucomm.language (no Triton imported yet)
-
-# gpucomm.surface binds ``rendezvous`` to torch's function of that name, over the attribute of
-# the submodule gpucomm.rendezvous, which stays importable by its path (from gpucomm.rendezvous import ...).
+# gpucomm.distributed.torch_names binds ``rendezvous`` to torch's function of that name, over the attribute of
+# the submodule gpucomm.comm.rendezvous, which stays importable by its path (from gpucomm.comm.rendezvous import ...).
 
 __version__ = "0.1.0"
 
@@ -97,6 +96,7 @@ def __getattr__(name: str) -> object:
 
         return collect_env
     raise AttributeError(f"module 'gpucomm' has no attribute {name!r}")
+
 
 __all__ = [
     "Communicator",

@@ -47,7 +47,7 @@ def capturing_on(index: int) -> Callable[[], bool]:
     return asked
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _driver() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL("libcuda.so.1")

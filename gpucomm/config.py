@@ -2,7 +2,7 @@
 
 The environment is read once, when a communicator is created; a keyword overrides the variable
 of the same name. Values are checked here; whether the host can do what a knob asks is checked
-by :func:`gpucomm.communicator.resolve` when the communicator is built.
+by :func:`gpucomm.comm.communicator.resolve` when the communicator is built.
 """
 
 from __future__ import annotations
@@ -11,7 +11,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-__all__ = ["Config", "DEFAULT_HEAP_BYTES", "TRANSPORTS", "KERNELS", "ALGOS", "CHECKS", "ASYNC_ERROR_HANDLING", "DEFAULT_TIMEOUT_S"]
+__all__ = [
+    "Config",
+    "DEFAULT_HEAP_BYTES",
+    "TRANSPORTS",
+    "KERNELS",
+    "ALGOS",
+    "CHECKS",
+    "ASYNC_ERROR_HANDLING",
+    "DEFAULT_TIMEOUT_S",
+]
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
@@ -30,7 +39,7 @@ DEFAULT_TIMEOUT_S = 300.0
 # layout) still take only 0.5 GB.
 DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "cuda": 64 << 20}
 # Bytes of the symmetric heap per rank (gpucomm.empty), where GPUCOMM_HEAP_BYTES leaves it to
-# gpucomm. The heap opens at the first call that needs it (gpucomm.engine.Engine.open_heap), so
+# gpucomm. The heap opens at the first call that needs it (gpucomm.workspace.engine.Engine.open_heap), so
 # a communicator that never asks for one pays nothing; one that does pays all of it at once: its
 # pages are reserved when it opens (a shared-memory segment reserves every page at creation, so
 # that a small /dev/shm is an error and never a SIGBUS later), and on a GPU the memory is
@@ -56,7 +65,7 @@ class Config:
     debug: str = ""
     local_world_size: int | None = None
     check: str = "fingerprint"
-    channels: int = 0  # 0: auto (gpucomm.engine chooses)
+    channels: int = 0  # 0: auto (gpucomm.workspace.engine chooses)
     blocking_wait: bool = False  # Work.wait() on a GPU blocks the host too
     async_error_handling: str = "raise"  # a failure the watchdog finds: raise at the next call, or abort
     status_signal: str = ""  # a signal name (SIGUSR1, ...) that makes a rank print gpucomm.status(); "" = off
@@ -77,9 +86,7 @@ class Config:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise TypeError(
-                f"gpucomm.init_process_group: unknown knob(s) {unknown}; expected some of {sorted(names)}"
-            )
+            raise TypeError(f"gpucomm.init_process_group: unknown knob(s) {unknown}; expected some of {sorted(names)}")
         values: dict[str, object] = {}
         for name in names:
             raw = env.get(f"GPUCOMM_{name.upper()}")
@@ -107,7 +114,9 @@ def _parse(name: str, value: object) -> object:
         for item in text.split(","):
             algo = item.partition("=")[2] if "=" in item else item
             if algo.strip() not in ALGOS:
-                raise ValueError(f"gpucomm: GPUCOMM_ALGO must name one of {list(ALGOS)} (or family=algo pairs), got {value!r}")
+                raise ValueError(
+                    f"gpucomm: GPUCOMM_ALGO must name one of {list(ALGOS)} (or family=algo pairs), got {value!r}"
+                )
         return text
     if name == "debug":
         return str(value).strip().upper()

@@ -20,12 +20,12 @@ divides once at the end, on gloo and on the workspace path alike.
 import torch
 import torch.distributed as dist
 
-from gpucomm.api import get_default_communicator, is_initialized
-from gpucomm.communicator import Communicator
+from gpucomm.comm.communicator import Communicator
+from gpucomm.comm.rendezvous import rendezvous
 from gpucomm.config import Config
+from gpucomm.distributed.api import get_default_communicator, is_initialized
 from gpucomm.errors import NotInitializedError
 from gpucomm.reduce_op import ReduceOp
-from gpucomm.rendezvous import rendezvous
 
 __all__ = ["GpucommState", "allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
 
@@ -90,7 +90,9 @@ def _from_torch_group(group: dist.ProcessGroup | None) -> tuple[Communicator, bo
     if isinstance(lent, Communicator):
         return lent, False
     if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"gpucomm.ddp.GpucommState: process_group must be a torch.distributed.ProcessGroup, got {type(group).__name__}")
+        raise TypeError(
+            f"gpucomm.ddp.GpucommState: process_group must be a torch.distributed.ProcessGroup, got {type(group).__name__}"
+        )
     config = Config.from_env()
     store = dist.PrefixStore("gpucomm-hooks/", dist.distributed_c10d._get_process_group_store(group))
     rdv = rendezvous(None, group.rank(), group.size(), store, config.timeout, fn="ddp.GpucommState")
@@ -111,11 +113,15 @@ def _communicator(state: GpucommState | None, hook: str) -> Communicator:
     if state is None:
         return get_default_communicator()
     if not isinstance(state, GpucommState):
-        raise TypeError(f"gpucomm.ddp.{hook}: state must be a gpucomm.ddp.GpucommState or None, got {type(state).__name__}")
+        raise TypeError(
+            f"gpucomm.ddp.{hook}: state must be a gpucomm.ddp.GpucommState or None, got {type(state).__name__}"
+        )
     return state.comm
 
 
-def _average(state: GpucommState | None, bucket: dist.GradBucket, dtype: torch.dtype, hook: str) -> torch.futures.Future[torch.Tensor]:
+def _average(
+    state: GpucommState | None, bucket: dist.GradBucket, dtype: torch.dtype, hook: str
+) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket``'s buffer over the ranks, sending it as ``dtype``; the result lands in the buffer."""
     comm = _communicator(state, hook)
     buffer = bucket.buffer()

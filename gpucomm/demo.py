@@ -48,7 +48,10 @@ def _paths(gpu: bool) -> list[tuple[str, dict[str, str], str, bool]]:
     """(label, knobs, tensor device, interpreted) for every path this host can run; "gloo" is
     gpucomm's own gloo path (gpucomm's Communicator over a gloo group), not torch.distributed's
     gloo backend."""
-    paths = [("gloo", {"transport": "gloo"}, "cpu", False), ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu", False)]
+    paths = [
+        ("gloo", {"transport": "gloo"}, "cpu", False),
+        ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu", False),
+    ]
     if gpu:
         paths.append(("cuda+triton", {"transport": "cuda_ipc", "kernels": "triton"}, "cuda", False))
     else:
@@ -68,21 +71,53 @@ def _cases(rank: int, P: int, n: int, device: str) -> list[tuple[str, Callable[[
     total = sum(vec(r) for r in range(P))
     cases.append(("all_reduce", lambda: (t.copy_(vec(rank)), dist.all_reduce(t)), lambda: torch.equal(t, total)))
     r_t = vec(rank)
-    cases.append(("reduce", lambda: (r_t.copy_(vec(rank)), dist.reduce(r_t, dst=0)), lambda: rank != 0 or torch.equal(r_t, total)))
+    cases.append(
+        (
+            "reduce",
+            lambda: (r_t.copy_(vec(rank)), dist.reduce(r_t, dst=0)),
+            lambda: rank != 0 or torch.equal(r_t, total),
+        )
+    )
     b = vec(rank)
     cases.append(("broadcast", lambda: (b.copy_(vec(rank)), dist.broadcast(b, src=0)), lambda: torch.equal(b, vec(0))))
     gathered = torch.empty(n * P, device=device)
-    cases.append(("all_gather", lambda: dist.all_gather_into_tensor(gathered, vec(rank)), lambda: torch.equal(gathered, torch.cat([vec(r) for r in range(P)]))))
+    cases.append(
+        (
+            "all_gather",
+            lambda: dist.all_gather_into_tensor(gathered, vec(rank)),
+            lambda: torch.equal(gathered, torch.cat([vec(r) for r in range(P)])),
+        )
+    )
     g_list = [torch.empty(n, device=device) for _ in range(P)] if rank == 0 else None
-    cases.append(("gather", lambda: dist.gather(vec(rank), g_list, dst=0), lambda: g_list is None or torch.equal(torch.cat(g_list), torch.cat([vec(r) for r in range(P)]))))
+    cases.append(
+        (
+            "gather",
+            lambda: dist.gather(vec(rank), g_list, dst=0),
+            lambda: g_list is None or torch.equal(torch.cat(g_list), torch.cat([vec(r) for r in range(P)])),
+        )
+    )
     sc = torch.empty(n, device=device)
-    cases.append(("scatter", lambda: dist.scatter(sc, [vec(r) for r in range(P)] if rank == 0 else None, src=0), lambda: torch.equal(sc, vec(rank))))
+    cases.append(
+        (
+            "scatter",
+            lambda: dist.scatter(sc, [vec(r) for r in range(P)] if rank == 0 else None, src=0),
+            lambda: torch.equal(sc, vec(rank)),
+        )
+    )
     rs = torch.empty(n, device=device)
     full = torch.cat([vec(rank) * (c + 1) for c in range(P)])
-    cases.append(("reduce_scatter", lambda: dist.reduce_scatter_tensor(rs, full), lambda: torch.equal(rs, total * (rank + 1))))
+    cases.append(
+        ("reduce_scatter", lambda: dist.reduce_scatter_tensor(rs, full), lambda: torch.equal(rs, total * (rank + 1)))
+    )
     a2a = torch.empty(n * P, device=device)
     send = torch.cat([vec(rank) + 100 * c for c in range(P)])
-    cases.append(("all_to_all", lambda: dist.all_to_all_single(a2a, send), lambda: torch.equal(a2a, torch.cat([vec(r) + 100 * rank for r in range(P)]))))
+    cases.append(
+        (
+            "all_to_all",
+            lambda: dist.all_to_all_single(a2a, send),
+            lambda: torch.equal(a2a, torch.cat([vec(r) + 100 * rank for r in range(P)])),
+        )
+    )
     if P > 1:
         got = torch.empty(n, device=device)
 
@@ -97,7 +132,14 @@ def _cases(rank: int, P: int, n: int, device: str) -> list[tuple[str, Callable[[
 
 
 def _rank_main(rank: int, P: int, port: int, n: int, iters: int, gpu: bool, queue: multiprocessing.Queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(P), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(P), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(P),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(P),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     if not gpu:
         # Before anything imports triton (nothing has yet in this fresh process): the Triton rows
         # run under the interpreter; the other rows name the torch kernels or gloo.
@@ -141,7 +183,9 @@ def _free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpucomm-demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gpucomm-demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
     parser.add_argument("--size", default="4099", help="elements per rank (default 4099, an odd size)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per collective (median reported)")
@@ -152,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     queue = ctx.Queue()
     port = _free_port()
     gpu = torch.cuda.is_available()
-    procs = [ctx.Process(target=_rank_main, args=(r, args.nproc, port, n, args.iters, gpu, queue)) for r in range(args.nproc)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, args.nproc, port, n, args.iters, gpu, queue)) for r in range(args.nproc)
+    ]
     for p in procs:
         p.start()
     results: dict[int, tuple[list, str | None]] = {}
@@ -171,14 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     errors = {r: e for r, (_, e) in results.items() if e}
     missing = sorted(set(range(args.nproc)) - set(results))
     rows0 = results.get(0, ([], None))[0]
-    print(f"gpucomm-demo: {args.nproc} ranks, {n} float32 elements per rank, torch {torch.__version__}, "
-          f"{'CUDA ' + torch.cuda.get_device_name() if gpu else 'no GPU: CPU paths, GPU kernels under the interpreter'}")
+    print(
+        f"gpucomm-demo: {args.nproc} ranks, {n} float32 elements per rank, torch {torch.__version__}, "
+        f"{'CUDA ' + torch.cuda.get_device_name() if gpu else 'no GPU: CPU paths, GPU kernels under the interpreter'}"
+    )
     print("each row: one gpucomm collective on float32 inputs, checked on every rank with torch.equal against the")
-    print("reference named; path 'gloo' is gpucomm's gloo path, 'shm+torch' its shared-memory workspace with torch kernels,")
+    print(
+        "reference named; path 'gloo' is gpucomm's gloo path, 'shm+torch' its shared-memory workspace with torch kernels,"
+    )
     if gpu:
         print("'cuda+triton' its CUDA IPC workspace with the Triton program kernel")
     else:
-        print("'shm+triton' the Triton program kernel (gpucomm's GPU kernel) on the shared-memory workspace under Triton's")
+        print(
+            "'shm+triton' the Triton program kernel (gpucomm's GPU kernel) on the shared-memory workspace under Triton's"
+        )
         print("interpreter (TRITON_INTERPRET=1): each collective once, its time the interpreter's, not a GPU's")
     print(f"{'path':<12} {'collective':<16} {'dtype':<8} {'time (us)':>12}  {'check':<6} reference")
     all_ok = True
@@ -186,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         ok = all(i < len(results[r][0]) and results[r][0][i][2] for r in results)
         all_ok &= ok
         mark = " (interpreted)" if interpreted else ""
-        print(f"{label:<12} {name:<16} {'-' if name == 'barrier' else 'float32':<8} {micros:>12.1f}  {'OK' if ok else 'WRONG':<6} {REFERENCES[name]}{mark}")
+        print(
+            f"{label:<12} {name:<16} {'-' if name == 'barrier' else 'float32':<8} {micros:>12.1f}  {'OK' if ok else 'WRONG':<6} {REFERENCES[name]}{mark}"
+        )
     for r, e in sorted(errors.items()):
         print(f"rank {r} failed:\n{e}", file=sys.stderr)
     if missing:

@@ -36,16 +36,23 @@ import torch
 import torch.distributed as dist
 
 from gpucomm.config import Config
-from gpucomm.engine_layout import cpu_segment_bytes
-from gpucomm.native import cache_dir
 from gpucomm.ops.registry import kernels_run_on_cpu, resolved_name
+from gpucomm.toolchain.native import cache_dir
 from gpucomm.transport.cuda_ipc import cuda_ipc_available
 from gpucomm.transport.shm import SHM_DIR
+from gpucomm.workspace.layout import cpu_segment_bytes
 
 __all__ = ["EnvReport", "collect_env", "main"]
 
 # The variables a report lists when set: gpucomm's knobs, and the others that change what it does.
-_OTHER_VARIABLES = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR")
+_OTHER_VARIABLES = (
+    "TRITON_INTERPRET",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+)
 # CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED in cuda.h (CUDA 12.1 and later).
 _CU_MULTICAST_SUPPORTED = 132
 # Ranks the shm line counts up to: more than any node runs (the count is a loop of sizes).
@@ -106,7 +113,11 @@ def _version(distribution: str) -> str:
 
 
 def _cupy_distributions() -> list[str]:
-    return sorted(d.metadata["Name"] for d in importlib.metadata.distributions() if (d.metadata["Name"] or "").lower().startswith("cupy"))
+    return sorted(
+        d.metadata["Name"]
+        for d in importlib.metadata.distributions()
+        if (d.metadata["Name"] or "").lower().startswith("cupy")
+    )
 
 
 def _cupy_version() -> str:
@@ -122,7 +133,10 @@ def _versions(gpus: int) -> list[tuple[str, str]]:
         ("gpucomm", _version("gpucomm")),
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("platform", f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs"),
-        ("torch", f"{torch.__version__} (CUDA build: {cuda_build or 'no'}; gloo: {'yes' if dist.is_gloo_available() else 'no'})"),
+        (
+            "torch",
+            f"{torch.__version__} (CUDA build: {cuda_build or 'no'}; gloo: {'yes' if dist.is_gloo_available() else 'no'})",
+        ),
         ("triton", _version("triton")),
         ("cupy", _cupy_version()),
         ("CUDA runtime", _cuda_runtime(gpus)),
@@ -173,13 +187,30 @@ def _gpus(gpus: int) -> list[tuple[str, str]]:
     rows = []
     for i in range(gpus):
         props = torch.cuda.get_device_properties(i)
-        rows.append((f"cuda:{i}", f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"))
+        rows.append(
+            (
+                f"cuda:{i}",
+                f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs",
+            )
+        )
     if gpus > 1:
-        pairs = [f"{a}->{b}: {'yes' if torch.cuda.can_device_access_peer(a, b) else 'NO'}" for a in range(gpus) for b in range(gpus) if a != b]
+        pairs = [
+            f"{a}->{b}: {'yes' if torch.cuda.can_device_access_peer(a, b) else 'NO'}"
+            for a in range(gpus)
+            for b in range(gpus)
+            if a != b
+        ]
         rows.append(("peer access", ", ".join(pairs)))
     rows.append(("multicast", _multicast(gpus)))
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    rows.append(("MPS", f"control pipe at {pipe}: ranks sharing a GPU run concurrently" if os.path.isdir(pipe) else f"not running (no {pipe})"))
+    rows.append(
+        (
+            "MPS",
+            f"control pipe at {pipe}: ranks sharing a GPU run concurrently"
+            if os.path.isdir(pipe)
+            else f"not running (no {pipe})",
+        )
+    )
     return rows
 
 
@@ -191,7 +222,10 @@ def _multicast(gpus: int) -> str:
     answers = []
     for i in range(gpus):
         device, value = ctypes.c_int(0), ctypes.c_int(0)
-        if lib.cuDeviceGet(ctypes.byref(device), i) != 0 or lib.cuDeviceGetAttribute(ctypes.byref(value), _CU_MULTICAST_SUPPORTED, device) != 0:
+        if (
+            lib.cuDeviceGet(ctypes.byref(device), i) != 0
+            or lib.cuDeviceGetAttribute(ctypes.byref(value), _CU_MULTICAST_SUPPORTED, device) != 0
+        ):
             answers.append(f"cuda:{i} unknown (driver older than CUDA 12.1)")
         else:
             answers.append(f"cuda:{i} {'yes' if value.value else 'no'}")
@@ -210,7 +244,7 @@ def _shm(config: Config | None) -> str:
     workspace = config.workspace_bytes_for("cpu")
     heap = config.heap_bytes_for("cpu")
 
-    def per_rank(ranks: int) -> int:  # the engine's own arithmetic (gpucomm.engine_layout)
+    def per_rank(ranks: int) -> int:  # the engine's own arithmetic (gpucomm.workspace.layout)
         return cpu_segment_bytes(workspace, kernels, config.channels, ranks)
 
     fits = _ranks_that_fit(free, per_rank)
@@ -231,10 +265,14 @@ def _ranks_that_fit(free: int, per_rank: Callable[[int], int]) -> int:
 
 
 def _transports(config: Config | None, gpus: int, cupy_ok: bool, cupy_why: str) -> list[tuple[str, str]]:
-    gloo = "yes: every collective, any device, across hosts" if dist.is_gloo_available() else "NO: this torch has no gloo"
+    gloo = (
+        "yes: every collective, any device, across hosts" if dist.is_gloo_available() else "NO: this torch has no gloo"
+    )
     if cupy_ok:
         ipc = f"yes: {gpus} GPU(s), CuPy opens peers' cudaIpc handles"
-        if gpus > 1 and not all(torch.cuda.can_device_access_peer(a, b) for a in range(gpus) for b in range(gpus) if a != b):
+        if gpus > 1 and not all(
+            torch.cuda.can_device_access_peer(a, b) for a in range(gpus) for b in range(gpus) if a != b
+        ):
             ipc += "; some GPU pairs have no peer access (see GPUs): ranks on them fail at init"
     else:
         ipc = f"NO: {cupy_why}" + ("" if gpus or _cupy_distributions() else "; and CuPy is not installed")
@@ -242,7 +280,7 @@ def _transports(config: Config | None, gpus: int, cupy_ok: bool, cupy_why: str) 
 
 
 def _host_code() -> list[tuple[str, str]]:
-    """The host C code's compiler (gpucomm.native builds kernels/host with it), Triton's mode."""
+    """The host C code's compiler (gpucomm.toolchain.native builds kernels/host with it), Triton's mode."""
     if os.environ.get("GPUCOMM_NATIVE", "1") == "0":
         compiler = "not used (GPUCOMM_NATIVE=0: the Python twin of the host C code)"
     else:
@@ -253,14 +291,24 @@ def _host_code() -> list[tuple[str, str]]:
             compiler = f"NO: no {command} on PATH: the host C code runs as its Python twin (slower flight record)"
         else:
             try:
-                first = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=_COMPILER_TIMEOUT_S).stdout.splitlines()
+                first = subprocess.run(
+                    [path, "--version"], capture_output=True, text=True, timeout=_COMPILER_TIMEOUT_S
+                ).stdout.splitlines()
                 compiler = f"yes: {path} ({first[0] if first else 'no version'}); built code in {cache_dir()}"
             except (OSError, subprocess.TimeoutExpired) as err:
                 compiler = f"NO: {path} --version failed ({err})"
     interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    triton = "interpreter (TRITON_INTERPRET=1): Triton kernels run on CPU tensors" if interpreting else "compiled for GPUs (set TRITON_INTERPRET=1 before triton is imported to run them on CPU tensors)"
+    triton = (
+        "interpreter (TRITON_INTERPRET=1): Triton kernels run on CPU tensors"
+        if interpreting
+        else "compiled for GPUs (set TRITON_INTERPRET=1 before triton is imported to run them on CPU tensors)"
+    )
     nvcc = shutil.which("nvcc")
-    return [("C compiler", compiler), ("Triton", triton), ("nvcc", nvcc or "not on PATH (not needed at run time: CUDA C++ kernels compile with NVRTC)")]
+    return [
+        ("C compiler", compiler),
+        ("Triton", triton),
+        ("nvcc", nvcc or "not on PATH (not needed at run time: CUDA C++ kernels compile with NVRTC)"),
+    ]
 
 
 def _config() -> tuple[Config | None, str]:
@@ -278,7 +326,9 @@ def _auto(config: Config | None, error: str, gpus: int, cupy_ok: bool, cupy_why:
     cpu_kernels = resolved_name(config.kernels if kernels_run_on_cpu(config.kernels) else "auto", "cpu")
     shm = f"workspace transport=shm kernels={cpu_kernels}"
     if not gpus:
-        ipc = "none: no CUDA device" + (" (GPUCOMM_TRANSPORT=cuda_ipc fails at init)" if config.transport == "cuda_ipc" else "")
+        ipc = "none: no CUDA device" + (
+            " (GPUCOMM_TRANSPORT=cuda_ipc fails at init)" if config.transport == "cuda_ipc" else ""
+        )
     elif not cupy_ok:
         ipc = f"init fails: {cupy_why}"
     else:
@@ -288,7 +338,12 @@ def _auto(config: Config | None, error: str, gpus: int, cupy_ok: bool, cupy_why:
         "shm": (shm, "gloo (GPUCOMM_TRANSPORT=shm serves CPU tensors only)"),
         "cuda_ipc": ("gloo (GPUCOMM_TRANSPORT=cuda_ipc serves CUDA tensors only)", ipc),
     }.get(config.transport, (f"{shm} when every rank is on this host, else gloo", ipc))
-    return [("CPU tensors", cpu), ("CUDA tensors", cuda), ("algorithm", f"{config.algo} (GPUCOMM_ALGO)"), ("timeout", f"{config.timeout:g} s")]
+    return [
+        ("CPU tensors", cpu),
+        ("CUDA tensors", cuda),
+        ("algorithm", f"{config.algo} (GPUCOMM_ALGO)"),
+        ("timeout", f"{config.timeout:g} s"),
+    ]
 
 
 def _knobs(config: Config | None, error: str) -> list[tuple[str, str]]:

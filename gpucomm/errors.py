@@ -65,7 +65,7 @@ class WorkspaceUnavailableError(UnsupportedError):
 
 class _Story:
     """An error that can carry the story of the hang: what every rank involved was doing
-    (gpucomm.story builds it from the node's flight records)."""
+    (gpucomm.reliability.story builds it from the node's flight records)."""
 
     story: str = ""
 
@@ -101,8 +101,7 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
         where = f" epoch {epoch}" if epoch is not None else ""
         extra = f": {detail}" if detail else ""
         super().__init__(
-            f"gpucomm {op}{where}: rank {rank} timed out after {timeout:g} s waiting for "
-            f"rank(s) {self.missing}{extra}"
+            f"gpucomm {op}{where}: rank {rank} timed out after {timeout:g} s waiting for rank(s) {self.missing}{extra}"
         )
 
 
@@ -113,7 +112,15 @@ class CommMismatchError(_Story, GpucommError, DistBackendError):
     where the path cannot tell which); ``op`` and ``epoch`` as in :class:`CommTimeoutError`.
     """
 
-    def __init__(self, message: str, *, op: str | None = None, epoch: int | None = None, rank: int | None = None, peers: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        epoch: int | None = None,
+        rank: int | None = None,
+        peers: Sequence[int] = (),
+    ) -> None:
         self.op = op
         self.epoch = epoch
         self.rank = rank

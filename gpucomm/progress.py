@@ -1,6 +1,6 @@
 """``Progress``: the thread that runs a communicator's asynchronous collectives on the host workspace.
 
-On the shared-memory workspace a collective is run by the host (:mod:`gpucomm.host_executor`):
+On the shared-memory workspace a collective is run by the host (:mod:`gpucomm.workspace.host_executor`):
 copies, folds and flag waits in some thread. An ``async_op=True`` call must return at once
 (DDP reduces its gradient buckets while the backward pass goes on), so such calls are queued
 here and run, one after the other in call order, on one thread per communicator, started on the
@@ -64,7 +64,14 @@ class Queued:
         """Block until the collective has run; raise its error. ``timeout`` (seconds) bounds
         this wait alone: the collective goes on (its own deadline is the communicator's)."""
         if not self._ended.wait(timeout):
-            raise CommTimeoutError(self.name, None, self.rank, [], timeout, detail="the collective was still running on the progress thread")
+            raise CommTimeoutError(
+                self.name,
+                None,
+                self.rank,
+                [],
+                timeout,
+                detail="the collective was still running on the progress thread",
+            )
         if self._error is not None:
             raise self._error
 

@@ -28,7 +28,7 @@ __all__ = ["Ranks", "Group", "FlagWords", "NodeWorkspace"]
 
 @runtime_checkable
 class Ranks(Protocol):
-    """Who a communicator's members are (:class:`gpucomm.communicator.Communicator`)."""
+    """Who a communicator's members are (:class:`gpucomm.comm.communicator.Communicator`)."""
 
     rank: int  # this process's rank in the communicator
     world_size: int
@@ -54,7 +54,7 @@ class Group(Ranks, Protocol):
 
 @runtime_checkable
 class FlagWords(Protocol):
-    """Indices of the int64 words in a rank's flag area (:class:`gpucomm.engine_layout.FlagLayout`)."""
+    """Indices of the int64 words in a rank's flag area (:class:`gpucomm.workspace.layout.FlagLayout`)."""
 
     state: int  # the poison word; the channels' epochs follow it
 
@@ -65,7 +65,7 @@ class FlagWords(Protocol):
 
 @runtime_checkable
 class NodeWorkspace(Protocol):
-    """One node's workspace as a workspace engine lays it out (:class:`gpucomm.engine.Engine`),
+    """One node's workspace as a workspace engine lays it out (:class:`gpucomm.workspace.engine.Engine`),
     for what runs on it: the executors and the send/recv mailboxes."""
 
     rank: int  # this rank's index on the node

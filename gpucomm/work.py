@@ -16,7 +16,7 @@ How a Work completes depends on the path that served the collective:
   the caller's current stream after that event and returns at once, as NCCL's does; with a
   ``timeout`` (or ``GPUCOMM_BLOCKING_WAIT=1``) it blocks the host until the event has passed.
   ``is_completed()`` asks the event, never waiting. Errors recorded by the kernels surface here,
-  at the communicator's next call, or from the watchdog (:mod:`gpucomm.watchdog`).
+  at the communicator's next call, or from the watchdog (:mod:`gpucomm.reliability.watchdog`).
 
 A Work keeps what its collective uses (``keep``) until it is complete, and the watchdog keeps
 pending Works, so that no buffer a kernel still reads goes back to the allocator early.
@@ -51,7 +51,9 @@ class StreamEnd:
         rank: this rank, for a timeout's message.
     """
 
-    def __init__(self, event: torch.cuda.Event, stream: torch.cuda.Stream, check: Callable[[], None], describe: str, rank: int) -> None:
+    def __init__(
+        self, event: torch.cuda.Event, stream: torch.cuda.Stream, check: Callable[[], None], describe: str, rank: int
+    ) -> None:
         self.event = event
         self.stream = stream
         self.check = check
@@ -74,7 +76,12 @@ class StreamEnd:
             self.check()
             if deadline is not None and time.monotonic() >= deadline:
                 raise CommTimeoutError(
-                    self.describe, None, self.rank, [], timeout, detail="the collective did not finish within the wait's timeout"
+                    self.describe,
+                    None,
+                    self.rank,
+                    [],
+                    timeout,
+                    detail="the collective did not finish within the wait's timeout",
                 )
             time.sleep(_POLL_S)
         self.check()
@@ -188,7 +195,9 @@ class Work:
             error = self._fail(err)
             if seconds is not None and isinstance(error, CommTimeoutError) and error.timeout != seconds:
                 # The wait's own timeout ran out, not the communicator's: say so.
-                error = CommTimeoutError(error.op, error.epoch, error.rank, error.missing, seconds, detail="the timeout given to Work.wait()")
+                error = CommTimeoutError(
+                    error.op, error.epoch, error.rank, error.missing, seconds, detail="the timeout given to Work.wait()"
+                )
             raise error from err
         return True
 

@@ -10,11 +10,18 @@ import time
 
 import pytest
 
-# tests/ has no __init__.py; pytest's prepend mode puts a test file's own folder on sys.path, which
-# for tests/gpu/ is not tests/. Spawned ranks copy the parent's sys.path, so this covers them too.
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+# The tests' shared helpers (tests/support) are imported by name: pytest's prepend mode puts only a
+# test file's own folder on sys.path. Spawned ranks copy the parent's sys.path, so this covers them too.
+_SUPPORT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+if _SUPPORT_DIR not in sys.path:
+    sys.path.insert(0, _SUPPORT_DIR)
+# TEMPORARY until the helpers that tests import from one another live in support/.
+for _folder in sorted(os.listdir(os.path.dirname(_SUPPORT_DIR))):
+    _path = os.path.join(os.path.dirname(_SUPPORT_DIR), _folder)
+    if os.path.isdir(_path) and _folder not in ("support", "__pycache__") and _path not in sys.path:
+        sys.path.append(_path)
+# Subprocesses a test starts (a test file run again as its own worker, a script) find them as well.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SUPPORT_DIR, os.environ.get("PYTHONPATH")) if p)
 
 _SHM_DIR = "/dev/shm"
 # A segment whose creator has just ended may still be reaped by its peers' next open; only
@@ -39,7 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def nvcc_fatbins(tmp_path_factory: pytest.TempPathFactory):
     """The shipped CUDA files compiled by nvcc as the loader has NVRTC compile them, each (file,
-    arch) once per session (tests/cuda_tools.py): test_cuda_compile and test_bound_launch share them."""
+    arch) once per session (tests/support/cuda_tools.py): test_cuda_compile and test_bound_launch share them."""
     from cuda_tools import Fatbins
 
     return Fatbins(tmp_path_factory.mktemp("nvcc"))

@@ -28,7 +28,11 @@ AT_ONCE = 2
 
 
 def _start() -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "GPUCOMM_", "OMP_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "GPUCOMM_", "OMP_"))
+    }
     command = [sys.executable, "-m", "gpucomm.demo", "--nproc", "4", "--size", "7", "--iters", "1", "--timeout", "240"]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -41,7 +45,9 @@ def test_the_demo_runs_clean_ten_times() -> None:
             out, err = proc.communicate(timeout=300)
             aborted = [line for line in (out + err).splitlines() if "terminate called" in line]
             if proc.returncode != 0 or aborted or not out.rstrip().endswith("OK") or _rows_wrong(out):
-                failures.append(f"exit {proc.returncode}, {len(aborted)} 'terminate called' lines, {_rows_wrong(out)}:\n{out[-1500:]}\n{err[-1500:]}")
+                failures.append(
+                    f"exit {proc.returncode}, {len(aborted)} 'terminate called' lines, {_rows_wrong(out)}:\n{out[-1500:]}\n{err[-1500:]}"
+                )
     assert not failures, f"{len(failures)} of {RUNS} runs:\n" + "\n---\n".join(failures)
 
 

@@ -11,7 +11,6 @@ import os
 import re
 
 import pytest
-
 from spawn import free_port, run_ranks
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +40,15 @@ def _run_scripts(rank: int, world_size: int, scripts: list[str], ports: list[int
 
 def test_there_is_an_example_of_each_client() -> None:
     text = "\n".join(examples("docs/torch-integration.md"))
-    for needle in ("DistributedDataParallel", "GpucommState", "fully_shard", "distribute_tensor", "torch.compile", "dcp.save", "batch_isend_irecv"):
+    for needle in (
+        "DistributedDataParallel",
+        "GpucommState",
+        "fully_shard",
+        "distribute_tensor",
+        "torch.compile",
+        "dcp.save",
+        "batch_isend_irecv",
+    ):
         assert needle in text, needle
 
 

@@ -20,7 +20,7 @@ _CHILD = """
 import json, threading
 import torch.distributed as dist
 import gpucomm
-from gpucomm.communicator import Communicator
+from gpucomm.comm.communicator import Communicator
 threads = threading.active_count()
 report = gpucomm.collect_env()
 started = threading.active_count() - threads
@@ -32,23 +32,44 @@ print(json.dumps({"text": str(report), "cpu": report.get("auto picks", "CPU tens
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCOMM_", "TRITON_INTERPRET", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUCOMM_", "TRITON_INTERPRET", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 def _child(**extra: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _CHILD], env=_clean_env(**extra), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=_clean_env(**extra), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_the_command_prints_every_section() -> None:
-    done = subprocess.run([sys.executable, "-m", "gpucomm.env"], env=_clean_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucomm.env"], env=_clean_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     text = done.stdout
     for section in ("versions", "GPUs", "transports", "host code", "auto picks", "knobs set"):
         assert re.search(rf"^{section}$", text, re.M), f"no section {section!r}:\n{text}"
-    for row in ("gpucomm", "torch", "triton", "cupy", "CUDA runtime", "CUDA driver", "cuda_ipc", "shm", "gloo", "C compiler", "CPU tensors", "CUDA tensors"):
+    for row in (
+        "gpucomm",
+        "torch",
+        "triton",
+        "cupy",
+        "CUDA runtime",
+        "CUDA driver",
+        "cuda_ipc",
+        "shm",
+        "gloo",
+        "C compiler",
+        "CPU tensors",
+        "CUDA tensors",
+    ):
         assert re.search(rf"^  {re.escape(row)} +\S", text, re.M), f"no row {row!r}:\n{text}"
     seconds = float(re.search(r"collected in ([0-9.]+) s", text).group(1))
     assert seconds < COLLECT_LIMIT_S, text
@@ -64,13 +85,21 @@ def test_the_command_prints_every_section() -> None:
 )
 def test_auto_picks_what_a_communicator_serves(knobs: dict[str, str]) -> None:
     got = _child(**knobs)
-    assert got["cpu"].startswith(got["served"]), f"the report says {got['cpu']!r}, a communicator serves {got['served']!r}"
+    assert got["cpu"].startswith(got["served"]), (
+        f"the report says {got['cpu']!r}, a communicator serves {got['served']!r}"
+    )
     assert got["started"] == 0 and not got["initialized"] and got["seconds"] < COLLECT_LIMIT_S, got
     for name, value in knobs.items():
         assert re.search(rf"^  {name} +{value}$", got["text"], re.M), got["text"]
 
 
 def test_a_bad_knob_is_reported_not_raised() -> None:
-    got = subprocess.run([sys.executable, "-m", "gpucomm.env"], env=_clean_env(GPUCOMM_ALGO="fastest"), capture_output=True, text=True, timeout=120)
+    got = subprocess.run(
+        [sys.executable, "-m", "gpucomm.env"],
+        env=_clean_env(GPUCOMM_ALGO="fastest"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert got.returncode == 0, got.stderr[-2000:]
     assert re.search(r"^  CPU tensors +init would fail: gpucomm: GPUCOMM_ALGO", got.stdout, re.M), got.stdout

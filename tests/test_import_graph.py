@@ -1,4 +1,5 @@
-"""No import circle in gpucomm/: the modules form layers, each importing only the ones below.
+"""No import circle in gpucomm/, and its folders form layers: a module imports only its own layer
+and the layers below (:data:`LAYERS`).
 
 The graph is read from the source: an edge for every ``import`` statement (at module level, inside
 a function, or under ``if TYPE_CHECKING:``). An import for annotations only names the module as
@@ -14,6 +15,32 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "gpucomm"
+
+# gpucomm's layers, bottom first: a folder (every module under it) or a top-level module each.
+# docs/architecture.md draws the same picture.
+LAYERS: list[tuple[str, ...]] = [
+    (
+        "gpucomm.errors",
+        "gpucomm.config",
+        "gpucomm.log",
+        "gpucomm.reduce_op",
+        "gpucomm.capture",
+        "gpucomm.progress",
+        "gpucomm.work",
+    ),
+    ("gpucomm.toolchain",),  # host C code and the build caches
+    ("gpucomm.ops",),  # the kernel contract, the program's instruction set, the kernels' launchers
+    ("gpucomm.transport",),  # symmetric workspaces: shm, CUDA IPC, the GPU heap
+    ("gpucomm.roles",),  # what lower layers read of higher objects, as Protocols
+    ("gpucomm.reliability",),  # flight record, hang story, liveness, watchdog
+    ("gpucomm.algorithms", "gpucomm.language"),  # programs built from instructions; the device API
+    ("gpucomm.workspace",),  # the engine: one path that runs programs on a workspace
+    ("gpucomm.gloo",),  # the other paths: gloo, and gloo checked
+    ("gpucomm.comm",),  # the communicator: one group of ranks, a call bound to a path
+    ("gpucomm.distributed",),  # torch's face: the world, groups, collectives, the backend
+    ("gpucomm.fused", "gpucomm.ddp"),  # built on torch's face
+    ("gpucomm", "gpucomm.env", "gpucomm.demo"),  # the package, and its commands
+]
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -83,13 +110,52 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read(tmp_path: pathlib.Path):
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert "gpucomm.engine" in graph["gpucomm.communicator"]
+    assert "gpucomm.workspace.engine" in graph["gpucomm.comm.communicator"]
     assert "gpucomm.transport.shm" in graph["gpucomm.transport.opening"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     # An import for annotations only is an edge too.
     lower = tmp_path / "lower.py"
-    lower.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpucomm.engine import Engine\n")
-    assert _imports("gpucomm.lower", lower, {**modules, "gpucomm.lower": lower}) == {"gpucomm.engine"}
+    lower.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpucomm.workspace.engine import Engine\n"
+    )
+    assert _imports("gpucomm.lower", lower, {**modules, "gpucomm.lower": lower}) == {"gpucomm.workspace.engine"}
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s layer: its longest listed prefix."""
+    found = [
+        (len(entry), index)
+        for index, entries in enumerate(LAYERS)
+        for entry in entries
+        if module == entry or (entry != "gpucomm" and module.startswith(entry + "."))
+    ]
+    if not found:
+        raise AssertionError(f"{module} is in no layer of LAYERS: add it to one")
+    return max(found)[1]
+
+
+def test_every_import_goes_down_or_stays_in_its_layer():
+    modules = _modules()
+    upward = [
+        f"{name} (layer {layer_of(name)}) imports {target} (layer {layer_of(target)})"
+        for name, path in sorted(modules.items())
+        for target in sorted(_imports(name, path, modules))
+        if layer_of(target) > layer_of(name)
+    ]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("gpucomm.workspace.engine") > layer_of("gpucomm.algorithms.allreduce")
+    assert layer_of("gpucomm.transport.shm") < layer_of("gpucomm.reliability.flight")
+    assert layer_of("gpucomm") == len(LAYERS) - 1
+
+
+def test_at_most_twelve_modules_at_the_top_and_none_over_500_lines():
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= 12, top
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}
 
 
 def test_no_import_circle():

@@ -28,19 +28,38 @@ def test_wheel_install_finds_every_kernel(tmp_path: Path) -> None:
     # Built from a copy of the sources: setuptools builds in the source tree, and a build/ folder
     # left there by an earlier build would bring files that no longer exist into the wheel.
     source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__"))
+    shutil.copytree(
+        REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__")
+    )
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
         check=True,
         capture_output=True,
         cwd=tmp_path,
     )
     (wheel,) = wheels.glob("gpucomm-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert not any(n.startswith(("kernels/", "bench/")) for n in names), "kernels/ or bench/ installed as top-level packages"
+    assert not any(n.startswith(("kernels/", "bench/")) for n in names), (
+        "kernels/ or bench/ installed as top-level packages"
+    )
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
 
     triton_modules = sorted(p.stem for p in (REPO / "kernels" / "triton").glob("*.py") if p.stem != "__init__")
     cuda_sources = sorted(p.name for p in (REPO / "kernels" / "cuda").iterdir() if p.suffix in (".cu", ".cuh"))

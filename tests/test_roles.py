@@ -5,7 +5,6 @@ so a role cannot drift from the object it stands for."""
 from __future__ import annotations
 
 import pytest
-
 from spawn import run_ranks
 
 
@@ -13,10 +12,10 @@ def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
     import gpucomm
     from gpucomm import roles
     from gpucomm.algorithms import hierarchical, p2p
-    from gpucomm.device_executor import DeviceEngine, DeviceExecutor
-    from gpucomm.host_executor import HostEngine, HostExecutor, Mail
     from gpucomm.language.context import DeviceWorkspace, SymmetricRegion
-    from gpucomm.repeat import Repeatable
+    from gpucomm.workspace.device_executor import DeviceEngine, DeviceExecutor
+    from gpucomm.workspace.host_executor import HostEngine, HostExecutor, Mail
+    from gpucomm.workspace.repeat import Repeatable
 
     gpucomm.init_process_group(transport="shm", kernels=kernels)
     comm = gpucomm.get_default_communicator()

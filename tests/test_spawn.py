@@ -15,7 +15,18 @@ def _identity(rank, world_size, token):
         "rank": rank,
         "world_size": world_size,
         "token": token,
-        "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GPUCOMM_TEST_KNOB")},
+        "env": {
+            k: os.environ[k]
+            for k in (
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "GPUCOMM_TEST_KNOB",
+            )
+        },
         "pid": os.getpid(),
     }
 
@@ -139,4 +150,7 @@ def test_a_thread_count_other_than_the_servers_is_honoured():
     count than the server's cannot be forked from it and must still get that count."""
     run_ranks(_environment, 1)  # the server is started by now
     wanted = 2 if os.environ.get("OMP_NUM_THREADS") == "1" else 1  # torch takes no more than the cores
-    assert [threads for _, threads, _ in run_ranks(_environment, 2, env={"OMP_NUM_THREADS": str(wanted)})] == [wanted, wanted]
+    assert [threads for _, threads, _ in run_ranks(_environment, 2, env={"OMP_NUM_THREADS": str(wanted)})] == [
+        wanted,
+        wanted,
+    ]

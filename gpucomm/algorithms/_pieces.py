@@ -3,7 +3,7 @@
 A region is cut into as few pieces as fit (at most ``cap`` units each) and those pieces are as
 even as 16-byte boundaries allow, never ``cap``-sized pieces and a short remainder: the program
 kernel deals every instruction's bytes out to its channels in granules sized by the smallest
-instruction (gpucomm.channels.granule), so a remainder piece would make the granules of every
+instruction (gpucomm.workspace.channels.granule), so a remainder piece would make the granules of every
 other piece small, or leave their channels uneven.
 """
 

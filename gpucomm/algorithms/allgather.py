@@ -23,7 +23,7 @@ from gpucomm.algorithms._pieces import count, piece
 from gpucomm.ops.contract import Region
 
 if TYPE_CHECKING:
-    from gpucomm.program import Builder
+    from gpucomm.ops.program import Builder
 
 __all__ = ["run", "direct", "ring"]
 

@@ -1,6 +1,6 @@
 """all_reduce on the workspace: one-shot, two-shot, ring and tree.
 
-Rounds, halves and the ``sync(sources, readers)`` contract are those of gpucomm.program:
+Rounds, halves and the ``sync(sources, readers)`` contract are those of gpucomm.ops.program:
 data written between two syncs is read by its readers after the next one, and only then.
 
 one-shot (per piece of up to one half): copy my piece into my half; sync with all; every rank
@@ -22,7 +22,7 @@ its half and into its tensor. Every step ends with ``sync(sources=[q-1], readers
 one step apart and piece k+1's first steps overlap piece k's last ones on the other ranks.
 Why a neighbour-only step may write its half: the half it writes last held data of two steps
 back, which only q+1 read, and the carry-over of the previous sync waited for q+1 to finish
-that read (gpucomm.program).
+that read (gpucomm.ops.program).
 
 two-shot on a symmetric tensor (gpucomm.empty: every rank's copy at the same heap offset, mapped
 by every rank): no copy in, no pieces, no copy out. Sync with all (every rank's input is there);
@@ -54,7 +54,7 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.program import Builder
+    from gpucomm.ops.program import Builder
 
 __all__ = ["run", "oneshot", "twoshot", "twoshot_symmetric", "ring", "tree_all_reduce"]
 
@@ -90,8 +90,13 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         mine = whole.sub(start * size, count * size)
         staged = b.write_offset()
         bounds = [count * p // P * size for p in range(P + 1)]
-        copy_in = [(b.slot(me, staged + bounds[p], bounds[p + 1] - bounds[p]), mine.sub(bounds[p], bounds[p + 1] - bounds[p])) for p in everyone]
-        if gather and all(out.nbytes == dst.nbytes and theirs.offset == dst.offset for (out, theirs), (dst, _) in zip(gather, copy_in)):
+        copy_in = [
+            (b.slot(me, staged + bounds[p], bounds[p + 1] - bounds[p]), mine.sub(bounds[p], bounds[p + 1] - bounds[p]))
+            for p in everyone
+        ]
+        if gather and all(
+            out.nbytes == dst.nbytes and theirs.offset == dst.offset for (out, theirs), (dst, _) in zip(gather, copy_in)
+        ):
             for (out, theirs), (dst, src) in zip(gather, copy_in):
                 b.copy_pair(out, theirs, dst, src)
         else:
@@ -104,7 +109,10 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         slices = [b.slot(p, staged + lo, hi - lo) for p in everyone]
         b.reduce(b.slot(me, reduced + lo, hi - lo), slices, tensor.dtype, op, P)
         b.sync(everyone, everyone)
-        gather = [(mine.sub(bounds[p], bounds[p + 1] - bounds[p]), b.slot(p, reduced + bounds[p], bounds[p + 1] - bounds[p])) for p in everyone]
+        gather = [
+            (mine.sub(bounds[p], bounds[p + 1] - bounds[p]), b.slot(p, reduced + bounds[p], bounds[p + 1] - bounds[p]))
+            for p in everyone
+        ]
     for out, theirs in gather:
         b.copy(out, theirs)
 

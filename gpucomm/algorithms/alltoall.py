@@ -32,7 +32,7 @@ from gpucomm.errors import CommMismatchError, UnsupportedError
 from gpucomm.ops.contract import Region
 
 if TYPE_CHECKING:
-    from gpucomm.program import Builder
+    from gpucomm.ops.program import Builder
 
 __all__ = ["announce", "rounds", "deliver", "header_bytes", "size_table"]
 
@@ -47,7 +47,9 @@ def _sub_slot(half_bytes: int, world_size: int, op_name: str) -> int:
     room = half_bytes - header_bytes(world_size)
     sub = room // world_size // _ALIGN * _ALIGN or room // world_size // 16 * 16
     if sub <= 0:
-        raise UnsupportedError(f"gpucomm.{op_name}: the workspace half ({half_bytes} bytes) is too small for {world_size} ranks")
+        raise UnsupportedError(
+            f"gpucomm.{op_name}: the workspace half ({half_bytes} bytes) is too small for {world_size} ranks"
+        )
     return sub
 
 

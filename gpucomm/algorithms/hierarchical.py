@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from gpucomm.algorithms import allgather, reducescatter, select
 from gpucomm.ops.contract import Region
+from gpucomm.ops.program import Builder
 from gpucomm.ops.reference import fold_into
-from gpucomm.program import Builder
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.roles import Group
 
@@ -47,7 +47,7 @@ __all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce"]
 
 @runtime_checkable
 class Placement(Protocol):
-    """Where this rank sits among the nodes (:class:`gpucomm.engine.Topology`)."""
+    """Where this rank sits among the nodes (:class:`gpucomm.workspace.engine.Topology`)."""
 
     node: int  # this rank's node
     local: int  # this rank's index on its node
@@ -73,7 +73,7 @@ class InterNode:
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", self._store), self.rank, self.size, self.timeout)
         self._nccl: dist.ProcessGroup | None = None
         # The accumulation-type copy of the last 16-bit tensor reduced, reused while the size
-        # stays the same: the node's programs are cached by address (gpucomm.engine).
+        # stays the same: the node's programs are cached by address (gpucomm.workspace.engine).
         self._staging: torch.Tensor | None = None
 
     def _group(self, tensor: torch.Tensor) -> dist.ProcessGroup:
@@ -112,7 +112,7 @@ class InterNode:
 
 @runtime_checkable
 class NodeEngine(Protocol):
-    """What the hierarchical all_reduce drives (:class:`gpucomm.engine.Engine`): the node's
+    """What the hierarchical all_reduce drives (:class:`gpucomm.workspace.engine.Engine`): the node's
     flat algorithms on its workspace, and the inter-node group."""
 
     rank: int  # this rank's index on the node

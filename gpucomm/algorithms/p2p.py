@@ -103,7 +103,7 @@ class _Request:
 
 @runtime_checkable
 class MailEngine(NodeWorkspace, Protocol):
-    """What the mailboxes read of their engine (:class:`gpucomm.engine.Engine`): the node's
+    """What the mailboxes read of their engine (:class:`gpucomm.workspace.engine.Engine`): the node's
     workspace and where each rank's send/recv area lies in it."""
 
     def mailbox(self, peer: int, offset: int, nbytes: int) -> Region: ...
@@ -133,7 +133,7 @@ class Mailboxes:
         # Two threads move pieces: the caller's (posting, and waiting on a send or receive) and the
         # communicator's progress thread (its collectives' waits move them, so that a peer blocked
         # in a send is not left waiting). One at a time: a piece taken twice or a slot posted twice
-        # corrupts the message (tests/test_async.py, send/recv beside asynchronous collectives).
+        # corrupts the message (tests/comm/test_async.py, send/recv beside asynchronous collectives).
         self._lock = threading.RLock()
 
     # -- layout ---------------------------------------------------------------------------------
@@ -200,7 +200,11 @@ class Mailboxes:
                     moved = True
         ready = self._counters(self.ready_flags)
         for src in range(self.engine.world_size):
-            while src != me and ready[src] > self.consumed[src] and self._acquire(self.ready_flags, src, self.consumed[src] + 1):
+            while (
+                src != me
+                and ready[src] > self.consumed[src]
+                and self._acquire(self.ready_flags, src, self.consumed[src] + 1)
+            ):
                 self._take(src)
                 moved = True
         return moved

@@ -29,12 +29,20 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.program import Builder
+    from gpucomm.ops.program import Builder
 
 __all__ = ["run", "direct", "ring"]
 
 
-def run(algo: str, b: Builder, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None) -> None:
+def run(
+    algo: str,
+    b: Builder,
+    chunks: Sequence[Region],
+    out: Region,
+    dtype: torch.dtype,
+    op: ReduceOp,
+    source: Region | None = None,
+) -> None:
     """``source``: the contiguous input that ``chunks`` tile in order, if there is one."""
     if algo == "ring":
         ring(b, chunks, out, dtype, op)
@@ -42,7 +50,9 @@ def run(algo: str, b: Builder, chunks: Sequence[Region], out: Region, dtype: tor
         direct(b, chunks, out, dtype, op, source)
 
 
-def direct(b: Builder, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None) -> None:
+def direct(
+    b: Builder, chunks: Sequence[Region], out: Region, dtype: torch.dtype, op: ReduceOp, source: Region | None = None
+) -> None:
     me, P = b.rank, b.world_size
     size = itemsize(dtype)
     cap = b.half_bytes // P // size  # elements of each chunk per piece

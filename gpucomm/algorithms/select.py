@@ -30,14 +30,22 @@ from __future__ import annotations
 import warnings
 
 __all__ = [
-    "ALGORITHMS", "FAMILIES", "ORDER_CHANGING", "SMALL", "SMALL_MAX_BYTES", "choose", "forced_algo", "family_of",
-    "keeps_contract", "oneshot_max_bytes",
+    "ALGORITHMS",
+    "FAMILIES",
+    "ORDER_CHANGING",
+    "SMALL",
+    "SMALL_MAX_BYTES",
+    "choose",
+    "forced_algo",
+    "family_of",
+    "keeps_contract",
+    "oneshot_max_bytes",
 ]
 
-# The small-message all_reduce (gpucomm.small): the one-shot's copy, SYNC and fold in one launch
+# The small-message all_reduce (gpucomm.workspace.small): the one-shot's copy, SYNC and fold in one launch
 # whose addresses are its parameters. On CUDA tensors it takes one-shot's sizes: it moves the same
 # bytes with the same one SYNC and reaches a peer's data after one global load where the program
-# kernel waits for three in series (tests/test_small_ptx.py counts them in the sm_90 PTX). Chosen
+# kernel waits for three in series (tests/ops/test_small_ptx.py counts them in the sm_90 PTX). Chosen
 # by that construction, not by a GPU measurement (none yet); the engine runs the program kernel's
 # one-shot where this path cannot serve a call (kernels=torch, more than 8 ranks on a node, a
 # message larger than a half).
@@ -67,7 +75,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 # changes with the message size (docs/results/2026-11-23-determinism/orders.json). Never picked
 # by the table.
 # Multimem (NVLink SHARP) folds in the switch, in an order no document gives: outside the
-# contract for floating-point SUM until a GPU shows it is rank order (gpucomm.multimem).
+# contract for floating-point SUM until a GPU shows it is rank order (gpucomm.workspace.multimem).
 ORDER_CHANGING: dict[str, frozenset[str]] = {
     "all_reduce": frozenset({"ring", "tree", "multimem"}),
     "reduce": frozenset({"tree"}),
@@ -196,7 +204,9 @@ def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
         name = name.strip()
         key = FAMILIES.get(name, name)  # all_gather_into_tensor=ring names the all_gather family
         if key not in ALGORITHMS:
-            raise ValueError(f"gpucomm: GPUCOMM_ALGO={knob} names {name!r}, which is not a collective; use one of {list(ALGORITHMS)}")
+            raise ValueError(
+                f"gpucomm: GPUCOMM_ALGO={knob} names {name!r}, which is not a collective; use one of {list(ALGORITHMS)}"
+            )
         pairs[key] = algo.strip()
     forced = pairs.get(family)
     if forced is None:

@@ -37,7 +37,7 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from gpucomm.program import Builder
+    from gpucomm.ops.program import Builder
 
 __all__ = ["broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"]
 

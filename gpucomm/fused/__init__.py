@@ -13,8 +13,8 @@ simultaneously, with tensors of the same shapes and dtypes.
 - :func:`recover`: make the fused ops usable again after one timed out (a collective).
 """
 
+from gpucomm.fused._group import recover
 from gpucomm.fused._matmul import all_gather_matmul
 from gpucomm.fused._norm import all_reduce_residual_rmsnorm, residual_rmsnorm
-from gpucomm.fused._group import recover
 
 __all__ = ["all_reduce_residual_rmsnorm", "residual_rmsnorm", "all_gather_matmul", "recover"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from gpucomm import api
-from gpucomm.communicator import Communicator
+from gpucomm.comm.communicator import Communicator
+from gpucomm.distributed import api
 from gpucomm.errors import UnsupportedError
 from gpucomm.language.context import DeviceContext
 
@@ -18,7 +18,7 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 def communicator(group: object, fn: str) -> Communicator:
     """The communicator of ``group`` (None: the default group's), found as every gpucomm call
-    finds it (:func:`gpucomm.api._as_communicator`)."""
+    finds it (:func:`gpucomm.distributed.api._as_communicator`)."""
     if group is None:
         return api.get_default_communicator()
     return api._as_communicator(group, f"fused.{fn}")
@@ -37,7 +37,9 @@ def check_float(t: object, fn: str, name: str, dims: int, like: torch.Tensor | N
     if t.dim() != dims:
         raise ValueError(f"gpucomm.fused.{fn}: {name} must have {dims} dimension(s), got shape {tuple(t.shape)}")
     if not t.is_contiguous():
-        raise ValueError(f"gpucomm.fused.{fn}: {name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); call .contiguous() first")
+        raise ValueError(
+            f"gpucomm.fused.{fn}: {name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); call .contiguous() first"
+        )
     return t
 
 
@@ -45,7 +47,9 @@ def context(comm: Communicator, t: torch.Tensor, fn: str) -> DeviceContext:
     """The device API's context of ``t``'s device on ``comm``, where Triton kernels run."""
     ctx = comm.device_context(t.device)
     if ctx.device.type == "cpu" and not _interpreted():
-        raise UnsupportedError(f"gpucomm.fused.{fn}: CPU tensors run the fused Triton kernels only under TRITON_INTERPRET=1")
+        raise UnsupportedError(
+            f"gpucomm.fused.{fn}: CPU tensors run the fused Triton kernels only under TRITON_INTERPRET=1"
+        )
     return ctx
 
 

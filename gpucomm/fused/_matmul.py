@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gpucomm.communicator import Communicator
+from gpucomm.comm.communicator import Communicator
 from gpucomm.fused._group import check_float, communicator, context
 from gpucomm.language.context import DeviceContext
 

@@ -16,17 +16,25 @@ __all__ = ["all_reduce_residual_rmsnorm", "residual_rmsnorm", "TWO_SHOT_MIN_BYTE
 TWO_SHOT_MIN_BYTES = 1 << 20
 
 
-def _check(fn: str, x: object, residual: object, weight: object, eps: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+def _check(
+    fn: str, x: object, residual: object, weight: object, eps: object
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """The checked [T, H] views of x and residual, the weight and eps, before anything moves."""
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError(f"gpucomm.fused.{fn}: x must be a tensor of at least one dimension (..., hidden), got {x!r:.80}")
+        raise ValueError(
+            f"gpucomm.fused.{fn}: x must be a tensor of at least one dimension (..., hidden), got {x!r:.80}"
+        )
     check_float(x, fn, "x", x.dim())
     check_float(residual, fn, "residual", x.dim(), like=x)
     if residual.shape != x.shape:
-        raise ValueError(f"gpucomm.fused.{fn}: residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        raise ValueError(
+            f"gpucomm.fused.{fn}: residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
     check_float(weight, fn, "weight", 1, like=x)
     if weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"gpucomm.fused.{fn}: weight must have x's last dimension {x.shape[-1]}, got {weight.shape[0]}")
+        raise ValueError(
+            f"gpucomm.fused.{fn}: weight must have x's last dimension {x.shape[-1]}, got {weight.shape[0]}"
+        )
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ValueError(f"gpucomm.fused.{fn}: eps must be a non-negative float, got {eps!r}")
     H = x.shape[-1]
@@ -34,7 +42,12 @@ def _check(fn: str, x: object, residual: object, weight: object, eps: object) ->
 
 
 def all_reduce_residual_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, group: object = None, algo: str = "auto"
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    group: object = None,
+    algo: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reduce ``x`` over the group's ranks, add ``residual``, RMS-normalise with ``weight``: one
     kernel per call (one piece of rows for up to 256 tokens of 8192 bf16 on a GPU's default
@@ -94,12 +107,16 @@ def all_reduce_residual_rmsnorm(
 
     # Two-shot: a channel takes P rows at a time (one per rank); one-shot: one row at a time.
     channels = max(1, min(-(-T // ctx.world_size) if two_shot else T, ctx.channels))
-    launch = fused_norm.prepare_fused(ctx, x2, res2, weight, out.view(-1, H), new_residual.view(-1, H), eps, channels, two_shot)
+    launch = fused_norm.prepare_fused(
+        ctx, x2, res2, weight, out.view(-1, H), new_residual.view(-1, H), eps, channels, two_shot
+    )
     ctx.launch(fn, launch)
     return out, new_residual
 
 
-def residual_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def residual_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and RMSNorm of :func:`all_reduce_residual_rmsnorm` without the reduction
     (a local Triton kernel): ``new_residual = round(x + residual)``, ``out =
     round(new_residual * rstd * weight)``, ``rstd = 1 / sqrt(mean(new_residual^2) + eps)``, in
@@ -119,7 +136,9 @@ def residual_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
         if not _interpreted():
             from gpucomm.errors import UnsupportedError
 
-            raise UnsupportedError(f"gpucomm.fused.{fn}: CPU tensors run the Triton kernel only under TRITON_INTERPRET=1")
+            raise UnsupportedError(
+                f"gpucomm.fused.{fn}: CPU tensors run the Triton kernel only under TRITON_INTERPRET=1"
+            )
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     T, H = x2.shape
     if T == 0:

@@ -39,7 +39,7 @@ _VECTOR = 16
 
 @runtime_checkable
 class DeviceFlags(Protocol):
-    """Where the device API's words start in a rank's flag area (:class:`gpucomm.engine_layout.FlagLayout`)."""
+    """Where the device API's words start in a rank's flag area (:class:`gpucomm.workspace.layout.FlagLayout`)."""
 
     device_bank: int
     device_state: int
@@ -47,7 +47,7 @@ class DeviceFlags(Protocol):
 
 @runtime_checkable
 class DeviceWorkspace(NodeWorkspace, Protocol):
-    """What a context reads of its engine (:class:`gpucomm.engine.Engine`): the node's
+    """What a context reads of its engine (:class:`gpucomm.workspace.engine.Engine`): the node's
     workspace, where the device API's flag words and stage lie in it, and the copy of a table
     to the device."""
 
@@ -108,7 +108,9 @@ class DeviceContext:
         comes in through :meth:`add_region`)."""
         P, me = engine.world_size, engine.rank
         if P > layout.MAX_WORLD:
-            raise UnsupportedError(f"gpucomm.device_context: the device API serves up to {layout.MAX_WORLD} ranks per node, got {P}")
+            raise UnsupportedError(
+                f"gpucomm.device_context: the device API serves up to {layout.MAX_WORLD} ranks per node, got {P}"
+            )
         all_regions = [_Workspace(engine), *regions]
         ws, flags = engine.workspace, engine.flags
         self._regions = 0  # rows of the table's region list filled so far
@@ -153,7 +155,9 @@ class DeviceContext:
         the row's words."""
         i, P, me = self._regions, self.world_size, self.rank
         if i >= layout.REGIONS_MAX:
-            raise UnsupportedError(f"gpucomm.device_context: {i + 1} symmetric regions, the table holds {layout.REGIONS_MAX}")
+            raise UnsupportedError(
+                f"gpucomm.device_context: {i + 1} symmetric regions, the table holds {layout.REGIONS_MAX}"
+            )
         bases = list(region.base_addrs)
         if any((b - bases[me]) % _VECTOR for b in bases):
             raise UnsupportedError(f"gpucomm.device_context: region {i}'s copies are not {_VECTOR}-byte apart: {bases}")
@@ -203,7 +207,11 @@ class DeviceContext:
         _, awaited, slot, _, seen, _ = rows[0][:6]
         missing = sorted({self.members[p] for r in rows for p in range(64) if r[3] >> p & 1})
         return CommTimeoutError(
-            op, awaited, self.comm_rank, missing, self.timeout,
+            op,
+            awaited,
+            self.comm_rank,
+            missing,
+            self.timeout,
             detail=f"a device-API wait on slot {slot} saw {seen}, awaited {awaited}; the device context stays "
             f"failed until every rank calls recover()",
         )

@@ -39,7 +39,7 @@ __all__ = [
 # culprits of a timeout travel as an int64 bit mask.
 MAX_WORLD = 63
 # The channels: one per program of a launch, as many as the program kernel's most
-# (gpucomm.channels.MAX_CHANNELS).
+# (gpucomm.workspace.channels.MAX_CHANNELS).
 CHANNEL_SLOTS = 32
 # Slots for users' own flags (all_gather_matmul uses none: it signals on the channels).
 USER_SLOTS = 16
@@ -54,7 +54,7 @@ REGION_WORDS = MAX_WORLD + 1  # the bases of every rank, then the size
 TABLE_WORDS = REGIONS + REGIONS_MAX * REGION_WORDS
 
 # An error record per slot: [kind, value awaited, slot, culprits (bit mask of ranks), value seen,
-# 0], the program kernel's fields (gpucomm.program.RECORD_WORDS) with the slot where the program
+# 0], the program kernel's fields (gpucomm.ops.program.RECORD_WORDS) with the slot where the program
 # kernel has its instruction; the kind (TIMEOUT) is written last, with release.
 RECORD_WORDS = 8
 TIMEOUT = 1

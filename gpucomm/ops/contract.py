@@ -65,9 +65,7 @@ class Region:
     def sub(self, offset: int, nbytes: int) -> Region:
         """The ``nbytes`` bytes starting ``offset`` bytes in."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise ValueError(
-                f"Region.sub: [{offset}, {offset + nbytes}) is outside a region of {self.nbytes} bytes"
-            )
+            raise ValueError(f"Region.sub: [{offset}, {offset + nbytes}) is outside a region of {self.nbytes} bytes")
         return Region(self.addr + offset, nbytes, self.bytes[offset : offset + nbytes])
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
@@ -109,7 +107,11 @@ def alias_bytes(addr: int, nbytes: int, device: torch.device, owner: object = No
         view = torch.from_dlpack(array)
     else:
         raise ValueError(f"Region.alias: device must be cpu or cuda, got {device}")
-    if view.data_ptr() != addr or view.device.type != device.type or (device.index is not None and view.device != device):
+    if (
+        view.data_ptr() != addr
+        or view.device.type != device.type
+        or (device.index is not None and view.device != device)
+    ):
         raise RuntimeError(
             f"Region.alias: the view of {nbytes} bytes at {addr:#x} on {device} is at {view.data_ptr():#x} on "
             f"{view.device}: it would be a copy, not an alias"

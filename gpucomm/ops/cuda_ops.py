@@ -2,7 +2,7 @@
 
 :class:`CudaKernels` implements the kernel contract (:mod:`gpucomm.ops.contract`) on one CUDA
 device, runs the device executor's programs (``run_program``, with ``program.cu``) and the
-small-message all_reduce (``prepare_small``, with ``small.cu``: gpucomm.small). The
+small-message all_reduce (``prepare_small``, with ``small.cu``: gpucomm.workspace.small). The
 ``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is compiled by
 NVRTC on first use for the device's architecture and memoised in the instance, keyed by (file,
 sorted defines, architecture). Launches go on torch's current stream of that device.
@@ -11,7 +11,7 @@ NVRTC is driven through CuPy's thin binding (``cupy_backends.cuda.libs.nvrtc``) 
 ``cupy.RawModule``: RawModule appends ``-ftz=true`` after the caller's options, and flushing
 subnormals to zero would break the bitwise agreement with the torch reference (bf16 and fp32
 subnormals). Here the options are exactly :func:`compile_options`, which CI also hands to nvcc
-(tests/test_cuda_compile.py).
+(tests/ops/test_cuda_compile.py).
 
 Launches: every kernel goes through gpucomm's launcher (:mod:`gpucomm.ops.launcher`) where it
 can be built, each launch one ``cuLaunchKernel`` on the stream handle torch names. The program
@@ -39,11 +39,11 @@ import torch
 
 from gpucomm.errors import KernelCompileError, UnsupportedError
 from gpucomm.ops import launcher as _launcher
-from gpucomm.ops.launcher import Param
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.launcher import Param
+from gpucomm.ops.program import FP_BITS, OPERAND_WORDS, WORDS
 from gpucomm.ops.tables import held
-from gpucomm.program import FP_BITS, OPERAND_WORDS, WORDS
 from gpucomm.reduce_op import ReduceOp
 
 __all__ = [
@@ -102,7 +102,7 @@ _OP_NAMES = {
 _DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES}
 
 # The folds the program kernels are built for: a program's AVG folds as SUM and each of its
-# REDUCEs says whether it divides (gpucomm.program).
+# REDUCEs says whether it divides (gpucomm.ops.program).
 PROGRAM_FOLDS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX)
 # A SYNC names its peers in an int64 bit mask (program.cu's MAX_PEERS - 1).
 MAX_PROGRAM_WORLD = 63
@@ -111,17 +111,38 @@ MAX_PROGRAM_WORLD = 63
 # The parameters of program.cu's kernels (GPUCOMM_PROGRAM_PARAMS) and of copy.cu's gpucomm_copy,
 # with their sizes in bytes: pointers and 64-bit integers 8, int 4.
 PROGRAM_PARAMS = (
-    ("prog", 8), ("n_instr", 8), ("operands", 8), ("peers", 8), ("state", 8), ("record", 8), ("rank", 4),
-    ("world", 4), ("fingerprint", 8), ("half_bytes", 8), ("granule", 8), ("timeout_ns", 8), ("all_channels", 4),
+    ("prog", 8),
+    ("n_instr", 8),
+    ("operands", 8),
+    ("peers", 8),
+    ("state", 8),
+    ("record", 8),
+    ("rank", 4),
+    ("world", 4),
+    ("fingerprint", 8),
+    ("half_bytes", 8),
+    ("granule", 8),
+    ("timeout_ns", 8),
+    ("all_channels", 4),
 )
 COPY_PARAMS = (("dst", 8), ("src", 8), ("nbytes", 8))
 # The parameters of small.cu's kernels (GPUCOMM_SMALL_PARAMS): every rank's half 0 and flag area
 # travel as parameters of their own, up to MAX_SMALL_WORLD ranks (0 past the workspace's).
 MAX_SMALL_WORLD = 8
 SMALL_PARAMS = (
-    ("x", 8), ("n", 8), *((f"stage{p}", 8) for p in range(MAX_SMALL_WORLD)), *((f"flags{p}", 8) for p in range(MAX_SMALL_WORLD)),
-    ("half_bytes", 8), ("state", 8), ("record", 8), ("rank", 4), ("world", 4), ("fingerprint", 8), ("timeout_ns", 8),
-    ("all_channels", 4), ("divisor", 8),
+    ("x", 8),
+    ("n", 8),
+    *((f"stage{p}", 8) for p in range(MAX_SMALL_WORLD)),
+    *((f"flags{p}", 8) for p in range(MAX_SMALL_WORLD)),
+    ("half_bytes", 8),
+    ("state", 8),
+    ("record", 8),
+    ("rank", 4),
+    ("world", 4),
+    ("fingerprint", 8),
+    ("timeout_ns", 8),
+    ("all_channels", 4),
+    ("divisor", 8),
 )
 # The small kernels fold with every op, AVG included (it divides once at the end).
 SMALL_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
@@ -132,13 +153,34 @@ WAIT_PARAMS = (("flag_addrs", 8), ("n", 4), ("epoch", 8), ("timeout_ns", 8), ("s
 
 
 def program_params(
-    instructions: torch.Tensor, operands: torch.Tensor, peers: torch.Tensor, state_addr: int, record_addr: int,
-    rank: int, world: int, fingerprint: int, half_bytes: int, granule: int, timeout_ns: int, all_channels: int,
+    instructions: torch.Tensor,
+    operands: torch.Tensor,
+    peers: torch.Tensor,
+    state_addr: int,
+    record_addr: int,
+    rank: int,
+    world: int,
+    fingerprint: int,
+    half_bytes: int,
+    granule: int,
+    timeout_ns: int,
+    all_channels: int,
 ) -> list[Param]:
     """The program kernel's parameters (program.cu's GPUCOMM_PROGRAM_PARAMS) carrying a launch's values."""
     values = (
-        instructions.data_ptr(), instructions.numel() // WORDS, operands.data_ptr(), peers.data_ptr(), state_addr,
-        record_addr, rank, world, fingerprint, half_bytes, granule, timeout_ns, all_channels,
+        instructions.data_ptr(),
+        instructions.numel() // WORDS,
+        operands.data_ptr(),
+        peers.data_ptr(),
+        state_addr,
+        record_addr,
+        rank,
+        world,
+        fingerprint,
+        half_bytes,
+        granule,
+        timeout_ns,
+        all_channels,
     )
     return [Param(name, size, value) for (name, size), value in zip(PROGRAM_PARAMS, values)]
 
@@ -167,15 +209,38 @@ def small_kernel_name(dtype: torch.dtype, op: ReduceOp) -> str:
 
 
 def small_params(
-    x: int, n: int, stages: Sequence[int], flags: Sequence[int], half_bytes: int, state_addr: int, record_addr: int,
-    rank: int, fingerprint: int, timeout_ns: int, all_channels: int, divisor: int,
+    x: int,
+    n: int,
+    stages: Sequence[int],
+    flags: Sequence[int],
+    half_bytes: int,
+    state_addr: int,
+    record_addr: int,
+    rank: int,
+    fingerprint: int,
+    timeout_ns: int,
+    all_channels: int,
+    divisor: int,
 ) -> list[Param]:
     """small.cu's parameters (GPUCOMM_SMALL_PARAMS) carrying a launch's values."""
     world = len(stages)
     pad = [0] * (MAX_SMALL_WORLD - world)
     values = (
-        x, n, *stages, *pad, *flags, *pad, half_bytes, state_addr, record_addr, rank, world, fingerprint, timeout_ns,
-        all_channels, divisor,
+        x,
+        n,
+        *stages,
+        *pad,
+        *flags,
+        *pad,
+        half_bytes,
+        state_addr,
+        record_addr,
+        rank,
+        world,
+        fingerprint,
+        timeout_ns,
+        all_channels,
+        divisor,
     )
     return [Param(name, size, value) for (name, size), value in zip(SMALL_PARAMS, values, strict=True)]
 
@@ -233,8 +298,7 @@ class CudaKernels:
             raise _unsupported(f"got device {dev}, expected a cuda device")
         if not torch.cuda.is_available():
             raise _unsupported(
-                f"torch.cuda.is_available() is False (torch {torch.__version__}, "
-                f"built with CUDA {torch.version.cuda})"
+                f"torch.cuda.is_available() is False (torch {torch.__version__}, built with CUDA {torch.version.cuda})"
             )
         index = torch.cuda.current_device() if dev.index is None else dev.index
         capability = torch.cuda.get_device_capability(index)
@@ -282,7 +346,9 @@ class CudaKernels:
         self._check_cuda("copy", [dst, src])
         if dst.nbytes == 0:
             return
-        self._launch("copy.cu", "gpucomm_copy", self._blocks(-(-dst.nbytes // 16)), COPY_PARAMS, (dst.addr, src.addr, dst.nbytes))
+        self._launch(
+            "copy.cu", "gpucomm_copy", self._blocks(-(-dst.nbytes // 16)), COPY_PARAMS, (dst.addr, src.addr, dst.nbytes)
+        )
 
     def prepare_copy(self, dst: Region, src: Region) -> Any:
         """The launch of one copy of ``src`` into ``dst``, checked and packed once: ``launch(stream)``
@@ -372,7 +438,7 @@ class CudaKernels:
         epochs the launch keeps in step.
 
         The arguments mean what they mean for ``TritonKernels.prepare_program``
-        (:mod:`gpucomm.device_executor` describes them). ``copy_bytes`` and ``aligned`` are
+        (:mod:`gpucomm.workspace.device_executor` describes them). ``copy_bytes`` and ``aligned`` are
         accepted for that common signature and not needed: the CUDA kernel picks its access width
         from each range's own addresses, so a misaligned access (a fatal CUDA error) cannot happen,
         and the aligned parts of an otherwise unaligned program still move 16-byte vectors.
@@ -381,12 +447,36 @@ class CudaKernels:
         """
         all_channels = channels if all_channels is None else all_channels
         kernel = _check_program(
-            self._device, instructions, operands, peers, state_addr, record_addr, channels, rank, world,
-            fingerprint, half_bytes, granule, timeout_ns, dtype, op, all_channels,
+            self._device,
+            instructions,
+            operands,
+            peers,
+            state_addr,
+            record_addr,
+            channels,
+            rank,
+            world,
+            fingerprint,
+            half_bytes,
+            granule,
+            timeout_ns,
+            dtype,
+            op,
+            all_channels,
         )
         params = program_params(
-            instructions, operands, peers, state_addr, record_addr, rank, world, fingerprint, half_bytes, granule,
-            timeout_ns, all_channels,
+            instructions,
+            operands,
+            peers,
+            state_addr,
+            record_addr,
+            rank,
+            world,
+            fingerprint,
+            half_bytes,
+            granule,
+            timeout_ns,
+            all_channels,
         )
         if self._driver is None:
             return _CupyLaunch(self, "program.cu", kernel, channels, params)
@@ -413,7 +503,7 @@ class CudaKernels:
         op: ReduceOp,
     ) -> Any:
         """The launch of ``kernels/cuda/small.cu``'s all_reduce of the ``n`` elements of ``dtype``
-        at ``x`` over ``channels`` blocks (gpucomm.small describes the arguments), packed once:
+        at ``x`` over ``channels`` blocks (gpucomm.workspace.small describes the arguments), packed once:
         ``launch(stream)`` of the result is one ``cuLaunchKernel``. It neither waits for the
         device nor allocates, and its parameters are all it reads besides the workspace: a CUDA
         graph can capture it."""
@@ -430,7 +520,20 @@ class CudaKernels:
         if op not in SMALL_OPS:
             raise ValueError(f"{fn}: op must be one of {[o.name for o in SMALL_OPS]}, got {op!r}")
         kernel = small_kernel_name(dtype, ReduceOp(op))
-        params = small_params(x, n, stages, flags, half_bytes, state_addr, record_addr, rank, fingerprint, timeout_ns, all_channels, divisor)
+        params = small_params(
+            x,
+            n,
+            stages,
+            flags,
+            half_bytes,
+            state_addr,
+            record_addr,
+            rank,
+            fingerprint,
+            timeout_ns,
+            all_channels,
+            divisor,
+        )
         if self._driver is None:
             return _CupyLaunch(self, "small.cu", kernel, channels, params)
         function = self._bound_function("small.cu", kernel)
@@ -477,7 +580,9 @@ class CudaKernels:
         """A fresh error record {0, epoch, ..., epoch} (see wait_flags_block in common.cuh)."""
         return torch.tensor([0] + [epoch] * n, dtype=torch.int64).to(self._device)
 
-    def _launch(self, file: str, kernel: str, blocks: int, spec: Sequence[tuple[str, int]], values: Sequence[int]) -> None:
+    def _launch(
+        self, file: str, kernel: str, blocks: int, spec: Sequence[tuple[str, int]], values: Sequence[int]
+    ) -> None:
         """One launch of ``kernel`` over ``blocks`` blocks on torch's current stream, its parameters
         (named and sized by ``spec``) carrying ``values``."""
         if self._driver is None:
@@ -503,8 +608,9 @@ class CudaKernels:
         found = self._layouts.get(key)
         if found is None:
             function = self._bound_function(file, kernel)
-            first = _launcher.bind(self._driver, function, [Param(n, size, 0) for n, size in spec],
-                                   grid=(1, 1, 1), block=(THREADS, 1, 1))
+            first = _launcher.bind(
+                self._driver, function, [Param(n, size, 0) for n, size in spec], grid=(1, 1, 1), block=(THREADS, 1, 1)
+            )
             found = self._layouts[key] = (function, [tuple(p) for p in first.layout])
         return found
 

@@ -18,7 +18,7 @@ function was loaded into (``kernels/host/launch.c``), so the repeated call's one
 ``cuCtxGetCurrent``. Allocations, streams and events name their device explicitly
 (``torch.tensor(..., device=d)``, ``torch.cuda.Stream(d)``; an event takes its stream's).
 
-tests/test_multi_device.py drives a communicator's launchers for device 1 while device 0 is
+tests/workspace/test_multi_device.py drives a communicator's launchers for device 1 while device 0 is
 current, on the tests' driver double.
 """
 

@@ -2,7 +2,7 @@
 
 Python has no memory-ordered loads and stores. The C11 atomics give a flag handoff between
 processes over shared memory the same release/acquire guarantee as the GPU kernels give: through
-``kernels/host/atomics.c`` (built on first use by :mod:`gpucomm.native`, about 40 ns a call from
+``kernels/host/atomics.c`` (built on first use by :mod:`gpucomm.toolchain.native`, about 40 ns a call from
 Python), or where it cannot be built through libatomic's ``__atomic_store_8`` /
 ``__atomic_load_8`` and ctypes (0.4-0.6 us a call, measured on the 2-core CI VM).
 """
@@ -12,11 +12,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-
 from collections.abc import Callable
 
-from gpucomm import native
 from gpucomm.errors import UnsupportedError
+from gpucomm.toolchain import native
 
 __all__ = ["store_release", "load_acquire", "raw_store_release", "raw_load_acquire"]
 

@@ -19,8 +19,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from gpucomm import native
 from gpucomm.errors import GpucommError
+from gpucomm.toolchain import native
 
 __all__ = ["Param", "driver", "bind", "layout", "LaunchBindError", "MAX_DYNAMIC_SHARED"]
 

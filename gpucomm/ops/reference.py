@@ -41,7 +41,9 @@ def needs_scratch(out: Region, srcs: Sequence[Region], dtype: torch.dtype) -> bo
     return accumulation_dtype(dtype) != dtype or any(s.addr == out.addr for s in srcs[1:])
 
 
-def fold_into(out: torch.Tensor, srcs: Sequence[torch.Tensor], op: ReduceOp, divisor: int, acc: torch.Tensor | None) -> None:
+def fold_into(
+    out: torch.Tensor, srcs: Sequence[torch.Tensor], op: ReduceOp, divisor: int, acc: torch.Tensor | None
+) -> None:
     """``out = op(srcs[0], srcs[1], ...)``, folded left to right in place, rounded once.
 
     ``out`` and ``srcs`` are views of the element type; ``acc`` (or ``out`` itself when None,

@@ -25,7 +25,9 @@ def _interpreting() -> bool:
 
 def kernels_run_on_cpu(name: str) -> bool:
     """Whether the kernels ``name`` can serve CPU tensors here (Triton only under the interpreter)."""
-    return name in ("auto", "torch") or (name == "triton" and (_interpreting() or (name, torch.device("cpu")) in _installed))
+    return name in ("auto", "torch") or (
+        name == "triton" and (_interpreting() or (name, torch.device("cpu")) in _installed)
+    )
 
 
 def _normalise(device: torch.device | str) -> torch.device:

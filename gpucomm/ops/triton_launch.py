@@ -10,7 +10,7 @@ compiled kernel's launcher. A repeated collective needs none of that. Here:
   host-time benchmark use it); compiled kernels are kept per specialisation. The ranks of a node
   that need the same kernel compile it one at a time (:func:`compile_lock`, per kernel): the first
   compiles into gpucomm's kernel cache (:func:`kernel_cache`, read only where it passes
-  :mod:`gpucomm.trusted_cache`'s check), the others then load it there instead of compiling the
+  :mod:`gpucomm.toolchain.trusted_cache`'s check), the others then load it there instead of compiling the
   same kernel at once, and skip Triton's own cache key, which hashes Triton's libraries (cold
   start, docs/benchmarks.md);
 - :func:`parameters` reads the kernel's parameter list from the compiled kernel: the arguments its
@@ -23,7 +23,7 @@ compiled kernel's launcher. A repeated collective needs none of that. Here:
 
 What this cannot bind (:func:`bind` raises :class:`UnsupportedError`): kernels needing scratch
 memory per launch, clusters, cooperative or PDL launches, tensor descriptors. The program kernel
-needs none of them (tests/test_bound_launch.py binds every kind of its specialisations).
+needs none of them (tests/ops/test_program_launch_args.py binds every kind of its specialisations).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
-from gpucomm import native, trusted_cache
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher
 from gpucomm.ops.device_guard import on_device
 from gpucomm.ops.launcher import Param
+from gpucomm.toolchain import native, trusted_cache
 
 __all__ = ["compile_for", "compile_lock", "parameters", "bind", "bindable", "CompiledLaunch", "HIDDEN_POINTERS"]
 
@@ -61,7 +61,9 @@ _compiled: dict[tuple, Any] = {}
 _functions: dict[tuple, int] = {}
 
 
-def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mapping[str, object], options: Mapping[str, object]) -> Any:
+def compile_for(
+    fn: Any, target: Any, args: Sequence[object], constexprs: Mapping[str, object], options: Mapping[str, object]
+) -> Any:
     """``fn`` (a ``triton.jit`` function) compiled for ``target`` as its JIT dispatch would specialise
     it on ``args`` and ``constexprs``, with compile ``options``: kept per specialisation in this
     process and in gpucomm's kernel cache (:func:`kernel_cache`), compiled where neither has it."""
@@ -80,7 +82,9 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
     # What JITFunction.run adds to the caller's keywords before it binds them: debug and
     # instrumentation_mode (Triton 3.6, the lent GPU image's), fpsan_homomorphic_casts too (3.9).
     kwargs = {
-        **constexprs, **options, "debug": fn.debug or knobs.runtime.debug,
+        **constexprs,
+        **options,
+        "debug": fn.debug or knobs.runtime.debug,
         "instrumentation_mode": knobs.compilation.instrumentation_mode,
     }
     if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
@@ -97,8 +101,12 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
         with compile_lock(stored):
             kernel = CachedKernel.load(stored)  # a peer may have compiled it while this rank waited
             if kernel is None:
-                parsed, signature, constants, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, bound_options)
-                compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=target, options=parsed.__dict__)
+                parsed, signature, constants, attrs = fn._pack_args(
+                    backend, kwargs, bound_args, specialization, bound_options
+                )
+                compiled = triton.compile(
+                    ASTSource(fn, signature, constants, attrs), target=target, options=parsed.__dict__
+                )
                 kernel = CachedKernel.store(stored, compiled)
     _compiled[key] = kernel
     return kernel
@@ -106,7 +114,7 @@ def compile_for(fn: Any, target: Any, args: Sequence[object], constexprs: Mappin
 
 def kernel_cache() -> pathlib.Path:
     """Where compiled kernels are kept across processes: beside gpucomm's built host code (this
-    process's private folder where that cache fails :mod:`gpucomm.trusted_cache`'s check)."""
+    process's private folder where that cache fails :mod:`gpucomm.toolchain.trusted_cache`'s check)."""
     return trusted_cache.folder("kernels")
 
 
@@ -117,7 +125,15 @@ def _disk_key(fn: Any, target: Any, key: tuple) -> str:
     import triton
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
-    text = "\0".join([triton.__version__, fn.cache_key, repr(target), *key[2:], repr(sorted(get_cache_invalidating_env_vars().items()))])
+    text = "\0".join(
+        [
+            triton.__version__,
+            fn.cache_key,
+            repr(target),
+            *key[2:],
+            repr(sorted(get_cache_invalidating_env_vars().items())),
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -125,7 +141,14 @@ class CachedKernel:
     """A compiled kernel as this module reads it (its cubin and PTX, metadata, signature and
     constants), kept in gpucomm's kernel cache as one JSON file and the cubin beside it."""
 
-    def __init__(self, asm: dict[str, Any], metadata: dict[str, Any], signature: dict[str, str], constants: list[int], kernel_hash: str) -> None:
+    def __init__(
+        self,
+        asm: dict[str, Any],
+        metadata: dict[str, Any],
+        signature: dict[str, str],
+        constants: list[int],
+        kernel_hash: str,
+    ) -> None:
         self.asm = asm
         self.metadata = types.SimpleNamespace(**metadata)
         self.src = types.SimpleNamespace(signature=signature, constants={(i,): None for i in constants})
@@ -134,16 +157,29 @@ class CachedKernel:
     @classmethod
     def store(cls, path: pathlib.Path, compiled: Any) -> CachedKernel:
         """``compiled`` (Triton's CompiledKernel) kept at ``path`` (written whole or not at all)."""
-        meta = {k: v for k, v in compiled.metadata._asdict().items() if isinstance(v, (int, str, bool, float)) or v is None}
+        meta = {
+            k: v for k, v in compiled.metadata._asdict().items() if isinstance(v, (int, str, bool, float)) or v is None
+        }
         meta["tensordesc_meta"] = bool(getattr(compiled.metadata, "tensordesc_meta", None))  # what bindable asks of it
         kernel = cls(
-            {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"]}, meta, dict(compiled.src.signature),
-            sorted(path_[0] for path_ in compiled.src.constants), compiled.hash,
+            {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"]},
+            meta,
+            dict(compiled.src.signature),
+            sorted(path_[0] for path_ in compiled.src.constants),
+            compiled.hash,
         )
-        record = {"metadata": meta, "signature": kernel.src.signature, "constants": sorted(i for (i,) in kernel.src.constants),
-                  "hash": kernel.hash, "ptx": kernel.asm["ptx"]}
+        record = {
+            "metadata": meta,
+            "signature": kernel.src.signature,
+            "constants": sorted(i for (i,) in kernel.src.constants),
+            "hash": kernel.hash,
+            "ptx": kernel.asm["ptx"],
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
-        for suffix, data in ((".cubin", kernel.asm["cubin"]), (".json", json.dumps(record).encode())):  # the JSON last: it marks the entry whole
+        for suffix, data in (
+            (".cubin", kernel.asm["cubin"]),
+            (".json", json.dumps(record).encode()),
+        ):  # the JSON last: it marks the entry whole
             fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -153,7 +189,7 @@ class CachedKernel:
     @classmethod
     def load(cls, path: pathlib.Path) -> CachedKernel | None:
         """The kernel kept at ``path``, or None (also where a file of it fails
-        :mod:`gpucomm.trusted_cache`'s check: another user could have written it)."""
+        :mod:`gpucomm.toolchain.trusted_cache`'s check: another user could have written it)."""
         if not all(trusted_cache.file_ok(path.parent, path.with_suffix(s)) for s in (".json", ".cubin")):
             return None
         try:
@@ -161,13 +197,19 @@ class CachedKernel:
             cubin = path.with_suffix(".cubin").read_bytes()
         except (OSError, ValueError):
             return None
-        return cls({"cubin": cubin, "ptx": record["ptx"]}, record["metadata"], record["signature"], record["constants"], record["hash"])
+        return cls(
+            {"cubin": cubin, "ptx": record["ptx"]},
+            record["metadata"],
+            record["signature"],
+            record["constants"],
+            record["hash"],
+        )
 
 
 def compile_lock(stored: pathlib.Path) -> contextlib.AbstractContextManager[None]:
     """Held while this process compiles the kernel kept at ``stored``: the processes that need it
     (the ranks of a node) compile it one at a time, so that it is compiled once and the others
-    load it; processes compiling other kernels do not wait (:func:`gpucomm.native.build_lock`;
+    load it; processes compiling other kernels do not wait (:func:`gpucomm.toolchain.native.build_lock`;
     off where COMPILE_LOCK is False)."""
     return native.build_lock(stored) if COMPILE_LOCK else contextlib.nullcontext()
 
@@ -196,14 +238,18 @@ def parameters(kernel: Any, values: Mapping[str, object]) -> list[Param]:
             continue
         size = 8 if kind.startswith("*") else _SIZES.get(kind)
         if size is None:
-            raise UnsupportedError(f"gpucomm: a Triton parameter of type {kind} ({name}) is not bound by gpucomm's launcher")
+            raise UnsupportedError(
+                f"gpucomm: a Triton parameter of type {kind} ({name}) is not bound by gpucomm's launcher"
+            )
         value = values[name]
         found.append(Param(name, size, value.data_ptr() if isinstance(value, torch.Tensor) else int(value)))
     found += [Param(name, 8, 0) for name in HIDDEN_POINTERS if hasattr(kernel.metadata, f"{name}_size")]
     return found
 
 
-def bind(kernel: Any, drv: Any, device: int, grid: tuple[int, ...], values: Mapping[str, object], stream: int = 0) -> Any:
+def bind(
+    kernel: Any, drv: Any, device: int, grid: tuple[int, ...], values: Mapping[str, object], stream: int = 0
+) -> Any:
     """The launch of the compiled ``kernel`` over ``grid`` with ``values`` (every argument by name),
     through the launcher on ``drv``: a ``Bound`` (``launch(stream)``; called bare, on ``stream``)."""
     why = bindable(kernel)
@@ -216,8 +262,13 @@ def bind(kernel: Any, drv: Any, device: int, grid: tuple[int, ...], values: Mapp
     meta = kernel.metadata
     full_grid = (*grid, 1, 1)[:3]
     return launcher.bind(
-        drv, function, parameters(kernel, values), grid=full_grid, block=(meta.num_warps * meta.warp_size, 1, 1),
-        shared=meta.shared, stream=stream,
+        drv,
+        function,
+        parameters(kernel, values),
+        grid=full_grid,
+        block=(meta.num_warps * meta.warp_size, 1, 1),
+        shared=meta.shared,
+        stream=stream,
     )
 
 

@@ -22,9 +22,9 @@ from gpucomm._kernels.triton import reduce as reduce_kernel
 from gpucomm._kernels.triton import small as small_kernel
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops import launcher, triton_launch
-from gpucomm.ops.device_guard import on_device
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import Region
+from gpucomm.ops.device_guard import on_device
 from gpucomm.ops.tables import held
 from gpucomm.reduce_op import ReduceOp
 
@@ -159,7 +159,7 @@ class TritonKernels:
         aligned: bool,
         all_channels: int | None = None,
     ) -> Any:
-        """The launch of the program kernel (gpucomm.device_executor describes the arguments) over
+        """The launch of the program kernel (gpucomm.workspace.device_executor describes the arguments) over
         ``channels`` blocks, checked and packed once. ``all_channels`` (default ``channels``) is how
         many the flag layout has, whose epochs the launch keeps in step.
 
@@ -167,14 +167,26 @@ class TritonKernels:
         gpucomm's launcher (:mod:`gpucomm.ops.triton_launch`); ``launch(stream)`` of the result is
         one call into the driver. Under the interpreter (CPU): calling the result runs it."""
         if instructions.device.type != self.device.type:  # the table's device, not a Region built to ask
-            raise ValueError(f"run_program: instructions on {instructions.device}, expected {self.device} (this TritonKernels' device)")
+            raise ValueError(
+                f"run_program: instructions on {instructions.device}, expected {self.device} (this TritonKernels' device)"
+            )
         if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
             dtype = torch.int32
         launch_args = (instructions, operands, peers, state_addr, record_addr)
         launch_kwargs = dict(
-            channels=channels, rank=rank, world=world, fingerprint=fingerprint, half_bytes=half_bytes,
-            granule=granule, timeout_ns=timeout_ns, dtype=reduce_kernel.TL_DTYPES[dtype], op=op,
-            copy_bytes=copy_bytes, elem_bytes=dtype.itemsize, aligned=aligned, all_channels=all_channels,
+            channels=channels,
+            rank=rank,
+            world=world,
+            fingerprint=fingerprint,
+            half_bytes=half_bytes,
+            granule=granule,
+            timeout_ns=timeout_ns,
+            dtype=reduce_kernel.TL_DTYPES[dtype],
+            op=op,
+            copy_bytes=copy_bytes,
+            elem_bytes=dtype.itemsize,
+            aligned=aligned,
+            all_channels=all_channels,
         )
         if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
             return program_kernel.prepare(*launch_args, **launch_kwargs)
@@ -208,7 +220,7 @@ class TritonKernels:
         op: ReduceOp,
     ) -> Any:
         """The launch of ``kernels/triton/small.py``'s all_reduce of the ``n`` elements of ``dtype``
-        at ``x`` over ``channels`` programs (gpucomm.small describes the arguments), packed once,
+        at ``x`` over ``channels`` programs (gpucomm.workspace.small describes the arguments), packed once,
         as :meth:`prepare_program` packs the program kernel's: on a GPU bound through gpucomm's
         launcher (``launch(stream)``), under the interpreter a callable that runs it."""
         if not 1 <= len(stages) <= small_kernel.MAX_WORLD or len(flags) != len(stages):
@@ -218,9 +230,18 @@ class TritonKernels:
             )
         launch_args = (x, n, stages, flags)
         launch_kwargs = dict(
-            half_bytes=half_bytes, state_addr=state_addr, record_addr=record_addr, rank=rank, fingerprint=fingerprint,
-            timeout_ns=timeout_ns, channels=channels, all_channels=all_channels, divisor=divisor,
-            dtype=reduce_kernel.TL_DTYPES[dtype], elem_bytes=dtype.itemsize, op=int(op),
+            half_bytes=half_bytes,
+            state_addr=state_addr,
+            record_addr=record_addr,
+            rank=rank,
+            fingerprint=fingerprint,
+            timeout_ns=timeout_ns,
+            channels=channels,
+            all_channels=all_channels,
+            divisor=divisor,
+            dtype=reduce_kernel.TL_DTYPES[dtype],
+            elem_bytes=dtype.itemsize,
+            op=int(op),
         )
         if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
             return small_kernel.prepare(*launch_args, **launch_kwargs)
@@ -301,7 +322,11 @@ class JitDispatchTritonKernels(TritonKernels):
         kwargs = dict(kwargs)
         dtype = kwargs.pop("dtype") or torch.int32
         dispatch = program_kernel.prepare(
-            instructions, *args, dtype=reduce_kernel.TL_DTYPES[dtype], elem_bytes=dtype.itemsize, **kwargs,
+            instructions,
+            *args,
+            dtype=reduce_kernel.TL_DTYPES[dtype],
+            elem_bytes=dtype.itemsize,
+            **kwargs,
         )
         return _OnCurrentStream(dispatch)
 

@@ -31,8 +31,8 @@ from types import ModuleType
 import torch
 
 from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError, WorkspaceUnavailableError
-from gpucomm.liveness import alive, pid_space
 from gpucomm.ops.contract import alias_bytes
+from gpucomm.transport.processes import alive, pid_space
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
 __all__ = ["open_cuda_ipc", "cuda_ipc_available"]

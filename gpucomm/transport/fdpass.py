@@ -41,7 +41,7 @@ import struct
 import time
 
 from gpucomm.errors import CommTimeoutError, GpucommError
-from gpucomm.liveness import pid_space
+from gpucomm.transport.processes import pid_space
 
 __all__ = ["FdExchange", "FdExchangeRefused"]
 
@@ -105,7 +105,9 @@ class FdExchange:
         first = next((p["failure"] for p in procs if p["failure"]), "")
         if first:
             self._listener.close()
-            raise FdExchangeRefused(f"gpucomm descriptor exchange: {first}; every rank of the node refuses the exchange")
+            raise FdExchangeRefused(
+                f"gpucomm descriptor exchange: {first}; every rank of the node refuses the exchange"
+            )
         # A peer's pid where it means that process here, else None (module docstring).
         self._pids = [p["pid"] if p["space"] == space else None for p in procs]
         self._listener.setblocking(False)
@@ -122,7 +124,9 @@ class FdExchange:
             missing = [r for r, key in enumerate(keys) if not self._store.check([key])]
             if not missing:
                 raise
-            raise CommTimeoutError(_OP, None, self.rank, missing, self.timeout, detail="they never listened for file descriptors") from exc
+            raise CommTimeoutError(
+                _OP, None, self.rank, missing, self.timeout, detail="they never listened for file descriptors"
+            ) from exc
         return [json.loads(self._store.get(key).decode()) for key in keys]
 
     def send(self, peers: list[int], fd: int, tag: int) -> None:
@@ -150,7 +154,9 @@ class FdExchange:
         deadline = time.monotonic() + self.timeout
         to_send = list(send_to)
         got: dict[int, int] = {}
-        unread: list[tuple[socket.socket, int | None]] = []  # accepted, header not yet read: (conn, its sender if known)
+        unread: list[
+            tuple[socket.socket, int | None]
+        ] = []  # accepted, header not yet read: (conn, its sender if known)
         try:
             while to_send or len(got) < len(receive_from):
                 self._raise_agreed()
@@ -201,7 +207,9 @@ class FdExchange:
         finally:
             conn.close()
 
-    def _accept(self, receive_from: list[int], got: dict[int, int], unread: list[tuple[socket.socket, int | None]]) -> None:
+    def _accept(
+        self, receive_from: list[int], got: dict[int, int], unread: list[tuple[socket.socket, int | None]]
+    ) -> None:
         """Accept every connection waiting; keep those that may be a sender's (module docstring)."""
         while True:
             try:
@@ -220,7 +228,9 @@ class FdExchange:
                 oldest = next(i for i, (_, s) in enumerate(unread) if s is None)
                 unread.pop(oldest)[0].close()
 
-    def _read(self, unread: list[tuple[socket.socket, int | None]], tag: int, receive_from: list[int], got: dict[int, int]) -> None:
+    def _read(
+        self, unread: list[tuple[socket.socket, int | None]], tag: int, receive_from: list[int], got: dict[int, int]
+    ) -> None:
         """Take the descriptor of every accepted connection whose message came; drop the rest that
         sent something else."""
         keep = []
@@ -235,7 +245,11 @@ class FdExchange:
                 continue
             conn.close()
             sender, their_tag = _HEADER.unpack(data) if len(data) == _HEADER.size else (-1, -1)
-            expected = sender in receive_from and sender not in got and (known is None and self._pids[sender] is None or known == sender)
+            expected = (
+                sender in receive_from
+                and sender not in got
+                and (known is None and self._pids[sender] is None or known == sender)
+            )
             if len(fds) != 1 or their_tag != tag or not expected:
                 for received in fds:
                     os.close(received)
@@ -251,7 +265,11 @@ class FdExchange:
         self._raise(first)
 
     def _fail_timeout(self, missing: list[int], sending: bool) -> None:
-        what = "it could not hand them its file descriptor (not listening, or a full backlog)" if sending else "no file descriptor came from them"
+        what = (
+            "it could not hand them its file descriptor (not listening, or a full backlog)"
+            if sending
+            else "no file descriptor came from them"
+        )
         self._fail(f"{what} over the node's Unix sockets; every rank of the node stops", missing)
 
     def _raise_agreed(self) -> None:
@@ -260,5 +278,7 @@ class FdExchange:
 
     def _raise(self, failure: dict) -> None:
         if failure["missing"] is not None:  # the rank that waited, named as such on every rank
-            raise CommTimeoutError(_OP, None, failure["rank"], failure["missing"], failure["timeout"], detail=failure["why"])
+            raise CommTimeoutError(
+                _OP, None, failure["rank"], failure["missing"], failure["timeout"], detail=failure["why"]
+            )
         raise FdExchangeRefused(f"gpucomm descriptor exchange: {failure['why']}; every rank of the node stops")

@@ -126,7 +126,11 @@ class StoreAgreement:
             if not missing:
                 raise
             raise CommTimeoutError(
-                op="empty", epoch=None, rank=self.rank, missing=missing, timeout=self.timeout,
+                op="empty",
+                epoch=None,
+                rank=self.rank,
+                missing=missing,
+                timeout=self.timeout,
                 detail=f"allocation {n} of the symmetric heap: every rank must call gpucomm.empty, in the same order",
             ) from exc
         seen = [self.store.get(key).decode().split(";") for key in keys]
@@ -138,7 +142,10 @@ class StoreAgreement:
             raise CommMismatchError(
                 f"gpucomm.empty: allocation {n} of the symmetric heap asks for different sizes on different ranks "
                 f"(bytes: {listed}); every rank must allocate the same sizes in the same order",
-                op="empty", epoch=None, rank=self.rank, peers=differ,
+                op="empty",
+                epoch=None,
+                rank=self.rank,
+                peers=differ,
             )
         common = set(dropped)
         for _, offsets in seen:
@@ -256,7 +263,9 @@ class SymmetricHeap:
     def offset(self, tensor: torch.Tensor) -> int:
         """Bytes from this rank's heap base to ``tensor``'s first element (ValueError outside)."""
         if not self.contains(tensor):
-            raise ValueError(f"SymmetricHeap.offset: the tensor at {tensor.data_ptr():#x} is not in this rank's symmetric heap")
+            raise ValueError(
+                f"SymmetricHeap.offset: the tensor at {tensor.data_ptr():#x} is not in this rank's symmetric heap"
+            )
         return tensor.data_ptr() - self.base_addrs[self.rank]
 
     def contains(self, tensor: torch.Tensor) -> bool:

@@ -1,6 +1,6 @@
 """Opening a node's symmetric heap: where its memory comes from, decided the same on every rank.
 
-The heap opens at the first call that needs it (gpucomm.engine.Engine.open_heap), never at a
+The heap opens at the first call that needs it (gpucomm.workspace.engine.Engine.open_heap), never at a
 communicator's init, and is memory of its own, never part of the workspace:
 
 - The CPU: a shared-memory segment per rank, made as the workspace's are (every page reserved
@@ -42,7 +42,9 @@ def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
         if not missing:
             raise
-        raise CommTimeoutError("symmetric heap open", None, rank, missing, timeout, detail=f"no {prefix!r} from them") from exc
+        raise CommTimeoutError(
+            "symmetric heap open", None, rank, missing, timeout, detail=f"no {prefix!r} from them"
+        ) from exc
     return [store.get(key).decode() for key in keys]
 
 
@@ -53,13 +55,23 @@ def heap_kind(device: torch.device, agreed: Callable[[str], list[str]]) -> tuple
         return "workspace", ""
     from gpucomm.transport.vmm import first_reason, vmm_unavailable
 
-    why = first_reason(agreed(vmm_unavailable(device.index if device.index is not None else torch.cuda.current_device())))
+    why = first_reason(
+        agreed(vmm_unavailable(device.index if device.index is not None else torch.cuda.current_device()))
+    )
     return ("workspace", why) if why else ("vmm", "")
 
 
 def heap_of_its_own(
-    transport: str, store: object, prefix: str, rank: int, world_size: int, device: torch.device, nbytes: int,
-    agree_alloc: object, reserve: int, timeout: float,
+    transport: str,
+    store: object,
+    prefix: str,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    nbytes: int,
+    agree_alloc: object,
+    reserve: int,
+    timeout: float,
 ) -> tuple[SymmetricHeap, Workspace]:
     """The heap as a workspace of its own, ``nbytes`` bytes of data and no flags per rank, over
     ``transport`` ("shm": /dev/shm segments; "cuda_ipc": cudaMalloc'd buffers), and that
@@ -69,14 +81,31 @@ def heap_of_its_own(
         WorkspaceUnavailableError: as :func:`gpucomm.transport.open_workspace`, on every rank.
     """
     workspace = open_workspace(
-        transport, store=store, prefix=prefix + "ws/", rank=rank, world_size=world_size, data_bytes=nbytes, flag_count=0,
-        device=device, timeout=timeout, size_knob="GPUCOMM_HEAP_BYTES",
+        transport,
+        store=store,
+        prefix=prefix + "ws/",
+        rank=rank,
+        world_size=world_size,
+        data_bytes=nbytes,
+        flag_count=0,
+        device=device,
+        timeout=timeout,
+        size_knob="GPUCOMM_HEAP_BYTES",
     )
     try:
         regions = [workspace.data(p, 0, nbytes) for p in range(world_size)]
         # The regions' views keep the shared-memory mappings alive while symmetric tensors do.
         keep = [r.bytes for r in regions]
-        heap = SymmetricHeap(rank, world_size, workspace.device, [r.addr for r in regions], nbytes, agree_alloc, keep=keep, reserve=reserve)
+        heap = SymmetricHeap(
+            rank,
+            world_size,
+            workspace.device,
+            [r.addr for r in regions],
+            nbytes,
+            agree_alloc,
+            keep=keep,
+            reserve=reserve,
+        )
     except BaseException:
         workspace.close()
         raise
@@ -84,8 +113,15 @@ def heap_of_its_own(
 
 
 def vmm_heap(
-    store: object, prefix: str, rank: int, world_size: int, device: torch.device, nbytes: int, agree_alloc: object,
-    reserve: int, timeout: float,
+    store: object,
+    prefix: str,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    nbytes: int,
+    agree_alloc: object,
+    reserve: int,
+    timeout: float,
 ) -> tuple[SymmetricHeap, int, str]:
     """The heap from the virtual-memory API, its multicast address (0 without one) and the
     reason there is none ("" when there is)."""
@@ -93,7 +129,15 @@ def vmm_heap(
     mapping, multicast, release, why = open_vmm_parts(store, prefix, rank, world_size, index, nbytes, timeout)
     try:
         heap = SymmetricHeap(
-            rank, world_size, device, mapping.bases, mapping.size, agree_alloc, release=release, kind="vmm", reserve=reserve,
+            rank,
+            world_size,
+            device,
+            mapping.bases,
+            mapping.size,
+            agree_alloc,
+            release=release,
+            kind="vmm",
+            reserve=reserve,
         )
     except BaseException:
         release()
@@ -127,8 +171,17 @@ def open_vmm_parts(
                 granularity = vmm.multicast_granularity(index, world_size, nbytes)
             except GpucommError as exc:
                 mine = str(exc)
-        verdicts = [json.loads(v) for v in agree(store, prefix + "multicast/", rank, world_size, timeout,
-                                                 json.dumps({"why": mine, "granularity": granularity}))]
+        verdicts = [
+            json.loads(v)
+            for v in agree(
+                store,
+                prefix + "multicast/",
+                rank,
+                world_size,
+                timeout,
+                json.dumps({"why": mine, "granularity": granularity}),
+            )
+        ]
         why = vmm.first_reason([v["why"] for v in verdicts])
         align = 1 if why else max(v["granularity"] for v in verdicts)
 

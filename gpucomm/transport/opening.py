@@ -42,7 +42,12 @@ def open_workspace(
             GPUs without peer access): every rank raises it, at the same step.
         GpucommError: a peer published a malformed or mismatched handle (every rank raises).
     """
-    for name, value in (("rank", rank), ("world_size", world_size), ("data_bytes", data_bytes), ("flag_count", flag_count)):
+    for name, value in (
+        ("rank", rank),
+        ("world_size", world_size),
+        ("data_bytes", data_bytes),
+        ("flag_count", flag_count),
+    ):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"open_workspace: {name} must be an int, got {type(value).__name__}")
     if world_size < 1 or not 0 <= rank < world_size:

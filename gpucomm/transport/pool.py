@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from gpucomm import native
 from gpucomm.errors import CommMismatchError, GpucommError, UnsupportedError
+from gpucomm.toolchain import native
 from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.transport.heap_open import agree
 
@@ -42,9 +42,13 @@ class SymmetricPool:
     def __init__(self, heap: SymmetricHeap, nbytes: int, store: object, prefix: str, timeout: float) -> None:
         self.lib = native.load("heap_pool")
         if self.lib is None:
-            raise UnsupportedError("gpucomm.mem_pool: kernels/host/heap_pool.c could not be built here (a C compiler and Python's headers are needed)")
+            raise UnsupportedError(
+                "gpucomm.mem_pool: kernels/host/heap_pool.c could not be built here (a C compiler and Python's headers are needed)"
+            )
         if _configured:
-            raise UnsupportedError("gpucomm.mem_pool: this process has a symmetric pool already (one per process); close it first")
+            raise UnsupportedError(
+                "gpucomm.mem_pool: this process has a symmetric pool already (one per process); close it first"
+            )
         self.heap = heap
         self.block = heap.empty((nbytes,), torch.uint8)  # collective: the same offset on every rank
         self.lib.configure(self.block.data_ptr(), nbytes)
@@ -75,14 +79,24 @@ class SymmetricPool:
         """Collective: raise CommMismatchError if the ranks' pool calls have differed so far."""
         self._checks += 1
         mine = "%d,%d,%d" % self.state()
-        seen = agree(self._store, f"{self._prefix}pool/{self._checks}/", self.heap.rank, self.heap.world_size, self._timeout, mine)
+        seen = agree(
+            self._store,
+            f"{self._prefix}pool/{self._checks}/",
+            self.heap.rank,
+            self.heap.world_size,
+            self._timeout,
+            mine,
+        )
         differ = [r for r, s in enumerate(seen) if s != mine]
         if differ:
             raise CommMismatchError(
                 "gpucomm.mem_pool: the ranks' pools differ (live segments, bytes, hash: "
                 + ", ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
                 + "): tensors allocated from it are not at the same offsets on every rank; allocate the same tensors in the same order",
-                op="mem_pool", epoch=None, rank=self.heap.rank, peers=differ,
+                op="mem_pool",
+                epoch=None,
+                rank=self.heap.rank,
+                peers=differ,
             )
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ SIGKILLed. A process killed inside the handshake window (SIGKILL, or SIGTERM's d
 leaves its segment, pages reserved. Every open, and every open that fails, removes this user's
 segments whose creating process is dead (:func:`reap_dead`), whatever job made them: a crashed
 job's prefix is never drawn again. The name carries where its creator's pid means that process
-(this boot and pid namespace, :func:`gpucomm.liveness.pid_space`): a segment made in another pid
+(this boot and pid namespace, :func:`gpucomm.transport.processes.pid_space`): a segment made in another pid
 namespace (a container sharing this /dev/shm) is never judged, let alone removed.
 
 **Space first, then memory.** A segment reserves every page when it is created
@@ -36,7 +36,7 @@ import stat
 import torch
 
 from gpucomm.errors import CommMismatchError, GpucommError, WorkspaceUnavailableError
-from gpucomm.liveness import alive, pid_space
+from gpucomm.transport.processes import alive, pid_space
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
 __all__ = ["open_shm", "create_segment", "reap_dead", "reserve", "space_advice", "SHM_DIR"]
@@ -107,6 +107,8 @@ _LIMITS_ADVICE = (
 
 def _exhausted(rank: int, what: str, exc: OSError) -> WorkspaceUnavailableError:
     return WorkspaceUnavailableError("shm", {rank: f"{what}: {exc.strerror}"}, _LIMITS_ADVICE)
+
+
 _NO_SHARED_SHM = (
     "The ranks share a host name but not /dev/shm: run them in one container, or give their "
     "containers the host's IPC namespace and /dev/shm (docker run --ipc=host)"
@@ -153,7 +155,9 @@ def create_segment(path: str, size: int, rank: int, ranks: int = 1, knob: str = 
     return fd
 
 
-def reserve(fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES") -> None:
+def reserve(
+    fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES"
+) -> None:
     """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now,
     extending it if they lie past its end. ``ftruncate`` alone would only set a size, and tmpfs
     would look for each page at its first touch, killing the process with SIGBUS when it has
@@ -177,7 +181,9 @@ def _no_room(path: str, size: int, ranks: int, exc: OSError) -> str:
     except OSError:
         return f"cannot create a segment of {size} bytes in {folder}: {exc.strerror}"
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    need = f"this rank's segment needs {size} bytes" + (f" ({ranks} ranks here need {ranks * size})" if ranks > 1 else "")
+    need = f"this rank's segment needs {size} bytes" + (
+        f" ({ranks} ranks here need {ranks * size})" if ranks > 1 else ""
+    )
     return f"{folder} has {free} bytes free of {total}, and {need} ({exc.strerror})"
 
 
@@ -233,7 +239,9 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
         elif st.st_uid != os.getuid():
             raise WorkspaceUnavailableError(
                 "shm",
-                {rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"},
+                {
+                    rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"
+                },
                 "Run every rank of a node as the same user",
             )
         elif st.st_mode & 0o077:
@@ -279,7 +287,12 @@ class _Segments:
 
 
 def open_shm(
-    handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device, size_knob: str = "GPUCOMM_WORKSPACE_BYTES"
+    handshake: Handshake,
+    *,
+    data_bytes: int,
+    flag_count: int,
+    device: torch.device,
+    size_knob: str = "GPUCOMM_WORKSPACE_BYTES",
 ) -> Workspace:
     """Create, publish and map the shm workspace (see the module docstring); ``size_knob`` as
     :func:`create_segment`'s ``knob``."""
@@ -314,7 +327,9 @@ def open_shm(
             os.close(fd)
         handles = handshake.exchange(json.dumps({"name": name, "size": size}).encode("ascii"))
         try:
-            names = [_parse_handle(raw, peer, token, size) if peer != rank else name for peer, raw in enumerate(handles)]
+            names = [
+                _parse_handle(raw, peer, token, size) if peer != rank else name for peer, raw in enumerate(handles)
+            ]
             for peer, peer_name in enumerate(names):
                 if peer != rank:
                     mm, views[peer] = _open_peer(peer_name, peer, size, rank)

@@ -56,8 +56,16 @@ from gpucomm.errors import GpucommError, UnsupportedError
 from gpucomm.transport.fdpass import FdExchange
 
 __all__ = [
-    "first_reason", "vmm_unavailable", "gpu_identity", "multicast_unavailable", "multicast_granularity", "open_vmm_heap", "bind_multicast",
-    "VmmHeap", "VmmHeapRefused", "Multicast",
+    "first_reason",
+    "vmm_unavailable",
+    "gpu_identity",
+    "multicast_unavailable",
+    "multicast_granularity",
+    "open_vmm_heap",
+    "bind_multicast",
+    "VmmHeap",
+    "VmmHeapRefused",
+    "Multicast",
 ]
 
 _POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -90,13 +98,15 @@ def _check(result: tuple, call: str) -> object:
 
 
 def first_reason(reasons: list[str]) -> str:
-    """"rank r: reason" of the first rank in ``reasons`` (every local rank's, in rank order) that
+    """ "rank r: reason" of the first rank in ``reasons`` (every local rank's, in rank order) that
     gave one; "" where none did."""
     return next((f"rank {r}: {reason}" for r, reason in enumerate(reasons) if reason), "")
 
 
 def _attribute(driver: ModuleType, attribute: int, device: int) -> int:
-    return int(_check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute(attribute), device), "cuDeviceGetAttribute"))
+    return int(
+        _check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute(attribute), device), "cuDeviceGetAttribute")
+    )
 
 
 @contextlib.contextmanager
@@ -110,7 +120,10 @@ def _on_device(driver: ModuleType, device: int) -> Iterator[None]:
     if ctx is not None and int(ctx) != 0 and int(_check(driver.cuCtxGetDevice(), "cuCtxGetDevice")) == device:
         yield
         return
-    _check(driver.cuCtxPushCurrent(_check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")), "cuCtxPushCurrent")
+    _check(
+        driver.cuCtxPushCurrent(_check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")),
+        "cuCtxPushCurrent",
+    )
     try:
         yield
     finally:
@@ -171,7 +184,12 @@ def multicast_granularity(device: int, world_size: int, nbytes: int) -> int:
     driver = _driver()
     _check(driver.cuInit(0), "cuInit")  # a query: no context needed
     minimum = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_MINIMUM
-    return int(_check(driver.cuMulticastGetGranularity(_multicast_prop(driver, world_size, nbytes), minimum), "cuMulticastGetGranularity"))
+    return int(
+        _check(
+            driver.cuMulticastGetGranularity(_multicast_prop(driver, world_size, nbytes), minimum),
+            "cuMulticastGetGranularity",
+        )
+    )
 
 
 def _multicast_prop(driver: ModuleType, world_size: int, size: int) -> object:
@@ -250,7 +268,12 @@ class VmmHeapRefused(GpucommError):
 
 
 def open_vmm_heap(
-    exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int = 1,
+    exchange: FdExchange,
+    rank: int,
+    world_size: int,
+    device: int,
+    nbytes: int,
+    align: int = 1,
     agreed: Callable[[str, str], list[str]] | None = None,
 ) -> VmmHeap:
     """Create, share and map every rank's heap (module docstring); collective over the node. Its
@@ -267,7 +290,13 @@ def open_vmm_heap(
 
 
 def _open_vmm_heap(
-    driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, device: int, nbytes: int, align: int,
+    driver: ModuleType,
+    exchange: FdExchange,
+    rank: int,
+    world_size: int,
+    device: int,
+    nbytes: int,
+    align: int,
     agreed: Callable[[str, str], list[str]] | None,
 ) -> VmmHeap:
     def settle(stage: str, failure: str) -> None:
@@ -302,7 +331,12 @@ def _open_vmm_heap(
             _map(driver, heap, rank, handle, device)
             _check(driver.cuMemsetD8(heap.bases[rank], 0, size), "cuMemsetD8")
             _check(driver.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroed before any peer maps it
-            fd = int(_check(driver.cuMemExportToShareableHandle(handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+            fd = int(
+                _check(
+                    driver.cuMemExportToShareableHandle(handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0),
+                    "cuMemExportToShareableHandle",
+                )
+            )
         except GpucommError as exc:
             failure = str(exc)
         settle("heap_made", failure)  # every rank has a heap to share before any waits for one
@@ -313,7 +347,10 @@ def _open_vmm_heap(
             fd = -1
         try:
             for peer in sorted(peers):
-                imported = _check(driver.cuMemImportFromShareableHandle(peers[peer], driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
+                imported = _check(
+                    driver.cuMemImportFromShareableHandle(peers[peer], driver.CUmemAllocationHandleType(_POSIX_FD)),
+                    "cuMemImportFromShareableHandle",
+                )
                 heap._handles.append(imported)
                 _map(driver, heap, peer, imported, device)
         except GpucommError as exc:
@@ -385,7 +422,12 @@ def bind_multicast(
 
 
 def _bind_multicast(
-    driver: ModuleType, exchange: FdExchange, agreed: Callable[[str, str], list[str]], rank: int, world_size: int, heap: VmmHeap
+    driver: ModuleType,
+    exchange: FdExchange,
+    agreed: Callable[[str, str], list[str]],
+    rank: int,
+    world_size: int,
+    heap: VmmHeap,
 ) -> tuple[Multicast | None, str]:
     prop = _multicast_prop(driver, world_size, heap.size)
     mc = Multicast(address=0, size=heap.size, device=heap.device)
@@ -399,7 +441,12 @@ def _bind_multicast(
         if rank == 0:
             try:
                 mc._handle = _check(driver.cuMulticastCreate(prop), "cuMulticastCreate")
-                fd = int(_check(driver.cuMemExportToShareableHandle(mc._handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0), "cuMemExportToShareableHandle"))
+                fd = int(
+                    _check(
+                        driver.cuMemExportToShareableHandle(mc._handle, driver.CUmemAllocationHandleType(_POSIX_FD), 0),
+                        "cuMemExportToShareableHandle",
+                    )
+                )
             except GpucommError as exc:
                 failure = str(exc)
         why = settled("mc_created", failure)
@@ -421,7 +468,9 @@ def _bind_multicast(
     return mc, ""
 
 
-def _import_and_add(driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, mc: Multicast, fd: int) -> str:
+def _import_and_add(
+    driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, mc: Multicast, fd: int
+) -> str:
     """Rank 0 sends the object's descriptor, the others import it; every rank adds its GPU. The
     driver's refusal as text ("" for done)."""
     try:
@@ -430,7 +479,10 @@ def _import_and_add(driver: ModuleType, exchange: FdExchange, rank: int, world_s
         else:
             received = exchange.receive([0], _TAG_MULTICAST)[0]
             try:
-                mc._handle = _check(driver.cuMemImportFromShareableHandle(received, driver.CUmemAllocationHandleType(_POSIX_FD)), "cuMemImportFromShareableHandle")
+                mc._handle = _check(
+                    driver.cuMemImportFromShareableHandle(received, driver.CUmemAllocationHandleType(_POSIX_FD)),
+                    "cuMemImportFromShareableHandle",
+                )
             finally:
                 os.close(received)
         _check(driver.cuMulticastAddDevice(mc._handle, mc.device), "cuMulticastAddDevice")

@@ -174,7 +174,13 @@ class Handshake:
     """
 
     def __init__(
-        self, store: torch.distributed.Store, prefix: str, rank: int, world_size: int, timeout: float, transport: str = "shm"
+        self,
+        store: torch.distributed.Store,
+        prefix: str,
+        rank: int,
+        world_size: int,
+        timeout: float,
+        transport: str = "shm",
     ):
         self.store = store
         self.prefix = prefix
@@ -194,7 +200,11 @@ class Handshake:
             if not missing:
                 raise
             raise CommTimeoutError(
-                op=op, epoch=None, rank=self.rank, missing=missing, timeout=self.timeout,
+                op=op,
+                epoch=None,
+                rank=self.rank,
+                missing=missing,
+                timeout=self.timeout,
                 detail=f"no '{stage}' key from them under prefix {self.prefix!r}",
             ) from exc
 
@@ -286,7 +296,11 @@ class Handshake:
                 return
             if time.monotonic() >= deadline:
                 raise CommTimeoutError(
-                    op="workspace close", epoch=None, rank=self.rank, missing=waiting, timeout=self.timeout,
+                    op="workspace close",
+                    epoch=None,
+                    rank=self.rank,
+                    missing=waiting,
+                    timeout=self.timeout,
                     detail=f"no 'ws_closed' key from them under prefix {self.prefix!r}",
                 )
             time.sleep(_CLOSE_POLL_S)

@@ -1,7 +1,7 @@
 // Shared device code of gpucomm's CUDA C++ kernels.
 //
 // Compiled at run time by NVRTC (gpucomm/ops/cuda_ops.py) and ahead of time by nvcc in CI
-// (tests/test_cuda_compile.py), so it includes no header at all: NVRTC finds none, not even
+// (tests/ops/test_cuda_compile.py), so it includes no header at all: NVRTC finds none, not even
 // cuda_fp16.h or cuda_bf16.h, without the toolkit's include directory, which a pip-installed CUDA
 // does not have (checked with NVRTC 13.5). Integer types are spelled without <cstdint>, and the
 // 16-bit float conversions are written out below.
@@ -236,7 +236,7 @@ constexpr int COPY_WORDS_IN_FLIGHT = 4;
 // The whole steps test nothing against n: a step that tested each word (one loop, as
 // reduce_vectors has) made program.cu's copy-only kernel take 113-115 registers and its other
 // kernels spill 142-202 bytes each (ptxas -v, nvcc 13.0, sm_80 and sm_90); this, 64 registers
-// and 0-30 bytes per kernel (tests/test_cuda_compile.py lists them), none in a COPY or REDUCE loop.
+// and 0-30 bytes per kernel (tests/ops/test_cuda_compile.py lists them), none in a COPY or REDUCE loop.
 template <class W>
 __device__ __forceinline__ void copy_span(gc_u64 dst, gc_u64 src, gc_u64 n, gc_u64 tid, gc_u64 stride) {
     constexpr int U = COPY_WORDS_IN_FLIGHT;

@@ -34,7 +34,7 @@
 
 namespace {
 
-// The instruction set; gpucomm/program.py holds the same numbers (tests/test_program.py checks).
+// The instruction set; gpucomm/ops/program.py holds the same numbers (tests/ops/test_instruction_set.py checks).
 constexpr int WORDS = 8;
 constexpr int OPERAND_WORDS = 3;
 constexpr int COPY = 1;
@@ -159,7 +159,7 @@ struct Fold {
     }
 };
 
-// The copy-only kernel's: gpucomm.program sets a program's dtype with its first REDUCE, and the
+// The copy-only kernel's: gpucomm.ops.program sets a program's dtype with its first REDUCE, and the
 // host launches this kernel only for programs without a dtype, so it never meets a REDUCE.
 template <>
 struct Fold<void, void> {

@@ -6,7 +6,7 @@
 // operand, then the peer's base address, three global loads in series before the first byte of
 // a peer moves. Here each rank's half 0 and flag area are parameters (at most MAX_WORLD of
 // each): the one global load a peer address depends on is this channel's epoch, whose parity
-// picks the half (tests/test_small_ptx.py counts it in the sm_90 PTX).
+// picks the half (tests/ops/test_small_ptx.py counts it in the sm_90 PTX).
 //
 // Per channel (block) c: copy this channel's share of the tensor into this rank's half e0 % 2 at
 // the same position; SYNC (release (e0 + 1) << FP_BITS | fingerprint into channel c's flag at
@@ -28,7 +28,7 @@
 
 namespace {
 
-// The numbers of gpucomm/program.py (tests/test_small_ptx.py checks that they agree).
+// The numbers of gpucomm/ops/program.py (tests/ops/test_small_ptx.py checks that they agree).
 constexpr int FP_BITS = 20;
 constexpr int RECORD_WORDS = 8;
 constexpr int TIMEOUT = 1;

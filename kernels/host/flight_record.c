@@ -1,10 +1,10 @@
-// The writer of a rank's flight record (gpucomm.flight), in C: what every collective pays for it.
+// The writer of a rank's flight record (gpucomm.reliability.flight), in C: what every collective pays for it.
 //
 // A call writes one slot of the rank's ring in shared memory when it starts and one word when
 // it ends, and finds the caller's file:line by walking up the Python frames to the first one
 // outside gpucomm and torch.distributed. In Python those three cost about 1.3 us per call, a
 // seventh of an 8-byte all_reduce on the shared-memory path; here they cost one C call each
-// (docs/reliability.md, "Cost", has the measurements). gpucomm.flight keeps the same writer in
+// (docs/reliability.md, "Cost", has the measurements). gpucomm.reliability.flight keeps the same writer in
 // Python for hosts that cannot build this file; both follow the layout written there.
 //
 // The frame walk needs two verdicts that only Python can make: whether a code object is
@@ -347,7 +347,7 @@ static PyTypeObject RecorderType = {
     .tp_name = "gpucomm_flight_record.Recorder",
     .tp_basicsize = sizeof(Recorder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Writes one rank's flight-record ring (gpucomm.flight).",
+    .tp_doc = "Writes one rank's flight-record ring (gpucomm.reliability.flight).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Recorder_init,
     .tp_dealloc = (destructor)Recorder_dealloc,

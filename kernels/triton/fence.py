@@ -31,4 +31,6 @@ else:
     @triton.jit
     def fence_sys(lanes):
         """``membar.sys`` in the thread of each lane; ``lanes`` (int32) only gives the shape."""
-        return tl.inline_asm_elementwise("membar.sys; mov.b32 $0, 0;", "=r,r", [lanes], dtype=tl.int32, is_pure=False, pack=1)
+        return tl.inline_asm_elementwise(
+            "membar.sys; mov.b32 $0, 0;", "=r,r", [lanes], dtype=tl.int32, is_pure=False, pack=1
+        )

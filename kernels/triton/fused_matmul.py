@@ -69,7 +69,21 @@ _COPY_ELEMS = {4: tl.int32, 2: tl.int16}
 
 
 @triton.jit
-def _push(ctx, g, e, a_addr, stage_addr, stage_half, m, k, G: tl.constexpr, COPY: tl.constexpr, ELEM: tl.constexpr, BLOCK: tl.constexpr, LANES: tl.constexpr):
+def _push(
+    ctx,
+    g,
+    e,
+    a_addr,
+    stage_addr,
+    stage_half,
+    m,
+    k,
+    G: tl.constexpr,
+    COPY: tl.constexpr,
+    ELEM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LANES: tl.constexpr,
+):
     """Chunk g of this rank's shard into every peer's gathered buffer, then ``e + 1`` announced
     on channel g."""
     me = gl.rank(ctx)
@@ -88,9 +102,22 @@ def _push(ctx, g, e, a_addr, stage_addr, stage_half, m, k, G: tl.constexpr, COPY
 
 @triton.jit
 def _tile(
-    a, ok, b_ptr, c_ptr, p, t, m, n, k,
-    DTYPE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, ALIGNED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a,
+    ok,
+    b_ptr,
+    c_ptr,
+    p,
+    t,
+    m,
+    n,
+    k,
+    DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WIDEN: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """Tile t of shard p (at ``a``, [m, k]) times b into out's rows of shard p; zeros where
     ``ok`` is False (a wait gave up: the launch's results are undefined)."""
@@ -106,8 +133,16 @@ def _tile(
     if ok:
         for k0 in range(0, k, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(a + rows[:, None].to(tl.int64) * k + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
-            y = tl.load(b_ptr + ks[:, None].to(tl.int64) * n + cols[None, :], mask=(ks[:, None] < k) & (cols[None, :] < n), other=0.0)
+            x = tl.load(
+                a + rows[:, None].to(tl.int64) * k + ks[None, :],
+                mask=(rows[:, None] < m) & (ks[None, :] < k),
+                other=0.0,
+            )
+            y = tl.load(
+                b_ptr + ks[:, None].to(tl.int64) * n + cols[None, :],
+                mask=(ks[:, None] < k) & (cols[None, :] < n),
+                other=0.0,
+            )
             if WIDEN:
                 x = x.to(tl.float32)
                 y = y.to(tl.float32)
@@ -125,15 +160,20 @@ def ag_publish_kernel(
     a_ptr,  # this rank's shard, [m, k]
     b_ptr,  # [k, n]
     c_ptr,  # out, [world * m, n]: row p * m + i is row i of rank p's shard times b
-    stage_addr, stage_half,  # the gathered buffer (symmetric): half e % 2 holds epoch e's world shards
-    m, n, k,
+    stage_addr,
+    stage_half,  # the gathered buffer (symmetric): half e % 2 holds epoch e's world shards
+    m,
+    n,
+    k,
     G: tl.constexpr,  # chunks of a shard: the pushing programs, first in the grid; the own shard's tiles after
     COPY: tl.constexpr,  # the integer type of the element size: pushes move bits
     DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot's input precision: "ieee" for fp32
     WIDEN: tl.constexpr,  # 16-bit tiles go to tl.dot as fp32 (the interpreter's 16-bit dot is wrong)
     ALIGNED: tl.constexpr,  # a_ptr and a shard's bytes are multiples of 16
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,  # elements a push moves per step
     LANES: tl.constexpr,  # threads of a block: 32 * num_warps
 ):
@@ -141,21 +181,64 @@ def ag_publish_kernel(
     pid = tl.program_id(0)
     if pid < G:
         e = gl.epoch(ctx, pid)  # its own channel's, where the last launch left it
-        _push(ctx, pid, e, a_ptr.to(tl.int64), stage_addr, stage_half, m, k, G, COPY, DTYPE.primitive_bitwidth // 8, BLOCK, LANES)
+        _push(
+            ctx,
+            pid,
+            e,
+            a_ptr.to(tl.int64),
+            stage_addr,
+            stage_half,
+            m,
+            k,
+            G,
+            COPY,
+            DTYPE.primitive_bitwidth // 8,
+            BLOCK,
+            LANES,
+        )
         gl.store_epoch(ctx, e + 1)
     else:
-        _tile(a_ptr, True, b_ptr, c_ptr, gl.rank(ctx), pid - G, m, n, k, DTYPE, PRECISION, WIDEN, ALIGNED, BLOCK_M, BLOCK_N, BLOCK_K)
+        _tile(
+            a_ptr,
+            True,
+            b_ptr,
+            c_ptr,
+            gl.rank(ctx),
+            pid - G,
+            m,
+            n,
+            k,
+            DTYPE,
+            PRECISION,
+            WIDEN,
+            ALIGNED,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
         if pid < _CHANNELS:  # its channels on with the pushers' (store_epoch: pid, pid + grid, ...)
             gl.store_epoch(ctx, gl.epoch(ctx, pid) + 1)
 
 
 @triton.jit(do_not_specialize=["stage_half"])
 def ag_matmul_kernel(
-    ctx, b_ptr, c_ptr, stage_addr, stage_half, m, n, k,  # as ag_publish_kernel's
+    ctx,
+    b_ptr,
+    c_ptr,
+    stage_addr,
+    stage_half,
+    m,
+    n,
+    k,  # as ag_publish_kernel's
     G: tl.constexpr,  # chunks of a shard: one flag each, per rank
-    DTYPE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+    DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WIDEN: tl.constexpr,
     ALIGNED: tl.constexpr,  # a shard's bytes are a multiple of 16
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LANES: tl.constexpr,
 ):
     """Launch 2: the other shards' tiles, each waiting for the peer's chunks it reads; never
     signals."""
@@ -174,7 +257,24 @@ def ag_matmul_kernel(
         if (g * m // G < last) & ((g + 1) * m // G > row0):
             ok = ok & gl.wait(ctx, g, p, e + 1, LANES)
     at = stage_addr + (e & 1) * stage_half + tl.cast(p, tl.int64) * m * k * (DTYPE.primitive_bitwidth // 8)
-    _tile(at.to(tl.pointer_type(DTYPE)), ok, b_ptr, c_ptr, p, t, m, n, k, DTYPE, PRECISION, WIDEN, ALIGNED, BLOCK_M, BLOCK_N, BLOCK_K)
+    _tile(
+        at.to(tl.pointer_type(DTYPE)),
+        ok,
+        b_ptr,
+        c_ptr,
+        p,
+        t,
+        m,
+        n,
+        k,
+        DTYPE,
+        PRECISION,
+        WIDEN,
+        ALIGNED,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
 
 
 def _block(size: int, cap: int) -> int:

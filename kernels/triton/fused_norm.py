@@ -24,7 +24,14 @@ import triton
 import triton.language as tl
 
 import gpucomm.language as gl
-from gpucomm._kernels.triton._common import as_pointer, bf16_bits_to_f32, combine, f32_to_bf16_bits, load_acc, store_rounded
+from gpucomm._kernels.triton._common import (
+    as_pointer,
+    bf16_bits_to_f32,
+    combine,
+    f32_to_bf16_bits,
+    load_acc,
+    store_rounded,
+)
 
 __all__ = [
     "ar_residual_rmsnorm_kernel", "ar_residual_rmsnorm_twoshot_kernel", "residual_rmsnorm_kernel", "prepare_fused", "residual_rmsnorm",
@@ -53,7 +60,19 @@ def _round_trip(acc, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _norm_row(s, row, res_addr, w_addr, out_addr, new_res_addr, H, eps, DTYPE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_H: tl.constexpr):
+def _norm_row(
+    s,
+    row,
+    res_addr,
+    w_addr,
+    out_addr,
+    new_res_addr,
+    H,
+    eps,
+    DTYPE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """Row ``row``: the residual add and RMSNorm of the module docstring, from ``s`` (fp32,
     already DTYPE values), into ``out`` and the new residual. Returns both in fp32 (the new
     residual already a DTYPE value, out before its rounding), for a copy elsewhere."""
@@ -73,13 +92,23 @@ def _norm_row(s, row, res_addr, w_addr, out_addr, new_res_addr, H, eps, DTYPE: t
 
 @triton.jit(do_not_specialize=["T", "H", "eps"])
 def residual_rmsnorm_kernel(
-    s_addr, res_addr, w_addr, out_addr, new_res_addr,  # addresses: [T, H] reduced x, residual, [H] weight, outputs
-    T, H, eps,  # rows, hidden size, RMSNorm's epsilon
-    DTYPE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_H: tl.constexpr,
+    s_addr,
+    res_addr,
+    w_addr,
+    out_addr,
+    new_res_addr,  # addresses: [T, H] reduced x, residual, [H] weight, outputs
+    T,
+    H,
+    eps,  # rows, hidden size, RMSNorm's epsilon
+    DTYPE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """The residual add and RMSNorm alone (no communication), program c taking rows c, c + C, ..."""
     if ALIGNED:  # rows of whole 16-byte vectors: masks by vector, so loads and stores are vectors
-        H = tl.multiple_of(H // (128 // DTYPE.primitive_bitwidth) * (128 // DTYPE.primitive_bitwidth), 128 // DTYPE.primitive_bitwidth)
+        H = tl.multiple_of(
+            H // (128 // DTYPE.primitive_bitwidth) * (128 // DTYPE.primitive_bitwidth), 128 // DTYPE.primitive_bitwidth
+        )
     cols = tl.arange(0, BLOCK_H)
     for row in range(tl.program_id(0), T, tl.num_programs(0)):
         at = tl.cast(row, tl.int64) * H * (DTYPE.primitive_bitwidth // 8)
@@ -90,8 +119,14 @@ def residual_rmsnorm_kernel(
 @triton.jit(do_not_specialize=["T", "H", "eps", "rows_per_piece"])
 def ar_residual_rmsnorm_kernel(
     ctx,  # the DeviceContext's table
-    x_addr, res_addr, w_addr, out_addr, new_res_addr,  # addresses, as residual_rmsnorm_kernel's (x not reduced yet)
-    T, H, eps,
+    x_addr,
+    res_addr,
+    w_addr,
+    out_addr,
+    new_res_addr,  # addresses, as residual_rmsnorm_kernel's (x not reduced yet)
+    T,
+    H,
+    eps,
     rows_per_piece,  # rows a stage half holds
     DTYPE: tl.constexpr,
     COPY: tl.constexpr,  # the integer type of DTYPE's size: the copy-in moves bits
@@ -124,8 +159,22 @@ def ar_residual_rmsnorm_kernel(
                 # Rank order, from rank 0, in fp32, rounded once: all_reduce's bits.
                 acc = load_acc(gl.translate(staged, 0, ctx).to(tl.int64) + at, cols, live, DTYPE, ALIGNED)
                 for p in range(1, P):
-                    acc = combine(acc, load_acc(gl.translate(staged, p, ctx).to(tl.int64) + at, cols, live, DTYPE, ALIGNED), 0)
-                _norm_row(_round_trip(acc, DTYPE), first + r, res_addr, w_addr, out_addr, new_res_addr, H, eps, DTYPE, ALIGNED, BLOCK_H)
+                    acc = combine(
+                        acc, load_acc(gl.translate(staged, p, ctx).to(tl.int64) + at, cols, live, DTYPE, ALIGNED), 0
+                    )
+                _norm_row(
+                    _round_trip(acc, DTYPE),
+                    first + r,
+                    res_addr,
+                    w_addr,
+                    out_addr,
+                    new_res_addr,
+                    H,
+                    eps,
+                    DTYPE,
+                    ALIGNED,
+                    BLOCK_H,
+                )
     gl.store_epoch(ctx, e)
 
 
@@ -142,8 +191,14 @@ def _fold_row(ctx, staged, at, cols, live, P, DTYPE: tl.constexpr, ALIGNED: tl.c
 @triton.jit(do_not_specialize=["T", "H", "eps", "rows_per_piece"])
 def ar_residual_rmsnorm_twoshot_kernel(
     ctx,  # the DeviceContext's table
-    x_addr, res_addr, w_addr, out_addr, new_res_addr,  # as ar_residual_rmsnorm_kernel's
-    T, H, eps,
+    x_addr,
+    res_addr,
+    w_addr,
+    out_addr,
+    new_res_addr,  # as ar_residual_rmsnorm_kernel's
+    T,
+    H,
+    eps,
     rows_per_piece,  # rows a stage half holds
     DTYPE: tl.constexpr,
     COPY: tl.constexpr,  # the integer type of DTYPE's size: copies move bits
@@ -184,7 +239,9 @@ def ar_residual_rmsnorm_twoshot_kernel(
         if ok:
             for r in range(ch * P + me, rows, channels * P):
                 at = tl.cast(r, tl.int64) * row_bytes
-                store_rounded(sums + at, cols, _fold_row(ctx, staged, at, cols, live, P, DTYPE, ALIGNED), live, DTYPE, ALIGNED)
+                store_rounded(
+                    sums + at, cols, _fold_row(ctx, staged, at, cols, live, P, DTYPE, ALIGNED), live, DTYPE, ALIGNED
+                )
         e, arrived = gl.barrier(ctx, ch, e, LANES)
         ok = ok & arrived
         # 3. Every row of the channel normalised from its sum, read from its owner's stage.
@@ -203,8 +260,15 @@ def _aligned(*tensors: torch.Tensor) -> bool:
 
 
 def prepare_fused(
-    ctx: object, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, new_residual: torch.Tensor,
-    eps: float, channels: int, two_shot: bool,
+    ctx: object,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    new_residual: torch.Tensor,
+    eps: float,
+    channels: int,
+    two_shot: bool,
 ) -> Callable[[], None]:
     """The launch of :func:`ar_residual_rmsnorm_kernel` (or its two-shot form) on these [T, H]
     tensors (checked by the caller) on ``channels`` programs with the context ``ctx``."""
@@ -226,7 +290,15 @@ def rows_per_piece(stage_half_bytes: int, row_bytes: int, two_shot: bool) -> int
     return stage_half_bytes // row_bytes
 
 
-def residual_rmsnorm(s: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, new_residual: torch.Tensor, eps: float, programs: int) -> None:
+def residual_rmsnorm(
+    s: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    new_residual: torch.Tensor,
+    eps: float,
+    programs: int,
+) -> None:
     """Launch :func:`residual_rmsnorm_kernel` on these [T, H] tensors (checked by the caller)."""
     T, H = s.shape
     residual_rmsnorm_kernel[(programs,)](

@@ -20,7 +20,7 @@ multicast address (``multimem.red.release``: one instruction increments word b o
 then the block waits until its own rank's word b reaches ``world`` times the number of barriers
 block b has passed (kept in this rank's state words: a replayed CUDA graph goes on from there).
 Every wait ends by its deadline (``clock_ns_lanes``); a timeout writes the block's error record
-(gpucomm.program's layout: kind, barrier count, -, -, value seen) and poisons later launches.
+(gpucomm.ops.program's layout: kind, barrier count, -, -, value seen) and poisons later launches.
 
 16-bit floats: ``.acc::f32`` makes the switch accumulate in fp32 and round once. Which order the
 switch folds the ranks in is not documented: until a GPU shows that it is rank order, this path
@@ -47,7 +47,11 @@ _RECORD_WORDS = tl.constexpr(8)
 # What the switch reduces, as gpucomm.ReduceOp values per dtype name: floating-point SUM (16-bit
 # floats accumulated in fp32: ``.acc::f32``), and integer SUM (wrapping), MIN and MAX.
 SWITCH_REDUCES = {
-    "float32": (0,), "float16": (0,), "bfloat16": (0,), "int32": (0, 2, 3), "int64": (0, 2, 3),
+    "float32": (0,),
+    "float16": (0,),
+    "bfloat16": (0,),
+    "int32": (0, 2, 3),
+    "int64": (0, 2, 3),
 }
 
 
@@ -61,7 +65,9 @@ def _unit_address(mc_base, offset, units, UNIT_BYTES: tl.constexpr):
 if INTERPRETED:
 
     @triton.jit
-    def _reduce_units(mc_base, peers_ptr, offset, units, mask, world, DTYPE: tl.constexpr, OP: tl.constexpr, UNIT_ELEMS: tl.constexpr):
+    def _reduce_units(
+        mc_base, peers_ptr, offset, units, mask, world, DTYPE: tl.constexpr, OP: tl.constexpr, UNIT_ELEMS: tl.constexpr
+    ):
         """The multicast view: fold every rank's copy in rank order in the accumulation type,
         round once, store to every rank's copy."""
         elems = units[:, None] * UNIT_ELEMS + tl.arange(0, UNIT_ELEMS)[None, :]
@@ -82,7 +88,9 @@ if INTERPRETED:
 else:
 
     @triton.jit
-    def _reduce_units(mc_base, peers_ptr, offset, units, mask, world, DTYPE: tl.constexpr, OP: tl.constexpr, UNIT_ELEMS: tl.constexpr):
+    def _reduce_units(
+        mc_base, peers_ptr, offset, units, mask, world, DTYPE: tl.constexpr, OP: tl.constexpr, UNIT_ELEMS: tl.constexpr
+    ):
         """One unit per lane (a 16-byte vector of floats, one integer), reduced by the switch at
         the multicast address and stored to every rank's copy."""
         if DTYPE == tl.float32:
@@ -102,13 +110,20 @@ else:
         a, b, c, d = tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
             "@p multimem.ld_reduce.relaxed.sys.global." + LD + " {$0, $1, $2, $3}, [$4]; }",
-            "=r,=r,=r,=r,l,r", [addr, mask.to(tl.int32)], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-            is_pure=False, pack=1,
+            "=r,=r,=r,=r,l,r",
+            [addr, mask.to(tl.int32)],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+            is_pure=False,
+            pack=1,
         )
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.b32 p, $6, 0; "
             "@p multimem.st.relaxed.sys.global." + ST + " [$1], {$2, $3, $4, $5}; mov.b32 $0, 0; }",
-            "=r,l,r,r,r,r,r", [addr, a, b, c, d, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+            "=r,l,r,r,r,r,r",
+            [addr, a, b, c, d, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
         )
 
     @triton.jit
@@ -118,41 +133,73 @@ else:
             if OP == 0:
                 x = tl.inline_asm_elementwise(
                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.add.u32 $0, [$1]; }",
-                    "=r,l,r", [addr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+                    "=r,l,r",
+                    [addr, mask.to(tl.int32)],
+                    dtype=tl.int32,
+                    is_pure=False,
+                    pack=1,
                 )
             elif OP == 2:
                 x = tl.inline_asm_elementwise(
                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.min.s32 $0, [$1]; }",
-                    "=r,l,r", [addr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+                    "=r,l,r",
+                    [addr, mask.to(tl.int32)],
+                    dtype=tl.int32,
+                    is_pure=False,
+                    pack=1,
                 )
             else:
                 x = tl.inline_asm_elementwise(
                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.max.s32 $0, [$1]; }",
-                    "=r,l,r", [addr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+                    "=r,l,r",
+                    [addr, mask.to(tl.int32)],
+                    dtype=tl.int32,
+                    is_pure=False,
+                    pack=1,
                 )
             tl.inline_asm_elementwise(
                 "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p multimem.st.relaxed.sys.global.b32 [$1], $2; mov.b32 $0, 0; }",
-                "=r,l,r,r", [addr, x, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+                "=r,l,r,r",
+                [addr, x, mask.to(tl.int32)],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
             )
         else:
             if OP == 0:
                 x = tl.inline_asm_elementwise(
                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.add.u64 $0, [$1]; }",
-                    "=l,l,r", [addr, mask.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1,
+                    "=l,l,r",
+                    [addr, mask.to(tl.int32)],
+                    dtype=tl.int64,
+                    is_pure=False,
+                    pack=1,
                 )
             elif OP == 2:
                 x = tl.inline_asm_elementwise(
                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.min.s64 $0, [$1]; }",
-                    "=l,l,r", [addr, mask.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1,
+                    "=l,l,r",
+                    [addr, mask.to(tl.int32)],
+                    dtype=tl.int64,
+                    is_pure=False,
+                    pack=1,
                 )
             else:
                 x = tl.inline_asm_elementwise(
                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.max.s64 $0, [$1]; }",
-                    "=l,l,r", [addr, mask.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1,
+                    "=l,l,r",
+                    [addr, mask.to(tl.int32)],
+                    dtype=tl.int64,
+                    is_pure=False,
+                    pack=1,
                 )
             tl.inline_asm_elementwise(
                 "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p multimem.st.relaxed.sys.global.b64 [$1], $2; mov.b32 $0, 0; }",
-                "=r,l,l,r", [addr, x, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+                "=r,l,l,r",
+                [addr, x, mask.to(tl.int32)],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
             )
 
     @triton.jit
@@ -165,7 +212,11 @@ else:
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.eq.b32 p, $2, 0; @p multimem.red.release.sys.global.add.u64 [$1], 1; "
             "fence.proxy.alias; mov.b32 $0, 0; }",
-            "=r,l,r", [mc_base + pad + lanes.to(tl.int64) * 0, lanes], dtype=tl.int32, is_pure=False, pack=1,
+            "=r,l,r",
+            [mc_base + pad + lanes.to(tl.int64) * 0, lanes],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
         )
 
 
@@ -193,7 +244,20 @@ def _barrier(mc_base, peers_ptr, pad, own_word, count, world, timeout_ns, LANES:
     return behind == 0, tl.min(seen, axis=0)
 
 
-@triton.jit(do_not_specialize=["mc_base", "offset", "signal_offset", "state_addr", "record_addr", "rank", "world", "lo", "hi", "timeout_ns"])
+@triton.jit(
+    do_not_specialize=[
+        "mc_base",
+        "offset",
+        "signal_offset",
+        "state_addr",
+        "record_addr",
+        "rank",
+        "world",
+        "lo",
+        "hi",
+        "timeout_ns",
+    ]
+)
 def multimem_all_reduce_kernel(
     mc_base,  # the heap's multicast address (GPU; unused under the interpreter)
     peers_ptr,  # int64[world]: every rank's heap base in this process (the interpreter's multicast view)
@@ -238,11 +302,39 @@ def multimem_all_reduce_kernel(
 
 
 def launch(
-    *, mc_base: int, peers: object, offset: int, signal_offset: int, state_addr: int, record_addr: int, rank: int,
-    world: int, lo: int, hi: int, timeout_ns: int, dtype: object, op: int, unit_elems: int, blocks: int,
+    *,
+    mc_base: int,
+    peers: object,
+    offset: int,
+    signal_offset: int,
+    state_addr: int,
+    record_addr: int,
+    rank: int,
+    world: int,
+    lo: int,
+    hi: int,
+    timeout_ns: int,
+    dtype: object,
+    op: int,
+    unit_elems: int,
+    blocks: int,
 ) -> None:
     """Launch ``multimem_all_reduce_kernel`` over ``blocks`` blocks (see the module docstring)."""
     multimem_all_reduce_kernel[(blocks,)](
-        mc_base, peers, offset, signal_offset, state_addr, record_addr, rank, world, lo, hi, timeout_ns,
-        DTYPE=dtype, OP=op, UNIT_ELEMS=unit_elems, LANES=32 * NUM_WARPS, num_warps=NUM_WARPS,
+        mc_base,
+        peers,
+        offset,
+        signal_offset,
+        state_addr,
+        record_addr,
+        rank,
+        world,
+        lo,
+        hi,
+        timeout_ns,
+        DTYPE=dtype,
+        OP=op,
+        UNIT_ELEMS=unit_elems,
+        LANES=32 * NUM_WARPS,
+        num_warps=NUM_WARPS,
     )

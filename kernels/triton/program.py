@@ -1,7 +1,7 @@
 """The program kernel: one launch runs a whole collective, its waits included.
 
 A *program* is a list of instructions that every rank of a workspace runs in the same order
-(gpucomm/program.py builds them from the algorithms). Each program of the launch grid is one
+(gpucomm/ops/program.py builds them from the algorithms). Each program of the launch grid is one
 *channel*: it runs every instruction, but moves only the bytes whose in-half position falls in
 the granules it owns (granule g belongs to channel g % channels), and it synchronises only
 with the same channel of the other ranks. Channels of one launch never wait for each other, so
@@ -44,8 +44,9 @@ import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns_lanes
-# The instruction set is gpucomm.program's; re-exported for the launcher and the tests.
-from gpucomm.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, TIMEOUT, WORDS
+
+# The instruction set is gpucomm.ops.program's; re-exported for the launcher and the tests.
+from gpucomm.ops.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, TIMEOUT, WORDS
 
 __all__ = [
     "program_kernel",
@@ -103,7 +104,9 @@ def _address(opnd_ptr, index, peers_ptr, e0, half_bytes):
 
 
 @triton.jit
-def _copy_range(dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr, ALIGNED: tl.constexpr, LANES: tl.constexpr):
+def _copy_range(
+    dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr, ALIGNED: tl.constexpr, LANES: tl.constexpr
+):
     n = nbytes // COPY_BYTES
     d = as_pointer(dst, COPY_ELEM, ALIGNED)
     s = as_pointer(src, COPY_ELEM, ALIGNED)
@@ -123,7 +126,15 @@ def _copy_range(dst, src, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.conste
 
 @triton.jit
 def _copy_pair_range(
-    dst, src, dst2, src2, nbytes, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr, ALIGNED: tl.constexpr, LANES: tl.constexpr,
+    dst,
+    src,
+    dst2,
+    src2,
+    nbytes,
+    COPY_ELEM: tl.constexpr,
+    COPY_BYTES: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    LANES: tl.constexpr,
 ):
     """dst = src and dst2 = src2 over nbytes each: every thread loads _COPY_VECTORS vectors of
     both sources before it stores any, so a copy through local memory and one over the links
@@ -163,9 +174,23 @@ def _vector_body(n, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
 
 @triton.jit
 def _reduce_range(
-    out, opnd_ptr, first_src, n_src, lo, nbytes, peers_ptr, e0, half_bytes, do_divide, divisor,
-    DTYPE: tl.constexpr, OP: tl.constexpr, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr,
-    SOURCES: tl.constexpr, LANES: tl.constexpr,
+    out,
+    opnd_ptr,
+    first_src,
+    n_src,
+    lo,
+    nbytes,
+    peers_ptr,
+    e0,
+    half_bytes,
+    do_divide,
+    divisor,
+    DTYPE: tl.constexpr,
+    OP: tl.constexpr,
+    ELEM_BYTES: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    SOURCES: tl.constexpr,
+    LANES: tl.constexpr,
 ):
     n = nbytes // ELEM_BYTES
     body = _vector_body(n, ELEM_BYTES, ALIGNED)
@@ -176,20 +201,58 @@ def _reduce_range(
     for start in range(0, body, STEP):
         offs = start + tl.arange(0, STEP)
         _reduce_step(
-            out, opnd_ptr, first_src, n_src, lo, offs, offs < body, peers_ptr, e0, half_bytes, do_divide, divisor,
-            DTYPE, OP, ALIGNED, SOURCES,
+            out,
+            opnd_ptr,
+            first_src,
+            n_src,
+            lo,
+            offs,
+            offs < body,
+            peers_ptr,
+            e0,
+            half_bytes,
+            do_divide,
+            divisor,
+            DTYPE,
+            OP,
+            ALIGNED,
+            SOURCES,
         )
     offs = body + tl.arange(0, 16)
     _reduce_step(
-        out, opnd_ptr, first_src, n_src, lo, offs, offs < n, peers_ptr, e0, half_bytes, do_divide, divisor,
-        DTYPE, OP, ALIGNED, SOURCES,
+        out,
+        opnd_ptr,
+        first_src,
+        n_src,
+        lo,
+        offs,
+        offs < n,
+        peers_ptr,
+        e0,
+        half_bytes,
+        do_divide,
+        divisor,
+        DTYPE,
+        OP,
+        ALIGNED,
+        SOURCES,
     )
 
 
 @triton.jit
 def _load_sources(
-    opnd_ptr, first, count, lo, offs, mask, peers_ptr, e0, half_bytes,
-    DTYPE: tl.constexpr, ALIGNED: tl.constexpr, SOURCES: tl.constexpr,
+    opnd_ptr,
+    first,
+    count,
+    lo,
+    offs,
+    mask,
+    peers_ptr,
+    e0,
+    half_bytes,
+    DTYPE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    SOURCES: tl.constexpr,
 ):
     """Sources first .. first + SOURCES - 1 of a REDUCE (those below ``count`` of them), loaded at
     once in the accumulation type: their loads are independent, so all of them are in flight
@@ -213,8 +276,22 @@ def _fold(acc, xs, count, OP: tl.constexpr, SOURCES: tl.constexpr, FIRST: tl.con
 
 @triton.jit
 def _reduce_step(
-    out, opnd_ptr, first_src, n_src, lo, offs, mask, peers_ptr, e0, half_bytes, do_divide, divisor,
-    DTYPE: tl.constexpr, OP: tl.constexpr, ALIGNED: tl.constexpr, SOURCES: tl.constexpr,
+    out,
+    opnd_ptr,
+    first_src,
+    n_src,
+    lo,
+    offs,
+    mask,
+    peers_ptr,
+    e0,
+    half_bytes,
+    do_divide,
+    divisor,
+    DTYPE: tl.constexpr,
+    OP: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    SOURCES: tl.constexpr,
 ):
     # Sources fold in rank order, SOURCES at a time (one group for every algorithm up to 8 ranks),
     # so the bits are those of a fold one source after the other.
@@ -222,7 +299,18 @@ def _reduce_step(
     acc = _fold(xs[0], xs, n_src, OP, SOURCES, 1)
     for group in range(SOURCES, n_src, SOURCES):
         xs = _load_sources(
-            opnd_ptr, first_src + group, n_src - group, lo, offs, mask, peers_ptr, e0, half_bytes, DTYPE, ALIGNED, SOURCES,
+            opnd_ptr,
+            first_src + group,
+            n_src - group,
+            lo,
+            offs,
+            mask,
+            peers_ptr,
+            e0,
+            half_bytes,
+            DTYPE,
+            ALIGNED,
+            SOURCES,
         )
         acc = _fold(acc, xs, n_src - group, OP, SOURCES, 0)
     if do_divide != 0:
@@ -233,9 +321,22 @@ def _reduce_step(
 
 @triton.jit
 def _move(
-    row, opnd_ptr, peers_ptr, e0, half_bytes, granule, channel, channels,
-    DTYPE: tl.constexpr, OP: tl.constexpr, COPY_ELEM: tl.constexpr, COPY_BYTES: tl.constexpr,
-    ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr, SOURCES: tl.constexpr, LANES: tl.constexpr,
+    row,
+    opnd_ptr,
+    peers_ptr,
+    e0,
+    half_bytes,
+    granule,
+    channel,
+    channels,
+    DTYPE: tl.constexpr,
+    OP: tl.constexpr,
+    COPY_ELEM: tl.constexpr,
+    COPY_BYTES: tl.constexpr,
+    ELEM_BYTES: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    SOURCES: tl.constexpr,
+    LANES: tl.constexpr,
 ):
     """One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns."""
     # The previous instruction may have written bytes this one reads, from other threads of the
@@ -262,11 +363,28 @@ def _move(
             else:  # a paired COPY: both copies' loads in flight at once
                 dst2 = _address(opnd_ptr, first + 2, peers_ptr, e0, half_bytes)
                 src2 = _address(opnd_ptr, first + 3, peers_ptr, e0, half_bytes)
-                _copy_pair_range(dst + lo, src + lo, dst2 + lo, src2 + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES)
+                _copy_pair_range(
+                    dst + lo, src + lo, dst2 + lo, src2 + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES
+                )
         else:
             _reduce_range(
-                dst, opnd_ptr, first + 1, n_src, lo, hi - lo, peers_ptr, e0, half_bytes, do_divide, divisor,
-                DTYPE, OP, ELEM_BYTES, ALIGNED, SOURCES, LANES,
+                dst,
+                opnd_ptr,
+                first + 1,
+                n_src,
+                lo,
+                hi - lo,
+                peers_ptr,
+                e0,
+                half_bytes,
+                do_divide,
+                divisor,
+                DTYPE,
+                OP,
+                ELEM_BYTES,
+                ALIGNED,
+                SOURCES,
+                LANES,
             )
         g += channels
 
@@ -348,7 +466,15 @@ def _record(record_addr, state, channel, kind, e, instruction, culprits, seen, f
 
 @triton.jit(
     do_not_specialize=[
-        "n_instr", "state_addr", "record_addr", "rank", "world", "fingerprint", "half_bytes", "granule", "timeout_ns",
+        "n_instr",
+        "state_addr",
+        "record_addr",
+        "rank",
+        "world",
+        "fingerprint",
+        "half_bytes",
+        "granule",
+        "timeout_ns",
         "all_channels",
     ]
 )
@@ -394,8 +520,22 @@ def program_kernel(
             running = kind == 0
         else:
             _move(
-                row, opnd_ptr, peers_ptr, e0, half_bytes, granule, channel, channels,
-                DTYPE, OP, COPY_ELEM, COPY_BYTES, ELEM_BYTES, ALIGNED, SOURCES, LANES,
+                row,
+                opnd_ptr,
+                peers_ptr,
+                e0,
+                half_bytes,
+                granule,
+                channel,
+                channels,
+                DTYPE,
+                OP,
+                COPY_ELEM,
+                COPY_BYTES,
+                ELEM_BYTES,
+                ALIGNED,
+                SOURCES,
+                LANES,
             )
         i += 1
     # A launch may run fewer channels than the flag layout has (small messages run one): channel
@@ -449,12 +589,29 @@ def arguments(
     (grid, the kernel's arguments in order, its constexprs, the compile options).
     ``all_channels`` (default ``channels``) is the number of channels of the flag layout."""
     values = (
-        prog, prog.numel() // WORDS, operands, peers, state_addr, record_addr, rank, world, fingerprint,
-        half_bytes, granule, timeout_ns, channels if all_channels is None else all_channels,
+        prog,
+        prog.numel() // WORDS,
+        operands,
+        peers,
+        state_addr,
+        record_addr,
+        rank,
+        world,
+        fingerprint,
+        half_bytes,
+        granule,
+        timeout_ns,
+        channels if all_channels is None else all_channels,
     )
     constexprs = {
-        "DTYPE": dtype, "OP": op, "COPY_ELEM": _COPY_ELEMS[copy_bytes], "COPY_BYTES": copy_bytes, "ELEM_BYTES": elem_bytes,
-        "ALIGNED": aligned, "SOURCES": sources(world), "LANES": 32 * num_warps,
+        "DTYPE": dtype,
+        "OP": op,
+        "COPY_ELEM": _COPY_ELEMS[copy_bytes],
+        "COPY_BYTES": copy_bytes,
+        "ELEM_BYTES": elem_bytes,
+        "ALIGNED": aligned,
+        "SOURCES": sources(world),
+        "LANES": 32 * num_warps,
     }
     return (channels,), values, constexprs, {"num_warps": num_warps, "maxnreg": MAX_REGISTERS}
 

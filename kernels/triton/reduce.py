@@ -74,6 +74,12 @@ def reduce(
         return
     grid = (triton.cdiv(n_elements, block),)
     reduce_kernel[grid](
-        addrs, n_elements, divisor, DTYPE=TL_DTYPES[dtype], OP=op, K=addrs.numel() - 1,
-        ALIGNED=aligned, BLOCK=block,
+        addrs,
+        n_elements,
+        divisor,
+        DTYPE=TL_DTYPES[dtype],
+        OP=op,
+        K=addrs.numel() - 1,
+        ALIGNED=aligned,
+        BLOCK=block,
     )

@@ -5,7 +5,7 @@ then the peer's base address from the peer table, three global loads in series b
 byte of a peer moves. For a message of a few KiB those round trips are most of the call. Here
 every address is a kernel parameter (each rank's half 0 and flag area, at most ``MAX_WORLD``
 of each): the only global load a peer address depends on is this channel's epoch, whose parity
-picks the half (tests/test_small_ptx.py counts it in the sm_90 PTX).
+picks the half (tests/ops/test_small_ptx.py counts it in the sm_90 PTX).
 
 Per channel c (program c of the grid): copy this channel's share of the tensor into this rank's
 half ``e0 % 2`` at the same position; SYNC (release ``(e0 + 1) << FP_BITS | fingerprint`` into
@@ -33,7 +33,7 @@ import triton.language as tl
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns_lanes
 from gpucomm._kernels.triton.program import _record, _wait_status
-from gpucomm.program import FP_BITS, MISMATCH, TIMEOUT
+from gpucomm.ops.program import FP_BITS, MISMATCH, TIMEOUT
 
 __all__ = ["small_kernel", "arguments", "prepare", "MAX_WORLD", "NUM_WARPS", "SYNC_INSTRUCTION"]
 
@@ -89,7 +89,18 @@ def _meet(areas, my_area, e, channel, rank, fingerprint, timeout_ns, WORLD: tl.c
 
 
 @triton.jit
-def _fold(stages, half, out, offs, mask, divisor, DTYPE: tl.constexpr, OP: tl.constexpr, ALIGNED: tl.constexpr, WORLD: tl.constexpr):
+def _fold(
+    stages,
+    half,
+    out,
+    offs,
+    mask,
+    divisor,
+    DTYPE: tl.constexpr,
+    OP: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    WORLD: tl.constexpr,
+):
     """Elements ``offs`` of every rank's half folded in rank order (from rank 0, whichever rank
     this is), divided once for AVG, rounded once into ``out`` (an address). Every rank's loads
     are issued before the first fold."""
@@ -108,8 +119,22 @@ def _fold(stages, half, out, offs, mask, divisor, DTYPE: tl.constexpr, OP: tl.co
 def small_kernel(
     x_addr,  # the tensor's address (an int), reduced in place
     n,  # its elements (at most a half's worth)
-    stage0, stage1, stage2, stage3, stage4, stage5, stage6, stage7,  # rank p's half 0, in this process (0 past WORLD)
-    flags0, flags1, flags2, flags3, flags4, flags5, flags6, flags7,  # rank p's flag area, in this process
+    stage0,
+    stage1,
+    stage2,
+    stage3,
+    stage4,
+    stage5,
+    stage6,
+    stage7,  # rank p's half 0, in this process (0 past WORLD)
+    flags0,
+    flags1,
+    flags2,
+    flags3,
+    flags4,
+    flags5,
+    flags6,
+    flags7,  # rank p's flag area, in this process
     half_bytes,  # bytes from half 0 to half 1
     state_addr,  # this rank's state words: [poison, epoch of channel 0, epoch of channel 1, ...]
     record_addr,  # this rank's error records, RECORD_WORDS int64 per channel
@@ -207,13 +232,31 @@ def arguments(
     world = len(stages)
     pad = [0] * (MAX_WORLD - world)
     values = (
-        x_addr, n, *stages, *pad, *flags, *pad, half_bytes, state_addr, record_addr, rank, fingerprint, timeout_ns,
-        all_channels, divisor,
+        x_addr,
+        n,
+        *stages,
+        *pad,
+        *flags,
+        *pad,
+        half_bytes,
+        state_addr,
+        record_addr,
+        rank,
+        fingerprint,
+        timeout_ns,
+        all_channels,
+        divisor,
     )
     lanes = 32 * num_warps
     constexprs = {
-        "DTYPE": dtype, "OP": op, "COPY": _COPY_ELEMS[elem_bytes], "ELEM": elem_bytes, "ALIGNED": x_addr % 16 == 0,
-        "WORLD": world, "BLOCK": lanes * (16 // elem_bytes), "LANES": lanes,
+        "DTYPE": dtype,
+        "OP": op,
+        "COPY": _COPY_ELEMS[elem_bytes],
+        "ELEM": elem_bytes,
+        "ALIGNED": x_addr % 16 == 0,
+        "WORLD": world,
+        "BLOCK": lanes * (16 // elem_bytes),
+        "LANES": lanes,
     }
     return (channels,), values, constexprs, {"num_warps": num_warps}
 

@@ -2,7 +2,7 @@
 workspace (they may share one GPU), the Triton and CUDA C++ program kernels.
 
 - Blocking collectives issued from two streams, alternately, stay correct: each launches on the
-  caller's stream after the communicator's previous one (gpucomm.stream_order), so they run in
+  caller's stream after the communicator's previous one (gpucomm.workspace.stream_order), so they run in
   the order of the calls.
 - A tensor dropped right after an asynchronous call is not handed out again before the
   collective has finished with it (a fresh allocation of the same size keeps its poison).

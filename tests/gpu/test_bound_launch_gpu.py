@@ -120,11 +120,27 @@ def _same_kernel_as_the_jit(rank: int, world_size: int) -> list[str]:
     torch.cuda.set_device(device)
     prog, operands, peers = (torch.zeros(n, dtype=torch.int64, device=device) for n in (3 * program.WORDS, 12, 4))
     grid, values, constexprs, options = program.arguments(
-        prog, operands, peers, 0x7F00_0000_1000, 0x7F00_0000_2000, channels=2, rank=0, world=2, fingerprint=9,
-        half_bytes=1 << 20, granule=4096, timeout_ns=120 * 10**9, dtype=program.tl.float32, op=0, copy_bytes=8,
-        elem_bytes=4, aligned=True,
+        prog,
+        operands,
+        peers,
+        0x7F00_0000_1000,
+        0x7F00_0000_2000,
+        channels=2,
+        rank=0,
+        world=2,
+        fingerprint=9,
+        half_bytes=1 << 20,
+        granule=4096,
+        timeout_ns=120 * 10**9,
+        dtype=program.tl.float32,
+        op=0,
+        copy_bytes=8,
+        elem_bytes=4,
+        aligned=True,
     )
-    ours = triton_launch.compile_for(program.program_kernel, driver.active.get_current_target(), values, constexprs, options)
+    ours = triton_launch.compile_for(
+        program.program_kernel, driver.active.get_current_target(), values, constexprs, options
+    )
     jit = program.program_kernel.warmup(*values, grid=grid, **constexprs, **options)
     return [] if ours.hash == jit.hash else [f"compile_for made {ours.hash}, the JIT {jit.hash}"]
 

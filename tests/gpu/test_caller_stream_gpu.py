@@ -5,7 +5,7 @@
   communicator's own stream and the default stream have nothing waiting on it, the side
   stream's later work sees the result, and the result is right once the side stream syncs.
 - Asynchronous and blocking calls in turn, from two streams that drift apart: every result
-  right, so no two programs of the communicator ran at once (gpucomm.stream_order).
+  right, so no two programs of the communicator ran at once (gpucomm.workspace.stream_order).
 - A repeated blocking all_reduce takes the host's fast path (no full-path call in 20 after the
   first) and never synchronises the host.
 
@@ -48,13 +48,17 @@ def _on_a_side_stream(rank: int, world_size: int, kernels: str) -> list[str]:
         gpucomm.all_reduce(t)
         doubled = t * 2  # after the collective, in the side stream's order
         if not engine.stream.query() or not torch.cuda.default_stream(device).query():
-            failures.append(f"rank {rank}: another stream waits on the side stream: the call was not queued on it alone")
+            failures.append(
+                f"rank {rank}: another stream waits on the side stream: the call was not queued on it alone"
+            )
         if side.query():
             failures.append(f"rank {rank}: the side stream was done before its sleep could be")
     side.synchronize()
     want = float(sum(r + 1 for r in range(world_size)))
     if not torch.equal(t, torch.full_like(t, want)) or not torch.equal(doubled, torch.full_like(t, 2 * want)):
-        failures.append(f"rank {rank}: all_reduce on the side stream gave {t[:2].tolist()}, then {doubled[:2].tolist()}")
+        failures.append(
+            f"rank {rank}: all_reduce on the side stream gave {t[:2].tolist()}, then {doubled[:2].tolist()}"
+        )
     gpucomm.destroy_process_group()
     return failures
 
@@ -104,9 +108,13 @@ def _async_and_blocking_in_turn(rank: int, world_size: int, kernels: str, rounds
         want_async = float(sum(r + k for r in range(world_size)))
         want_blocking = 3.0 * sum(2 * r + k for r in range(world_size))
         if not torch.equal(asynchronous[k], torch.full_like(asynchronous[k], want_async)):
-            failures.append(f"rank {rank}, round {k}: async all_reduce gave {asynchronous[k][:2].tolist()}, expected {want_async}")
+            failures.append(
+                f"rank {rank}, round {k}: async all_reduce gave {asynchronous[k][:2].tolist()}, expected {want_async}"
+            )
         if not torch.equal(blocking[k], torch.full_like(blocking[k], want_blocking)):
-            failures.append(f"rank {rank}, round {k}: blocking all_reduce gave {blocking[k][:2].tolist()}, expected {want_blocking}")
+            failures.append(
+                f"rank {rank}, round {k}: blocking all_reduce gave {blocking[k][:2].tolist()}, expected {want_blocking}"
+            )
     gpucomm.destroy_process_group()
     return failures
 
@@ -121,7 +129,7 @@ def _fast_path(rank: int, world_size: int, kernels: str, calls: int) -> dict:
     import torch
 
     import gpucomm
-    from gpucomm.communicator import Communicator
+    from gpucomm.comm.communicator import Communicator
 
     device = init_cuda_group(rank, kernels)
     full = []

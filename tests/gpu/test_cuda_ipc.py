@@ -42,8 +42,15 @@ def _rank_cuda_check(rank, world_size, prefix, seed):
     torch.cuda.set_device(device)
     store = rank_store(rank, world_size)
     ws = open_workspace(
-        "cuda_ipc", store=store, prefix=prefix, rank=rank, world_size=world_size, data_bytes=DATA_BYTES,
-        flag_count=FLAG_COUNT, device=device, timeout=60.0,
+        "cuda_ipc",
+        store=store,
+        prefix=prefix,
+        rank=rank,
+        world_size=world_size,
+        data_bytes=DATA_BYTES,
+        flag_count=FLAG_COUNT,
+        device=device,
+        timeout=60.0,
     )
     try:
         assert ws.device == device and ws.kind == "cuda_ipc"

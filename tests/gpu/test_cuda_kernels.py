@@ -85,10 +85,14 @@ def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     differ = (_bits(got) != _bits(want)).nonzero().flatten()
     if differ.numel():
         i = int(differ[0])
-        raise AssertionError(f"{what}: {differ.numel()} element(s) differ, first at {i}: {got[i].item()!r} vs {want[i].item()!r}")
+        raise AssertionError(
+            f"{what}: {differ.numel()} element(s) differ, first at {i}: {got[i].item()!r} vs {want[i].item()!r}"
+        )
 
 
-def _inputs(dtype: torch.dtype, op: ReduceOp, sizes: list[int], gen: torch.Generator, special: str) -> list[torch.Tensor]:
+def _inputs(
+    dtype: torch.dtype, op: ReduceOp, sizes: list[int], gen: torch.Generator, special: str
+) -> list[torch.Tensor]:
     """Random CPU buffers: floats of magnitude [0.5, 2) with random signs (no zeros: the sign MIN/MAX
     picks between -0 and +0 is unspecified), scaled into the subnormals or holed with NaNs on
     request; integers small enough that products stay exact, large enough that sums are not."""
@@ -110,7 +114,9 @@ def _inputs(dtype: torch.dtype, op: ReduceOp, sizes: list[int], gen: torch.Gener
     return bufs
 
 
-def _reduce(kernels, bufs: list[torch.Tensor], offsets: list[int], n: int, dtype: torch.dtype, op: ReduceOp) -> torch.Tensor:
+def _reduce(
+    kernels, bufs: list[torch.Tensor], offsets: list[int], n: int, dtype: torch.dtype, op: ReduceOp
+) -> torch.Tensor:
     """Reduce the first k buffers into the last (poisoned first); returns the last buffer."""
     size = bufs[0].element_size()
     bufs[-1].fill_(_poison(dtype))

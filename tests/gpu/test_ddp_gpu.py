@@ -1,4 +1,4 @@
-"""DDP on gpucomm on CUDA: the tests of tests/test_ddp.py with CUDA tensors on the cuda_ipc
+"""DDP on gpucomm on CUDA: the tests of tests/distributed/test_ddp.py with CUDA tensors on the cuda_ipc
 workspace, several ranks sharing one GPU, Triton and CUDA C++ kernels.
 
 The reference is DDP on gloo with the same CUDA tensors: NCCL refuses two ranks on one GPU.
@@ -32,7 +32,9 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"needs CUDA and CuPy: {_WHY}")
 ENV = {"GPUCOMM_TRANSPORT": "auto", "GPUCOMM_DEBUG": "INFO", "GPUCOMM_TIMEOUT": "120", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module", params=[(2, "triton"), (3, "triton"), (2, "cuda"), (3, "cuda")], ids=lambda p: f"{p[0]}ranks-{p[1]}")
+@pytest.fixture(
+    scope="module", params=[(2, "triton"), (3, "triton"), (2, "cuda"), (3, "cuda")], ids=lambda p: f"{p[0]}ranks-{p[1]}"
+)
 def runs(request, tmp_path_factory) -> Runs:
     world_size, kernels = request.param
     seed = random.randrange(1 << 20)

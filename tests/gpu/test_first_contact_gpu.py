@@ -1,4 +1,4 @@
-"""First contact, the halves only a GPU shows (the CPU halves: tests/test_first_contact.py).
+"""First contact, the halves only a GPU shows (the CPU halves: tests/workspace/test_device_path_on_cpu.py).
 
 - Peer views alias: every view of a peer's cuda_ipc buffer has the peer's address as its
   ``data_ptr()`` and sees the peer's writes (a copy would show stale bytes forever).
@@ -57,7 +57,7 @@ def _graph_outlives_the_cache(rank: int, world_size: int, kernels: str) -> list[
     import torch
 
     import gpucomm
-    import gpucomm.engine as engine_module
+    import gpucomm.workspace.engine as engine_module
 
     device = init_cuda_group(rank, kernels)
     t = torch.zeros(256, device=device)

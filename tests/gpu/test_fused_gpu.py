@@ -1,6 +1,6 @@
 """gpucomm.fused and the one-shot written with gpucomm.language on CUDA tensors over the cuda_ipc
-workspace (several ranks may share one GPU): tests/test_fused.py's comparisons, and the one-shot
-against the program kernel's bits (tests/test_language.py's). Skipped without CUDA and CuPy."""
+workspace (several ranks may share one GPU): tests/fused/test_fused.py's comparisons, and the one-shot
+against the program kernel's bits (tests/language/test_language.py's). Skipped without CUDA and CuPy."""
 
 from __future__ import annotations
 

@@ -26,11 +26,11 @@ import pytest
 import torch
 from test_cuda_kernels import DIVISOR, GUARD, _assert_same_bits, _inputs, _poison, _reduce
 
-from gpucomm.device_executor import DeviceExecutor, operand_rows
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.program import FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, TIMEOUT, Builder, Program
 from gpucomm.ops.reference import TorchKernels
-from gpucomm.program import FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, TIMEOUT, Builder, Program
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.workspace.device_executor import DeviceExecutor, operand_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -87,7 +87,9 @@ class Workspace:
         self.halves = [torch.zeros(2 * HALF_BYTES, dtype=torch.uint8, device=device) for _ in range(world)]
         # [sync flags: channels x world | poison | epoch of each channel] (the engine's layout
         # without the send/recv flags, which the program kernels never touch)
-        self.flags = [torch.zeros(channels * world + 1 + channels, dtype=torch.int64, device=device) for _ in range(world)]
+        self.flags = [
+            torch.zeros(channels * world + 1 + channels, dtype=torch.int64, device=device) for _ in range(world)
+        ]
         addrs = [h.data_ptr() for h in self.halves] + [f.data_ptr() for f in self.flags]
         self.peers = torch.tensor(addrs, dtype=torch.int64, device=device)
         self.state = self.flags[0][channels * world :]
@@ -100,11 +102,23 @@ class Workspace:
         """One launch, waited for."""
         form = _tables(program, self.channels, self.device, by_size)
         kernels.run_program(
-            form["instructions"], form["operands"], self.peers, self.state.data_ptr(), self.record.data_ptr(),
-            channels=form["channels"], all_channels=self.channels, rank=0, world=self.world,
+            form["instructions"],
+            form["operands"],
+            self.peers,
+            self.state.data_ptr(),
+            self.record.data_ptr(),
+            channels=form["channels"],
+            all_channels=self.channels,
+            rank=0,
+            world=self.world,
             fingerprint=program.fingerprint,
-            half_bytes=HALF_BYTES, granule=form["granule"], timeout_ns=int(timeout_s * 1e9),
-            dtype=program.dtype, op=int(program.op or 0), copy_bytes=form["copy_bytes"], aligned=form["aligned"],
+            half_bytes=HALF_BYTES,
+            granule=form["granule"],
+            timeout_ns=int(timeout_s * 1e9),
+            dtype=program.dtype,
+            op=int(program.op or 0),
+            copy_bytes=form["copy_bytes"],
+            aligned=form["aligned"],
         )
         torch.cuda.synchronize(self.device)
 
@@ -135,7 +149,9 @@ def _barrier(ws: Workspace) -> Program:
 @pytest.mark.parametrize("n", [1, 4099])
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
 @pytest.mark.parametrize("op", list(ReduceOp), ids=lambda op: op.name)
-def test_copy_and_reduce_match_torch_bitwise(kernels, device, gen, op, dtype, n: int, aligned: bool, channels: int) -> None:
+def test_copy_and_reduce_match_torch_bitwise(
+    kernels, device, gen, op, dtype, n: int, aligned: bool, channels: int
+) -> None:
     k = 3
     elem = torch.empty(0, dtype=dtype).element_size()
     offsets = [16 // elem if aligned else 2 * i + 1 for i in range(k + 1)]
@@ -318,10 +334,22 @@ def test_a_timeout_is_decided_once_per_channel(kernels, device, race: bool) -> N
         start = time.monotonic()
         form = _tables(program, channels, device)
         kernels.run_program(
-            form["instructions"], form["operands"], ws.peers, ws.state.data_ptr(), ws.record.data_ptr(),
-            channels=channels, rank=0, world=ws.world, fingerprint=fp, half_bytes=HALF_BYTES,
-            granule=form["granule"], timeout_ns=int(timeout * 1e9), dtype=program.dtype, op=0,
-            copy_bytes=form["copy_bytes"], aligned=form["aligned"],
+            form["instructions"],
+            form["operands"],
+            ws.peers,
+            ws.state.data_ptr(),
+            ws.record.data_ptr(),
+            channels=channels,
+            rank=0,
+            world=ws.world,
+            fingerprint=fp,
+            half_bytes=HALF_BYTES,
+            granule=form["granule"],
+            timeout_ns=int(timeout * 1e9),
+            dtype=program.dtype,
+            op=0,
+            copy_bytes=form["copy_bytes"],
+            aligned=form["aligned"],
         )
         if race:
             time.sleep(timeout * (0.8 + 0.04 * attempt))  # from just before to just after the deadline

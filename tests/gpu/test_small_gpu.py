@@ -27,16 +27,18 @@ WORLD = 2
 
 def _small(rank: int, world_size: int, kernels: str, seed: int) -> tuple[list[str], list[str]]:
     import torch
+    from collective_matrix import OPS, close_enough, digest, make_input, reference
 
     import gpucomm
-    from collective_matrix import OPS, close_enough, digest, make_input, reference
 
     device = init_cuda_group(rank, kernels)
     world = gpucomm.get_default_communicator()
     engine = world._engines["cuda"]
     problems: list[str] = []
     if engine.serves("all_reduce", torch.ones(7, device=device)) != "oneshot_small":
-        problems.append(f"auto serves a 28-byte all_reduce with {engine.serves('all_reduce', torch.ones(7, device=device))}")
+        problems.append(
+            f"auto serves a 28-byte all_reduce with {engine.serves('all_reduce', torch.ones(7, device=device))}"
+        )
     program = world.new_subgroup(list(range(world_size)), algo="oneshot")
     digests, case = [], 0
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):

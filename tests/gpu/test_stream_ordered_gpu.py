@@ -42,12 +42,18 @@ def _burst_without_host_sync(rank: int, world_size: int, kernels: str, rounds: i
     import torch
 
     import gpucomm
-    from gpucomm.communicator import Communicator
+    from gpucomm.comm.communicator import Communicator
 
     device = init_cuda_group(rank, kernels)
     world = gpucomm.get_default_communicator()
     comms = {
-        algo: Communicator(world.store, rank, world_size, prefix=f"{world.prefix}{algo}/", config=dataclasses.replace(world.config, algo=algo))
+        algo: Communicator(
+            world.store,
+            rank,
+            world_size,
+            prefix=f"{world.prefix}{algo}/",
+            config=dataclasses.replace(world.config, algo=algo),
+        )
         for algo in ("oneshot", "twoshot")
     }
     P, root = world_size, world_size - 1
@@ -127,9 +133,14 @@ def _graph_replays(rank: int, world_size: int, kernels: str, replays: int) -> li
         want = {
             "all_reduce": (t, sum(_data(3 * seed, r, N) for r in range(P))),
             "all_gather_into_tensor": (gathered, torch.cat([_data(3 * seed + 1, r, N) for r in range(P)])),
-            "reduce_scatter_tensor": (out, sum(_data(3 * seed + 2, r, N * P) for r in range(P))[rank * N : (rank + 1) * N]),
+            "reduce_scatter_tensor": (
+                out,
+                sum(_data(3 * seed + 2, r, N * P) for r in range(P))[rank * N : (rank + 1) * N],
+            ),
         }
-        return [f"{name} (seed {seed})" for name, (got, expected) in want.items() if not torch.equal(got.cpu(), expected)]
+        return [
+            f"{name} (seed {seed})" for name, (got, expected) in want.items() if not torch.equal(got.cpu(), expected)
+        ]
 
     def collectives() -> None:
         gpucomm.all_reduce(t)

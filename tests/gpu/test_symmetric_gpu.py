@@ -1,4 +1,4 @@
-"""Symmetric tensors on CUDA (tests/test_symmetric.py's matrix on the cuda_ipc workspace), and the
+"""Symmetric tensors on CUDA (tests/workspace/test_symmetric.py's matrix on the cuda_ipc workspace), and the
 multimem all_reduce where the node has NVLink SHARP. Skipped without CUDA and CuPy; the multimem
 test also where the engine reports a reason (one GPU shared by the ranks, no cuda.bindings, no
 multicast support), and it says which.
@@ -21,7 +21,14 @@ pytestmark = NEEDS_CUDA_IPC
 def test_every_collective_on_symmetric_cuda_tensors(kernels: str) -> None:
     seed = random.randrange(1 << 30)
     results = run_ranks(
-        _every_collective, 2, seed, kernels, (7, 4099, 10000), (torch.float32, torch.bfloat16, torch.int64), "cuda", timeout=900,
+        _every_collective,
+        2,
+        seed,
+        kernels,
+        (7, 4099, 10000),
+        (torch.float32, torch.bfloat16, torch.int64),
+        "cuda",
+        timeout=900,
     )
     failures = [f for per_rank in results for f in per_rank]
     assert not failures, f"seed {seed}:\n" + "\n".join(failures[:20])
@@ -44,7 +51,12 @@ def _multimem(rank: int, world_size: int, seed: int) -> tuple[str, list[str]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mm = world.new_subgroup(list(range(world_size)), algo="multimem")
-    for dtype, op in ((torch.int32, ReduceOp.SUM), (torch.int64, ReduceOp.MAX), (torch.float32, ReduceOp.SUM), (torch.bfloat16, ReduceOp.SUM)):
+    for dtype, op in (
+        (torch.int32, ReduceOp.SUM),
+        (torch.int64, ReduceOp.MAX),
+        (torch.float32, ReduceOp.SUM),
+        (torch.bfloat16, ReduceOp.SUM),
+    ):
         gen = torch.Generator().manual_seed(seed + rank)
         x = (torch.randint(-1000, 1000, (1 << 16,), generator=gen)).to(dtype).to(device)
         sym, plain = mm.empty(x.numel(), dtype=dtype, device=device), x.clone()

@@ -1,6 +1,6 @@
 """Every collective × algorithm on CUDA tensors over the cuda_ipc workspace (several ranks may
 share one GPU), with the Triton, CUDA C++ and torch kernels: the matrix of
-tests/test_workspace_collectives.py, checked the same way. Skipped without CUDA and CuPy.
+tests/workspace/test_workspace_collectives.py, checked the same way. Skipped without CUDA and CuPy.
 """
 
 from __future__ import annotations

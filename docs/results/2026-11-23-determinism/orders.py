@@ -1,5 +1,5 @@
 """How many elements ring and tree change against one-shot: 4 ranks, CPU shared-memory
-workspace, torch kernels, 1 Mi elements of tests/test_determinism.py's wide-range inputs.
+workspace, torch kernels, 1 Mi elements of tests/comm/test_determinism.py's wide-range inputs.
 
 Run from the repository root:
     python docs/results/2026-11-23-determinism/orders.py > docs/results/2026-11-23-determinism/orders.json
@@ -18,8 +18,9 @@ N, PREFIX, SEED = 1 << 20, 4096, 11
 def job(rank: int, world_size: int) -> dict:
     import warnings
 
-    import gpucomm
     from test_determinism import _bits, wide
+
+    import gpucomm
 
     warnings.simplefilter("ignore")  # ring and tree warn that they leave the contract: we know
     out = {}
@@ -34,9 +35,13 @@ def job(rank: int, world_size: int) -> dict:
             res[algo], res[algo + " prefix"] = whole, head
             gpucomm.destroy_process_group()
         for algo in ("twoshot", "ring", "tree"):
-            out[f"{dtype} {algo}: elements unlike one-shot's, of {N}"] = int((_bits(res[algo]) != _bits(res["oneshot"])).sum())
+            out[f"{dtype} {algo}: elements unlike one-shot's, of {N}"] = int(
+                (_bits(res[algo]) != _bits(res["oneshot"])).sum()
+            )
             unlike = _bits(res[algo + " prefix"]) != _bits(res[algo][:PREFIX])
-            out[f"{dtype} {algo}: first {PREFIX} reduced alone, elements unlike the same elements of {N}"] = int(unlike.sum())
+            out[f"{dtype} {algo}: first {PREFIX} reduced alone, elements unlike the same elements of {N}"] = int(
+                unlike.sum()
+            )
     return out
 
 

@@ -1,0 +1,412 @@
+"""Programs: a collective as a list of instructions, recorded once per call shape and replayed.
+
+The algorithms (:mod:`gpucomm.algorithms`) describe a collective as copies, reductions and
+syncs over the symmetric workspace. A :class:`Builder` records those calls into a
+:class:`Program`; an executor runs it: the program kernel on a GPU or under the Triton
+interpreter (:mod:`gpucomm.workspace.device_executor`), torch ops with host waits for the reference kernels
+(:mod:`gpucomm.workspace.host_executor`). A program holds only what stays the same from one call of the
+same shape to the next (addresses, sizes, the peers of every sync), never an epoch: which half
+of the workspace a round uses, and the epoch every flag carries, come from the epoch at the
+start of the run. So the same program runs any number of times, from a CUDA graph too.
+
+Rounds and halves. A *round* is the interval between two syncs; data written in round k lives
+in half k % 2 (counted from the epoch the run starts at) and is read in round k + 1, after the
+sync that ends round k. ``Builder.write_offset()`` names the half of the current round,
+``read_offset()`` that of the last one.
+
+Why every sync is safe to build this way (the engine of earlier versions argued the same for
+host-driven steps, and the argument carries over):
+
+- Inside a run, each ``sync(sources, readers)`` waits for the ranks whose data this rank reads
+  next and signals the ranks that read its data; the builder adds a carry-over from the
+  previous sync (signal last sync's sources: "done reading you"; wait for last sync's readers:
+  "done reading me"). So before a rank overwrites a half, every rank that read the old contents
+  has said so.
+- The first sync of every run is a full barrier, both ways. Data a run writes before its first
+  sync goes to the half that the previous run's last round did not read; and a rank passes the
+  first sync only once every rank has started this run, that is finished the previous one (runs
+  are ordered on a rank: one stream, or one host thread). So a run needs to know nothing about
+  the run before it, and any sequence of programs is safe.
+
+Channels. The program kernel runs a program as several *channels* (one per program of the
+launch grid) that never wait for each other: channel c moves only the bytes whose in-half
+position lies in the granules it owns (granule g is channel g % grid's, and a granule is 1/P of
+the program's extent over the grid: gpucomm.workspace.channels.granule, so every channel shares every
+instruction, a 1/P slice as much as a whole piece), and syncs only with channel c of the other
+ranks. An instruction's workspace operands therefore share one in-half position (``pos``), so
+that the channel that writes a byte of a half is the channel that reads it on every rank. Every launch
+runs every channel, so all channels count the same epochs and agree on the half of a round.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from gpucomm.ops.contract import Region
+from gpucomm.reduce_op import ReduceOp
+
+__all__ = [
+    "Builder",
+    "Program",
+    "Slot",
+    "Ref",
+    "Arg",
+    "resolve",
+    "overlaps",
+    "HalfOffset",
+    "fingerprint",
+    "WORDS",
+    "OPERAND_WORDS",
+    "COPY",
+    "REDUCE",
+    "SYNC",
+    "FP_BITS",
+    "RECORD_WORDS",
+    "TIMEOUT",
+    "MISMATCH",
+]
+
+# The instruction set of the program kernels (kernels/triton/program.py, kernels/cuda/program.cu
+# repeat these numbers; tests/ops/test_instruction_set.py checks that they agree).
+WORDS = 8  # int64 per instruction
+OPERAND_WORDS = 3  # int64 per operand: [rank or -1, round, offset or address]
+COPY, REDUCE, SYNC = 1, 2, 3
+FP_BITS = 20  # low bits of a flag: the call's fingerprint; above them: the epoch
+RECORD_WORDS = 8  # int64 per channel's error record: [kind, epoch, instruction, peers, seen, fingerprint]
+TIMEOUT, MISMATCH = 1, 2  # kinds of error record
+_ALIGN = 16  # bytes of one vector access
+# The view of a peer's heap region a Builder hands out: programs keep addresses, never views
+# (executors make their own from the address: Region.alias).
+_NO_VIEW = torch.empty(0, dtype=torch.uint8)
+
+
+def fingerprint(name: str, fields: Sequence[object], root: int | None) -> int:
+    """The FP_BITS-bit fingerprint every flag of a call carries (collective, dtype, count, op,
+    algorithm, root): ranks that disagree on any of them see each other's and raise."""
+    text = "|".join(str(f) for f in (name, *fields, root))
+    return zlib.crc32(text.encode()) & ((1 << FP_BITS) - 1)
+
+
+@dataclass(frozen=True)
+class HalfOffset:
+    """``offset`` bytes into the half that holds the data of ``round`` (syncs since the start)."""
+
+    round: int
+    offset: int = 0
+
+    def __add__(self, delta: int) -> HalfOffset:
+        return HalfOffset(self.round, self.offset + delta)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """``nbytes`` bytes of local rank ``peer``'s workspace, ``offset`` bytes into the half of
+    ``round``: a region whose address is known only when the program runs."""
+
+    peer: int
+    round: int
+    offset: int
+    nbytes: int
+
+    def sub(self, offset: int, nbytes: int) -> Slot:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"Slot.sub: [{offset}, {offset + nbytes}) is outside a slot of {self.nbytes} bytes")
+        return Slot(self.peer, self.round, self.offset + offset, nbytes)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``nbytes`` bytes of this process's memory at ``addr`` that the program owns (a table it
+    keeps in ``Program.keep``)."""
+
+    addr: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Arg:
+    """``nbytes`` bytes, ``offset`` bytes into the call's buffer number ``index``.
+
+    How a program names the caller's buffers: by their place in the call, never by a view (a
+    view keeps the caller's tensor alive as long as the program is cached: 256 programs of fresh
+    4 MiB tensors held 1.4 GiB per rank) nor by address (a loop that passes a fresh tensor each
+    step would build a program each step). Executors resolve it with the call's addresses.
+    """
+
+    index: int
+    offset: int
+    nbytes: int
+
+
+def resolve(operand: Ref | Arg, addrs: Sequence[int]) -> int:
+    """The address of a program's own or the caller's operand, given the call's buffer addresses."""
+    if isinstance(operand, Arg):
+        return addrs[operand.index] + operand.offset
+    return operand.addr
+
+
+def overlaps(regions: Sequence[Region]) -> tuple:
+    """How the call's buffers overlap: ``(i, j, addr_j - addr_i)`` for every overlapping pair.
+
+    Part of a program's cache key: an operand inside two buffers (an in-place all_gather's input
+    within its output) resolves to the buffer listed first, which names the same bytes in every
+    call whose buffers overlap alike. Buffers that do not overlap (the usual case) give ``()``.
+    """
+    if len(regions) < 2:
+        return ()
+    found = []
+    for i, a in enumerate(regions):
+        for j in range(i + 1, len(regions)):
+            b = regions[j]
+            if a.addr < b.addr + b.nbytes and b.addr < a.addr + a.nbytes:
+                found.append((i, j, b.addr - a.addr))
+    return tuple(found)
+
+
+Operand = Region | Slot | Ref | Arg
+
+
+@dataclass
+class Program:
+    """A recorded collective (see the module docstring).
+
+    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one
+    instruction (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``,
+    ``(REDUCE, nbytes, pos, out, srcs, divide, divisor)`` and ``(SYNC, signal, wait)`` (lists of
+    local ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say
+    which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
+    ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
+    ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes the launch's grid
+    is sized for, where the program moves them outside the halves (in place on a symmetric
+    tensor every instruction is a slice of it, all of whose channels work on each). Executors cache their own forms of a program
+    in ``cache``; ``keep`` holds buffers of the program's own that instructions read. Operands
+    are workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
+    (:class:`Ref`).
+    """
+
+    name: str
+    fingerprint: int
+    root: int | None
+    instructions: list[tuple] = field(default_factory=list)
+    syncs: int = 0
+    dtype: torch.dtype | None = None
+    op: ReduceOp | None = None
+    extent: int = 0
+    grid_bytes: int = 0  # bytes that size the launch's grid where they exceed ``extent`` (in place: the tensor)
+    keep: list = field(default_factory=list, repr=False)  # buffers the instructions name, kept alive
+    cache: dict = field(default_factory=dict, repr=False)
+    captured: bool = False  # a CUDA graph launches it: never evicted (gpucomm.capture)
+
+    def copy_bytes(self, addrs: Sequence[int] = ()) -> int:
+        """The widest unit (8, 4, 2, 1) that divides every COPY's size, position and address
+        (``addrs``: the call's buffer addresses)."""
+        common = 0
+        for ins in self.instructions:
+            if ins[0] == COPY:
+                common |= ins[1] | ins[2]
+                for r in ins[3:]:
+                    common |= r.offset if isinstance(r, Slot) else resolve(r, addrs)
+        return next(size for size in (8, 4, 2, 1) if common % size == 0)
+
+    def aligned(self, addrs: Sequence[int] = ()) -> bool:
+        """Every address, in-half offset and position is a multiple of 16 bytes."""
+        for ins in self.instructions:
+            if ins[0] == SYNC:
+                continue
+            operands = ins[3:] if ins[0] == COPY else (ins[3], *ins[4])
+            if ins[2] % _ALIGN or any(
+                (r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands
+            ):
+                return False
+        return True
+
+
+class Builder:
+    """Records the calls of an algorithm into a :class:`Program`.
+
+    The algorithms see the workspace as ``world_size`` local ranks, this one being ``rank``,
+    each with two halves of ``half_bytes`` bytes; they call :meth:`copy`, :meth:`reduce` and
+    :meth:`sync` in the order every rank runs them.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        half_bytes: int,
+        name: str,
+        fields: Sequence[object],
+        root: int | None = None,
+        args: Sequence[Region] = (),
+        heap: Sequence[int] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.args = list(args)  # the call's buffers: regions inside them are recorded as Arg
+        self.heap = None if heap is None else tuple(heap)  # every local rank's heap base, in this process
+        self.world_size = world_size
+        self.half_bytes = half_bytes
+        self.op_name = name
+        self.program = Program(name, fingerprint(name, fields, root), root)
+        self._carry_sources: list[int] = []
+        self._carry_readers: list[int] = []
+
+    # -- where data lives -----------------------------------------------------------------------
+    def peers(self) -> list[int]:
+        return list(range(self.world_size))
+
+    def write_offset(self) -> HalfOffset:
+        """The half that data written now goes to (read by its readers after the next sync)."""
+        return HalfOffset(self.program.syncs)
+
+    def read_offset(self) -> HalfOffset:
+        """The half holding the data written before the last sync, readable now."""
+        return HalfOffset(self.program.syncs - 1)
+
+    def slot(self, peer: int, offset: HalfOffset, nbytes: int) -> Slot:
+        """``nbytes`` bytes of local rank ``peer``'s half at ``offset``."""
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"Builder.slot: peer must be in [0, {self.world_size}), got {peer}")
+        if offset.offset < 0 or nbytes < 0 or offset.offset + nbytes > self.half_bytes:
+            raise ValueError(
+                f"Builder.slot: [{offset.offset}, {offset.offset + nbytes}) is outside a half of {self.half_bytes} bytes"
+            )
+        return Slot(peer, offset.round, offset.offset, nbytes)
+
+    def reserve(self, offset: HalfOffset, nbytes: int) -> None:
+        """The round's layout of a half spans ``[offset, offset + nbytes)`` on every rank, whatever
+        this rank's own instructions touch of it. The channels split a half by the program's
+        extent (gpucomm.workspace.channels.granule), and a byte must belong to the same channel on every
+        rank: an algorithm whose ranks use different parts of one layout (scatter's sub-slots,
+        all_to_all's uneven pieces) reserves the whole of it on every rank."""
+        if offset.offset < 0 or nbytes < 0 or offset.offset + nbytes > self.half_bytes:
+            raise ValueError(
+                f"Builder.reserve: [{offset.offset}, {offset.offset + nbytes}) is outside a half of {self.half_bytes} bytes"
+            )
+        self.program.extent = max(self.program.extent, offset.offset + nbytes)
+
+    def symmetric(self, peer: int, region: Region) -> Region:
+        """Local rank ``peer``'s copy of ``region``, a region of this rank's symmetric heap
+        (gpucomm.transport.heap): the same offset in ``peer``'s heap, at its address in this
+        process. A program names it as memory of its own (:class:`Ref`): the address stays
+        valid as long as the heap, and the heap offset is part of the call's fields."""
+        heap = self.heap
+        if heap is None or not heap[self.rank] <= region.addr:
+            raise ValueError("Builder.symmetric: the region is not in this rank's symmetric heap")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"Builder.symmetric: peer must be in [0, {self.world_size}), got {peer}")
+        if peer == self.rank:
+            return region
+        addr = heap[peer] + region.addr - heap[self.rank]
+        return Region(addr, region.nbytes, _NO_VIEW)
+
+    # -- what moves -----------------------------------------------------------------------------
+    def copy(self, dst: Operand, src: Operand) -> None:
+        """``dst = src``, byte for byte."""
+        if dst.nbytes != src.nbytes:
+            raise ValueError(
+                f"Builder.copy: dst and src must have the same size, got {dst.nbytes} and {src.nbytes} bytes"
+            )
+        if dst.nbytes:
+            self._add((COPY, dst.nbytes, self._position("copy", [dst, src]), dst, src))
+
+    def copy_pair(self, dst: Operand, src: Operand, dst2: Operand, src2: Operand) -> None:
+        """``dst = src`` and ``dst2 = src2`` in one instruction: the kernels keep the loads of
+        both in flight at once, so that a copy through local memory (a piece into the
+        workspace) runs beside one over the links (a peer's slice out of it) rather than after
+        it. Both copies have one size, and their workspace operands one in-half position."""
+        if not dst.nbytes == src.nbytes == dst2.nbytes == src2.nbytes:
+            raise ValueError(
+                f"Builder.copy_pair: both copies must have one size, got {dst.nbytes}, {src.nbytes}, {dst2.nbytes} and {src2.nbytes} bytes"
+            )
+        if dst.nbytes:
+            self._add((COPY, dst.nbytes, self._position("copy_pair", [dst, src, dst2, src2]), dst, src, dst2, src2))
+
+    def reduce(self, out: Operand, srcs: Sequence[Operand], dtype: torch.dtype, op: ReduceOp, divisor: int = 1) -> None:
+        """``out = op(srcs[0], srcs[1], ...)`` in the accumulation type, rounded once; AVG
+        divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction)."""
+        if any(s.nbytes != out.nbytes for s in srcs):
+            raise ValueError(f"Builder.reduce: every source must have the {out.nbytes} bytes of out")
+        fold = ReduceOp.SUM if op is ReduceOp.AVG else op
+        program = self.program
+        if program.op is None:
+            program.dtype, program.op = dtype, fold
+        elif (program.dtype, program.op) != (dtype, fold):
+            raise ValueError(
+                f"Builder.reduce: one program folds one dtype with one op, got {dtype} {fold.name} after {program.dtype} {program.op.name}"
+            )
+        if out.nbytes:
+            divides = op is ReduceOp.AVG
+            self._add((REDUCE, out.nbytes, self._position("reduce", [out, *srcs]), out, list(srcs), divides, divisor))
+
+    def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = ()) -> None:
+        """End the round: signal ``readers`` (they read my data of this round) and wait for
+        ``sources`` (I read theirs next), plus the carry-over of the last sync; the first sync
+        of a program is a full barrier (module docstring)."""
+        me = self.rank
+        sources = sorted({p for p in sources if p != me})
+        readers = sorted({p for p in readers if p != me})
+        if self.program.syncs == 0:
+            signal_to = wait_for = [p for p in self.peers() if p != me]
+        else:
+            signal_to = sorted(set(readers) | set(self._carry_sources))
+            wait_for = sorted(set(sources) | set(self._carry_readers))
+        self._carry_sources, self._carry_readers = sources, readers
+        self.program.instructions.append((SYNC, signal_to, wait_for))
+        self.program.syncs += 1
+
+    def barrier_all(self) -> None:
+        """A sync with every local rank in both directions."""
+        everyone = self.peers()
+        self.sync(everyone, everyone)
+
+    def keep(self, tensor: torch.Tensor) -> Region:
+        """The region of a buffer the program owns (a table it copies from), kept as long as it."""
+        self.program.keep.append(tensor)
+        return Region.of(tensor)
+
+    def finish(self) -> Program:
+        return self.program
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _add(self, instruction: tuple) -> None:
+        program = self.program
+        instruction = tuple(self._kept(x) for x in instruction)
+        program.instructions.append(instruction)
+        if any(isinstance(r, Slot) for r in _operands(instruction)):
+            program.extent = max(program.extent, instruction[2] + instruction[1])
+
+    def _kept(self, field: object) -> object:
+        """What a program keeps of an instruction's field: a region inside one of the call's
+        buffers becomes an :class:`Arg` (the first such buffer), any other (a buffer of the
+        program's own) a :class:`Ref`."""
+        if isinstance(field, list):
+            return [self._kept(x) for x in field]
+        if not isinstance(field, Region):
+            return field
+        for index, arg in enumerate(self.args):
+            if arg.addr <= field.addr and field.addr + field.nbytes <= arg.addr + arg.nbytes:
+                return Arg(index, field.addr - arg.addr, field.nbytes)
+        return Ref(field.addr, field.nbytes)  # a buffer the program keeps (Builder.keep)
+
+    def _position(self, fn: str, operands: Sequence[Operand]) -> int:
+        """The in-half offset the workspace operands share (0 if there are none)."""
+        offsets = {r.offset for r in operands if isinstance(r, Slot)}
+        if len(offsets) > 1:
+            # Channels split an instruction by in-half position; operands at different positions
+            # would be read by a channel other than the one that wrote them.
+            raise ValueError(
+                f"Builder.{fn}: the workspace operands of one instruction must share their in-half offset, got {sorted(offsets)}"
+            )
+        return offsets.pop() if offsets else 0
+
+
+def _operands(instruction: tuple) -> list[Operand]:
+    if instruction[0] == COPY:
+        return list(instruction[3:])
+    if instruction[0] == REDUCE:
+        return [instruction[3], *instruction[4]]
+    return []

@@ -1,0 +1,531 @@
+"""Every Triton kernel compiles ahead of time for sm_80 and sm_90 without a GPU, and the PTX has
+the memory-ordering and arithmetic instructions the contract relies on.
+
+Compiling needs the real compiler, not the interpreter: the kernels are imported and compiled in
+one subprocess started without TRITON_INTERPRET (this file run as a script), which reports the
+instructions of interest of every variant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ARCHS = (80, 90)
+# Sources a REDUCE loads at once, as the launcher picks them for 2, 4 and 8 ranks.
+LOAD_SOURCES = (2, 4, 8)
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
+OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
+# Memory instructions and divisions, e.g. "atom.global.sys.release.exch.b64", "div.rn.f32".
+_INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div|bar)\.[\w.]+")
+# Fences and atomics, in the order the PTX has them.
+_ORDERING = re.compile(r"\b(?:atom|red|fence|membar)\.[\w.]+")
+# What a SYNC's order is made of, in the order the PTX has them: barriers, fences, atomics, global
+# stores and loads (flag polls are atomics; data loads are ld.global).
+_SYNC_EVENTS = re.compile(r"\b(?:bar|barrier|fence|membar|atom|red|st\.global|ld\.global)\b[\w.]*")
+# The small all_reduce's variants: (op, dtype, ranks, the tensor 16-byte aligned).
+SMALL_VARIANTS = (
+    ("SUM", "float32", 8, True),
+    ("AVG", "bfloat16", 2, True),
+    ("MIN", "float16", 4, True),
+    ("SUM", "int64", 8, True),
+    ("SUM", "float32", 2, False),
+)
+
+
+def _variants() -> dict[str, tuple]:
+    """name -> (kernel, signature, constexprs, attrs)."""
+    import triton.language as tl
+
+    from gpucomm._kernels.triton import copy, flags, reduce
+
+    variants = {
+        "signal": (
+            flags.signal_kernel,
+            {"addr_ptr": "*i64", "n_flags": "i32", "epoch": "i64", "BLOCK": "constexpr"},
+            {"BLOCK": 16},
+            {},
+        ),
+        "wait": (
+            flags.wait_kernel,
+            {
+                "addr_ptr": "*i64",
+                "status_ptr": "*i64",
+                "n_flags": "i32",
+                "epoch": "i64",
+                "max_spins": "i32",
+                "BLOCK": "constexpr",
+            },
+            {"BLOCK": 16},
+            {},
+        ),
+    }
+    # n_elements divisible by 16, as the launcher's specialisation marks it for such sizes.
+    divisible = {(1,): [["tt.divisibility", 16]]}
+    for aligned in (False, True):
+        variants[f"copy-aligned{int(aligned)}"] = (
+            copy.copy_kernel,
+            {
+                "addr_ptr": "*i64",
+                "n_elements": "i64",
+                "ELEM": "constexpr",
+                "ALIGNED": "constexpr",
+                "BLOCK": "constexpr",
+            },
+            {"ELEM": tl.int64, "ALIGNED": aligned, "BLOCK": 2048},
+            divisible,
+        )
+    for dtype in DTYPES:
+        for op in OPS:
+            variants[f"reduce-{op}-{dtype}"] = (
+                reduce.reduce_kernel,
+                {
+                    "addr_ptr": "*i64",
+                    "n_elements": "i64",
+                    "divisor": "i32",
+                    "DTYPE": "constexpr",
+                    "OP": "constexpr",
+                    "K": "constexpr",
+                    "ALIGNED": "constexpr",
+                    "BLOCK": "constexpr",
+                },
+                {
+                    "DTYPE": getattr(tl, dtype),
+                    "OP": getattr(reduce, f"OP_{op}"),
+                    "K": 3,
+                    "ALIGNED": True,
+                    "BLOCK": 1024,
+                },
+                divisible,
+            )
+    from gpucomm._kernels.triton import program
+
+    program_signature = {
+        "prog_ptr": "*i64",
+        "n_instr": "i64",
+        "opnd_ptr": "*i64",
+        "peers_ptr": "*i64",
+        "state_addr": "i64",
+        "record_addr": "i64",
+        "rank": "i32",
+        "world": "i32",
+        "fingerprint": "i64",
+        "half_bytes": "i64",
+        "granule": "i64",
+        "timeout_ns": "i64",
+        "all_channels": "i32",
+    }
+    program_variants = [(dtype, "SUM") for dtype in DTYPES] + [("float32", op) for op in ("PRODUCT", "MIN", "MAX")]
+    program_variants.append(("bfloat16", "MIN"))
+    for dtype, op in program_variants:
+        constexprs = {
+            "DTYPE": getattr(tl, dtype),
+            "OP": getattr(reduce, f"OP_{op}"),
+            "COPY_ELEM": tl.int64,
+            "COPY_BYTES": 8,
+            "ELEM_BYTES": {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4),
+            "ALIGNED": True,
+            "SOURCES": 8,
+            "LANES": 32 * program.NUM_WARPS,
+        }
+        signature = {**program_signature, **{name: "constexpr" for name in constexprs}}
+        variants[f"program-{op}-{dtype}"] = (program.program_kernel, signature, constexprs, {})
+    from gpucomm._kernels.triton import small
+
+    small_signature = {
+        "x_addr": "i64",
+        "n": "i64",
+        **{f"stage{p}": "i64" for p in range(8)},
+        **{f"flags{p}": "i64" for p in range(8)},
+        "half_bytes": "i64",
+        "state_addr": "i64",
+        "record_addr": "i64",
+        "rank": "i32",
+        "fingerprint": "i64",
+        "timeout_ns": "i64",
+        "all_channels": "i32",
+        "divisor": "i32",
+    }
+    for op, dtype, world, aligned in SMALL_VARIANTS:
+        elem = {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4)
+        lanes = 32 * small.NUM_WARPS
+        constexprs = {
+            "DTYPE": getattr(tl, dtype),
+            "OP": getattr(reduce, f"OP_{op}"),
+            "COPY": {8: tl.int64, 4: tl.int32, 2: tl.int16}[elem],
+            "ELEM": elem,
+            "ALIGNED": aligned,
+            "WORLD": world,
+            "BLOCK": lanes * 16 // elem,
+            "LANES": lanes,
+        }
+        signature = {**small_signature, **{name: "constexpr" for name in constexprs}}
+        variants[_small_name(op, dtype, world, aligned)] = (small.small_kernel, signature, constexprs, {})
+    # The REDUCE body at fewer sources loaded at once (a workspace of 2 or 4 ranks).
+    for sources in LOAD_SOURCES[:-1]:
+        kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
+        variants[f"program-SUM-float32-sources{sources}"] = (
+            kernel,
+            signature,
+            {**constexprs, "SOURCES": sources},
+            attrs,
+        )
+    # Triton may turn an int argument equal to 1 into a constant; the kernels must compile then too.
+    kernel, signature, constexprs, attrs = variants["reduce-AVG-float32"]
+    variants["reduce-AVG-float32-divisor1"] = (
+        kernel,
+        {**signature, "divisor": "constexpr"},
+        {**constexprs, "divisor": 1},
+        attrs,
+    )
+    for name in ("signal", "wait"):
+        kernel, signature, constexprs, attrs = variants[name]
+        variants[f"{name}-epoch1"] = (kernel, {**signature, "epoch": "constexpr"}, {**constexprs, "epoch": 1}, attrs)
+    return variants
+
+
+def _small_name(op: str, dtype: str, world: int, aligned: bool) -> str:
+    return f"small-{op}-{dtype}-world{world}" + ("" if aligned else "-unaligned")
+
+
+SMALL_NAMES = [_small_name(*variant) for variant in SMALL_VARIANTS]
+
+
+def _options(name: str) -> dict:
+    """Compile options as the launchers pass them to the program and small kernels."""
+    from gpucomm._kernels.triton import program, small
+
+    if name.startswith("small"):
+        return {"num_warps": small.NUM_WARPS}
+    return {"num_warps": program.NUM_WARPS, "maxnreg": program.MAX_REGISTERS} if name.startswith("program") else {}
+
+
+def _sync_events(ptx: str) -> list[str]:
+    """The kernel's barriers, fences, flag atomics, data stores and data loads in PTX order, each
+    one word: barrier, fence, release, acquire, store, load (plain), load.cg."""
+    events = []
+    for op in _SYNC_EVENTS.findall(ptx):
+        parts = op.split(".")
+        if parts[0] in ("bar", "barrier"):
+            events.append("barrier")
+        elif parts[0] in ("fence", "membar"):
+            events.append("fence")
+        elif parts[0] in ("atom", "red"):
+            events += [kind for kind in ("release", "acquire") if kind in parts and "sys" in parts]
+        elif parts[0] == "st":
+            events.append("store")
+        else:
+            events.append("load.cg" if "cg" in parts else "load")
+    return events
+
+
+def _worker() -> dict[str, list[str] | str]:
+    """Compile every variant for every arch; the sorted instructions seen, or the error text."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("test_triton_aot worker: run without TRITON_INTERPRET")
+    report: dict[str, list[str] | str] = {}
+    for name, (kernel, signature, constexprs, attrs) in _variants().items():
+        for arch in ARCHS:
+            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+            try:
+                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=_options(name))
+            except Exception as exc:  # reported per variant, so one failure does not hide others
+                report[f"{name}-sm{arch}"] = f"{type(exc).__name__}: {exc}"
+                continue
+            ptx = compiled.asm["ptx"]
+            markers = ["%globaltimer"] if "%globaltimer" in ptx else []
+            report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(ptx))) + markers
+            if name.startswith("signal"):
+                report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
+            if name.startswith(("small", "program")):
+                report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
+            if name.startswith("program"):
+                report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
+                report[f"{name}-sm{arch}-timer"] = _timer_facts(compiled.asm["ttgir"])
+    return report
+
+
+# -- what the PTX's loops load ------------------------------------------------------------------
+_LABEL = re.compile(r"^\s*(\$L__\w+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+# A 16-byte load from global memory: ld.global.v4.b32 (4-byte elements), ld.global.v2.b64 (8-byte).
+_VECTOR_LOAD = re.compile(r"\bld\.global(?:\.\w+)*\.v(?:4\.[bfsu]32|2\.[bfsu]64)\b")
+# What folds or stores: a float32 fold (the variants these counts are asserted on), a global store.
+_FOLD_OR_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:(?:add|mul|min|max)(?:\.\w+)*\.f32|st\.global)\b")
+
+
+def _loop_loads(ptx: str) -> list[list[int]]:
+    """[16-byte loads, folds or stores between the first and the last of them] of every loop of
+    the PTX, counting only a loop's own lines (not those of loops nested in it): what one
+    iteration issues, and whether it waits for a load's data before it has issued them all."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
+    # A loop is a branch back to a label above it.
+    spans = [
+        (labels[m.group(1)], i)
+        for i, line in enumerate(lines)
+        if (m := _BRANCH.search(line)) and labels.get(m.group(1), i + 1) <= i
+    ]
+    found = []
+    for lo, hi in spans:
+        nested = [(a, b) for a, b in spans if lo <= a and b <= hi and (a, b) != (lo, hi)]
+        own = [lines[i] for i in range(lo, hi + 1) if not any(a <= i <= b for a, b in nested)]
+        loads = [k for k, line in enumerate(own) if _VECTOR_LOAD.search(line)]
+        between = own[loads[0] : loads[-1]] if loads else []
+        found.append([len(loads), sum(bool(_FOLD_OR_STORE.match(line)) for line in between)])
+    return found
+
+
+# -- where the wait's clock goes ----------------------------------------------------------------
+_DEF = re.compile(r"^\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)$")
+_USE = re.compile(r"%[\w.$-]+")
+_LAYOUT = re.compile(
+    r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[(\d+)\], threadsPerWarp = \[(\d+)\], warpsPerCTA = \[(\d+)\]"
+)
+_TIMER = re.compile(r"globaltimer.*->\s*(tensor<(\d+)x\w+, (#\w+)>|\w+)")
+
+
+def _timer_facts(ttgir: str) -> dict:
+    """How the kernel reads %globaltimer and what its readings reach (from the TTGIR).
+
+    ``per_thread``: every reading is a tensor laid out one element per thread of the block (a
+    scalar, or a replicated tensor, would be read by each thread on its own with nothing to make
+    the threads agree). ``branch_sees_raw``: some loop exit or branch depends on a reading through
+    no reduction; ``branch_sees_reduced``: some does through a ``tt.reduce`` (a block-wide value).
+    """
+    layouts = {
+        m.group(1): [int(x) for x in m.groups()[1:]] for line in ttgir.splitlines() if (m := _LAYOUT.match(line))
+    }
+    defs: dict[str, str] = {}
+    for line in ttgir.splitlines():
+        line = re.sub(r"\bloc\(.*$", "", line)
+        if m := _DEF.match(line):
+            defs[m.group(1)] = m.group(2)
+        # scf.while's loop-carried values start from their initial ones: (%arg = %init, ...).
+        for name, init in re.findall(r"(%[\w.$-]+) = (%[\w.$-]+)(?=[,)])", line.split("=", 1)[-1]):
+            defs.setdefault(name, init)
+    per_thread = True
+    for line in ttgir.splitlines():
+        if m := _TIMER.search(line):
+            shape, layout = m.group(2), m.group(3)
+            spt, tpw, wpc = layouts.get(layout, (0, 0, 0))
+            per_thread &= shape is not None and spt == 1 and int(shape) == tpw * wpc
+
+    def reaches_timer(name: str, through_reduce: bool, seen: set) -> tuple[bool, bool]:
+        """(a raw reading reaches name, a reduced reading does)."""
+        if name in seen or name not in defs:
+            return False, False
+        seen.add(name)
+        text = defs[name]
+        if "globaltimer" in text:
+            return (not through_reduce, through_reduce)
+        reduces = text.startswith('"tt.reduce"')
+        raw = reduced = False
+        for use in _USE.findall(text):
+            r, d = reaches_timer(use.split("#")[0], through_reduce or reduces, seen)
+            raw, reduced = raw or r, reduced or d
+        return raw, reduced
+
+    raw = reduced = False
+    for line in ttgir.splitlines():
+        m = re.search(r"\b(?:scf\.condition|scf\.if)\s*\(?\s*(%[\w.$-]+)", line)
+        if m:
+            r, d = reaches_timer(m.group(1), False, set())
+            raw, reduced = raw or r, reduced or d
+    return {"per_thread": per_thread, "branch_sees_raw": raw, "branch_sees_reduced": reduced}
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, list[str] | str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # silences triton 3.9's warning; fusion is its default
+    proc = subprocess.run([sys.executable, __file__, "--worker"], env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT worker failed (exit {proc.returncode}):\n{proc.stderr[-8000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _instructions(ptx: dict, name: str) -> list[str]:
+    seen = ptx[name]
+    if isinstance(seen, str):
+        pytest.fail(f"{name} did not compile: {seen}", pytrace=False)
+    return seen
+
+
+def _has(instructions: list[str], opcode: str, *qualifiers: str) -> bool:
+    """Some instruction is ``opcode`` with all ``qualifiers`` (their order varies across versions)."""
+    return any(i.split(".")[0] == opcode and set(qualifiers) <= set(i.split(".")) for i in instructions)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_signal_is_a_release_at_system_scope(ptx, arch: int) -> None:
+    seen = _instructions(ptx, f"signal-sm{arch}")
+    # triton 3.9 emits atom.global.sys.release.exch.b64
+    assert _has(seen, "atom", "sys", "release", "exch"), seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ("signal", "signal-epoch1"))
+def test_signal_fences_at_system_scope_before_it_releases(ptx, arch: int, name: str) -> None:
+    """The memory contract's signal (docs/kernel-contract.md): ``membar.sys``, CUDA's
+    ``__threadfence_system()``, then the release stores; the data was written by earlier kernels."""
+    order = ptx[f"{name}-sm{arch}-order"]
+    releases = [i for i, op in enumerate(order) if _has([op], "atom", "release", "sys")]
+    assert "membar.sys" in order and releases and order.index("membar.sys") < releases[0], order
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "copy-aligned0",
+        "copy-aligned1",
+        "reduce-SUM-float32",
+        "reduce-MAX-bfloat16",
+        "reduce-SUM-float16",
+        "program-SUM-float32",
+        "program-MIN-bfloat16",
+        "program-SUM-int64",
+        *SMALL_NAMES,
+    ],
+)
+def test_peer_data_loads_are_cg(ptx, arch: int, name: str) -> None:
+    """The memory contract's loads (docs/kernel-contract.md): data that may be a peer's is loaded
+    ``.cg`` (L2 only), as the CUDA kernels' ``__ldcg``; no 16-byte load of data goes through L1."""
+    seen = _instructions(ptx, f"{name}-sm{arch}")
+    assert _has(seen, "ld", "global", "cg"), seen
+    vectors = [i for i in seen if i.startswith("ld.global") and any(q in ("v2", "v4") for q in i.split("."))]
+    assert all("cg" in i.split(".") for i in vectors), vectors
+    if name.startswith("small"):
+        # Its only plain loads are of its own state words (the channel's epoch, the poison): the
+        # copy-in's and the fold's loads, vectors and tails, are all .cg, as CUDA's small kernels.
+        plain = {i for i in seen if i.startswith("ld.global") and "cg" not in i.split(".")}
+        assert plain == {"ld.global.b64"}, seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", [*SMALL_NAMES, "program-SUM-float32", "program-MIN-bfloat16"])
+def test_sync_releases_after_a_block_barrier_and_fences_nothing(ptx, arch: int, name: str) -> None:
+    """The memory contract's SYNC (docs/kernel-contract.md), the same in the small kernel as in the
+    program kernel (tests/ops/test_cuda_compile.py checks CUDA's): the kernel signals data its own block
+    wrote, so a block barrier, then the release stores, with no system-scope fence (that is the
+    signal kernel's, whose data earlier kernels wrote); the acquire polls, then a block barrier
+    before any data is loaded."""
+    events = ptx[f"{name}-sm{arch}-sync"]
+    assert "fence" not in events, events
+    # Between the block's last data store and the first release (the SYNC's signal), a barrier.
+    before = [event for event in events[: events.index("release")] if event in ("store", "barrier")]
+    assert before and before[-1] == "barrier", events
+    acquired = False
+    for event in events:
+        if event == "acquire":
+            acquired = True
+        elif event == "barrier":
+            acquired = False
+        elif event == "load.cg":
+            assert not acquired, events  # a load of data between the polls and the barrier
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_wait_is_an_acquire_at_system_scope(ptx, arch: int) -> None:
+    seen = _instructions(ptx, f"wait-sm{arch}")
+    # triton 3.9 emits atom.global.sys.acquire.add.u64 (an atomic add of 0)
+    assert _has(seen, "atom", "sys", "acquire"), seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ("reduce-AVG-float32-divisor1", "signal-epoch1", "wait-epoch1"))
+def test_kernels_compile_with_arguments_specialised_to_one(ptx, arch: int, name: str) -> None:
+    _instructions(ptx, f"{name}-sm{arch}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("aligned", (0, 1))
+def test_copy_compiles_and_vectorises_aligned_addresses(ptx, arch: int, aligned: int) -> None:
+    seen = _instructions(ptx, f"copy-aligned{aligned}-sm{arch}")
+    # 16-byte accesses: ld.global.v2.b64 / st.global.v2.b64 for the int64 elements here.
+    vector = _has(seen, "ld", "global", "v2") and _has(seen, "st", "global", "v2")
+    # Only the 16-byte alignment promise lets the compiler use them.
+    assert vector == bool(aligned), seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_compiles(ptx, arch: int, dtype: str, op: str) -> None:
+    seen = _instructions(ptx, f"reduce-{op}-{dtype}-sm{arch}")
+    if op == "AVG" and dtype in ("float32", "float16", "bfloat16"):
+        # fp32 division must be the IEEE one (the bitwise contract), never div.full/div.approx.
+        divisions = [i for i in seen if i.startswith("div.")]
+        assert divisions == ["div.rn.f32"], seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "variant", ["SUM-float32", "SUM-bfloat16", "SUM-float64", "SUM-int64", "MIN-bfloat16", "MAX-float32"]
+)
+def test_program_kernel_compiles_with_system_scope_flags_a_clock_and_vectors(ptx, arch: int, variant: str) -> None:
+    seen = _instructions(ptx, f"program-{variant}-sm{arch}")
+    assert _has(seen, "atom", "release", "sys", "exch"), seen  # SYNC's signal
+    assert _has(seen, "atom", "acquire", "sys", "add"), seen  # SYNC's wait
+    assert "%globaltimer" in seen, seen  # the deadline of every wait
+    assert _has(seen, "bar", "sync"), seen  # the channel's threads line up around SYNC and moves
+    assert any(i.startswith(("ld.global.cg.v", "ld.global.v")) for i in seen), seen  # 16-byte vectors
+    if variant.endswith("float32"):
+        # AVG's division is the IEEE one (the program's integer divisions are its own arithmetic).
+        divisions = [i for i in seen if i.startswith("div.") and i.endswith("f32")]
+        assert divisions == ["div.rn.f32"], seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("op", ["SUM", "PRODUCT", "MIN", "MAX"])
+def test_program_kernel_compiles_every_fold(ptx, arch: int, op: str) -> None:
+    _instructions(ptx, f"program-{op}-float32-sm{arch}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("variant", ["SUM-float32", "SUM-bfloat16", "MIN-bfloat16"])
+def test_program_wait_decides_its_timeout_once_per_block(ptx, arch: int, variant: str) -> None:
+    # Issue 21, item 5. Threads read %globaltimer at different moments: if each decided the
+    # deadline for itself, warps would leave the wait at different iterations and meet different
+    # barriers. The kernel reads the clock one lane per thread and decides by a reduction over
+    # the block, so every warp leaves together and sees the same outcome.
+    facts = ptx[f"program-{variant}-sm{arch}-timer"]
+    assert facts == {"per_thread": True, "branch_sees_raw": False, "branch_sees_reduced": True}, facts
+
+
+# Measured on the sm_90 PTX (Triton 3.9): 16 loads of 16 bytes per thread in one iteration of the
+# REDUCE body at 2, 4 and 8 sources, all issued before the first fold or store (the kernel of
+# 2026-11-22 issued 1 per iteration of a loop over the sources). The floor is that count.
+REDUCE_LOADS_FLOOR = 16
+# COPY: 8 loads of 16 bytes per thread per iteration before it stores (2 before).
+COPY_LOADS_FLOOR = 8
+
+
+@pytest.mark.parametrize("sources", LOAD_SOURCES)
+def test_program_reduce_keeps_every_source_in_flight_before_folding(ptx, sources: int) -> None:
+    name = "program-SUM-float32" + ("" if sources == LOAD_SOURCES[-1] else f"-sources{sources}")
+    loops = ptx[f"{name}-sm90-loops"]
+    # float32 sources load as ld.global.v4.b32; the REDUCE body is the loop with the most of them.
+    loads, interleaved = max(loops)
+    assert loads >= REDUCE_LOADS_FLOOR, loops
+    assert interleaved == 0, loops  # no fold or store until every load of the iteration is issued
+
+
+def test_program_copy_keeps_several_loads_in_flight_before_storing(ptx) -> None:
+    # The COPY body moves int64 units here: ld.global.v2.b64. Its loop is the only one with a
+    # number of loads other than the REDUCE's.
+    loops = [loop for loop in ptx["program-SUM-float32-sm90-loops"] if 0 < loop[0] < REDUCE_LOADS_FLOOR]
+    assert loops and all(loads >= COPY_LOADS_FLOOR and interleaved == 0 for loads, interleaved in loops), loops
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    print(json.dumps(_worker()))
