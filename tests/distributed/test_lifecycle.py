@@ -76,8 +76,8 @@ def test_subgroups_reduce_within_themselves() -> None:
 def _beside_torch(rank: int, world_size: int, torch_first: bool) -> tuple[float, float, str, object]:
     """torch.distributed's gloo and gpucomm in one process, in either order.
 
-    torch first: gpucomm's default group stands beside torch's gloo one (gpucomm.distributed.api's
-    ``beside``). gpucomm first: torch's default group *is* gpucomm's (one world), so torch
+    torch first: gpucomm's default group stands beside torch's gloo one (gpucomm.distributed.beside_torch's
+    ``BesideTorch``). gpucomm first: torch's default group *is* gpucomm's (one world), so torch
     refuses a second default group, as it refuses any; a gloo group comes from new_group."""
     import torch.distributed as tdist
 
