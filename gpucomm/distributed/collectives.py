@@ -2,7 +2,7 @@
 
 ``src``/``dst`` are global ranks, ``group_src``/``group_dst`` ranks within ``group``, as in
 torch.distributed (:func:`gpucomm.distributed.lookup.group_rank`). On a rank outside ``group``
-each call does nothing and returns None, with torch.distributed's warning. All ranks in the
+each call does nothing and returns None (``recv``: -1), with torch.distributed's warning. All ranks in the
 group must call a collective simultaneously, in the same order.
 """
 
