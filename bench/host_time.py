@@ -142,7 +142,7 @@ def _rank(
         out["recorder_us"] = median_p90_us(each_call(lambda: InterpretedFunction.run(None), calls))["median_us"]
     if record_rounds:
         out["record"] = _record_cost(
-            gpucomm.distributed.api._world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds
+            gpucomm.distributed.lookup.world("host_time"), lambda: gpucomm.all_reduce(t), calls, record_rounds
         )
     if double is not None:  # no kernel runs on the double: gpucomm.barrier() waits for nobody
         from .driver_double import wait_for_peers

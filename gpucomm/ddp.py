@@ -23,7 +23,7 @@ import torch.distributed as dist
 from gpucomm.comm.communicator import Communicator
 from gpucomm.comm.rendezvous import rendezvous
 from gpucomm.config import Config
-from gpucomm.distributed.api import get_default_communicator, is_initialized
+from gpucomm.distributed.world import get_default_communicator, is_initialized
 from gpucomm.errors import NotInitializedError
 from gpucomm.reduce_op import ReduceOp
 
@@ -91,7 +91,8 @@ def _from_torch_group(group: dist.ProcessGroup | None) -> tuple[Communicator, bo
         return lent, False
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            f"gpucomm.ddp.GpucommState: process_group must be a torch.distributed.ProcessGroup, got {type(group).__name__}"
+            "gpucomm.ddp.GpucommState: process_group must be a torch.distributed.ProcessGroup, "
+            f"got {type(group).__name__}"
         )
     config = Config.from_env()
     store = dist.PrefixStore("gpucomm-hooks/", dist.distributed_c10d._get_process_group_store(group))

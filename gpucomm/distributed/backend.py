@@ -1,10 +1,11 @@
 """A torch.distributed backend named ``gpucomm``: ``torch.distributed.init_process_group("gpucomm")``.
 
-Importing gpucomm registers it. The process group wraps a :class:`gpucomm.Communicator` built on
-the store torch hands the creator, so every torch.distributed call (and every call DDP, FSDP2,
-DTensor and the functional collectives make from C++ or Python) takes gpucomm's paths: the
-workspace for CUDA tensors (and CPU tensors with ``GPUCOMM_TRANSPORT=shm``) where it serves
-the collective, gpucomm's own gloo group everywhere else.
+Importing gpucomm registers it (gpucomm.distributed.registration). The process group wraps a
+:class:`gpucomm.Communicator` built on the store torch hands the creator, so every
+torch.distributed call (and every call DDP, FSDP2, DTensor and the functional collectives make
+from C++ or Python) takes gpucomm's paths: the workspace for CUDA tensors (and CPU tensors with
+``GPUCOMM_TRANSPORT=shm``) where it serves the collective, gpucomm's own gloo group everywhere
+else.
 
 Why a ``ProcessGroup`` subclass and not a ``Backend``: torch 2.13's C++ ``Backend`` binds no
 constructor, so a Python subclass cannot be built (``TypeError: No constructor defined!``), while
@@ -28,13 +29,8 @@ What torch's stack asks of a process group besides the collectives, and where it
   has no counterpart of. gpucomm's own ``init_process_group(device_id=...)`` pins the device.
 - ``options``: the :class:`Options` given as ``pg_options``, or the defaults.
 
-Completion: every collective is started asynchronously and returns a torch ``Work`` made from
-the Future of gpucomm's Work (gpucomm.work): completed on gloo's thread when gloo finishes, in
-stream order on a GPU (a CUDA-aware Future on the communicator's stream), on the communicator's
-progress thread on the shared-memory workspace (gpucomm.progress). So DDP's buckets reduce
-while its backward pass goes on. Point-to-point calls return at once with a :class:`_P2PWork`
-whose ``wait()`` completes them, so that any legal pattern of ``isend``/``irecv`` (rings, both
-directions, ``batch_isend_irecv``) completes.
+Completion: every collective is started asynchronously and returns a torch ``Work``
+(gpucomm.distributed.torch_work).
 
 Method names: torch 2.13 calls ``all_gather_single``, ``reduce_scatter_single``,
 ``all_to_all_single`` and their ``*_coalesced`` forms; torch 2.11 calls ``_allgather_base``,
@@ -45,22 +41,17 @@ Method names: torch 2.13 calls ``all_gather_single``, ``reduce_scatter_single``,
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import os
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from gpucomm.comm.communicator import Communicator
-from gpucomm.comm.rendezvous import rendezvous
-from gpucomm.config import Config
-from gpucomm.errors import CommTimeoutError
+from gpucomm.distributed.torch_work import BarrierWork, P2PWork, pending
 from gpucomm.reduce_op import ReduceOp, as_reduce_op
 from gpucomm.work import Work
 
-__all__ = ["BACKEND_NAME", "BackendInfo", "Lent", "Options", "ProcessGroupGpucomm"]
+__all__ = ["BACKEND_NAME", "BackendInfo", "Options", "ProcessGroupGpucomm"]
 
 BACKEND_NAME = "gpucomm"
 
@@ -175,7 +166,8 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         kind = torch.device(device).type
         if kind not in self._backends:
             raise RuntimeError(
-                f"No backend type associated with device type {kind} (the gpucomm group serves {sorted(self._backends)})"
+                f"No backend type associated with device type {kind} "
+                f"(the gpucomm group serves {sorted(self._backends)})"
             )
         return self._backends[kind]
 
@@ -186,7 +178,8 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         self.communicator.close()
 
     def __repr__(self) -> str:
-        return f"ProcessGroupGpucomm(rank={self.communicator.rank}, size={self.communicator.world_size}, name={self._group_name!r})"
+        comm = self.communicator
+        return f"ProcessGroupGpucomm(rank={comm.rank}, size={comm.world_size}, name={self._group_name!r})"
 
     # -- reductions -----------------------------------------------------------------------------
     def allreduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: object = None) -> dist.Work:
@@ -198,7 +191,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
                 _sparse_all_reduce(self.communicator, t, op)
             else:
                 works.append(self.communicator.all_reduce(t, op, async_op=True))
-        return _pending(works, tensors)
+        return pending(works, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
         return self.allreduce(tensors, opts)
@@ -212,7 +205,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         tensors = _as_list(tensors)
         for t in tensors:
             works.append(self.communicator.reduce(t, root, rop, async_op=True))
-        return _pending(works, tensors)
+        return pending(works, tensors)
 
     def reduce_scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: object = None
@@ -221,7 +214,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         op = _reduce_op(opts, "reduce_scatter")
         for out, inputs in zip(_as_list(output_tensors), input_tensors, strict=True):
             works.append(self.communicator.reduce_scatter(out, list(inputs), op, async_op=True))
-        return _pending(works, _as_list(output_tensors))
+        return pending(works, _as_list(output_tensors))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -236,7 +229,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
             self.communicator.reduce_scatter_tensor(out, inp, op, async_op=True)
             for out, inp in zip(outputs, inputs, strict=True)
         ]
-        return _pending(works, list(outputs))
+        return pending(works, list(outputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -248,7 +241,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         tensors = _as_list(tensors)
         for t in tensors:
             works.append(self.communicator.broadcast(t, root, async_op=True))
-        return _pending(works, tensors)
+        return pending(works, tensors)
 
     def allgather(
         self, output_tensors: list, input_tensors: torch.Tensor | list[torch.Tensor], opts: object = None
@@ -259,7 +252,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         outputs = [output_tensors] if isinstance(input_tensors, torch.Tensor) else output_tensors
         for outs, inp in zip(outputs, inputs, strict=True):
             works.append(self.communicator.all_gather(list(outs), inp, async_op=True))
-        return _pending(works, [t for outs in outputs for t in outs])
+        return pending(works, [t for outs in outputs for t in outs])
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: object = None
@@ -268,11 +261,12 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         # torch hands the outputs rank-major: output_lists[r][k] receives input_list[k] of rank r.
         if len(output_lists) != self.communicator.world_size:
             raise ValueError(
-                f"gpucomm backend allgather_coalesced: expected {self.communicator.world_size} output lists (one per rank), got {len(output_lists)}"
+                f"gpucomm backend allgather_coalesced: expected {self.communicator.world_size} output lists "
+                f"(one per rank), got {len(output_lists)}"
             )
         for k, inp in enumerate(input_list):
             works.append(self.communicator.all_gather([outs[k] for outs in output_lists], inp, async_op=True))
-        return _pending(works, [t for outs in output_lists for t in outs])
+        return pending(works, [t for outs in output_lists for t in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -286,7 +280,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
             self.communicator.all_gather_into_tensor(out, inp, async_op=True)
             for out, inp in zip(outputs, inputs, strict=True)
         ]
-        return _pending(works, list(outputs))
+        return pending(works, list(outputs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -297,7 +291,7 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         root = _field(opts, "rootRank", 0)
         gather_list = list(output_tensors[0]) if self.communicator.rank == root else None
         works.append(self.communicator.gather(_one(input_tensors, "gather"), gather_list, root, async_op=True))
-        return _pending(works, gather_list or [])
+        return pending(works, gather_list or [])
 
     def scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: object = None
@@ -307,13 +301,13 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         scatter_list = list(input_tensors[0]) if self.communicator.rank == root else None
         out = _one(output_tensors, "scatter")
         works.append(self.communicator.scatter(out, scatter_list, root, async_op=True))
-        return _pending(works, [out])
+        return pending(works, [out])
 
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: object = None
     ) -> dist.Work:
         work = self.communicator.all_to_all(list(output_tensors), list(input_tensors), async_op=True)
-        return _pending([work], list(output_tensors))
+        return pending([work], list(output_tensors))
 
     def all_to_all_single(
         self,
@@ -327,88 +321,25 @@ class ProcessGroupGpucomm(dist.ProcessGroup):
         work = self.communicator.all_to_all_single(
             output, input, list(output_split_sizes), list(input_split_sizes), async_op=True
         )
-        return _pending([work], [output])
+        return pending([work], [output])
 
     alltoall_base = all_to_all_single
 
     # -- point to point: started here, completed by the Work's wait() -------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         t = _one(tensors, "send")
-        return _P2PWork(self.communicator.isend(t, dst, tag), [t])
+        return P2PWork(self.communicator.isend(t, dst, tag), [t])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         t = _one(tensors, "recv")
-        return _P2PWork(self.communicator.irecv(t, src, tag), [t])
+        return P2PWork(self.communicator.irecv(t, src, tag), [t])
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
         t = _one(tensors, "recv")
-        return _P2PWork(self.communicator.irecv(t, None, tag), [t])
+        return P2PWork(self.communicator.irecv(t, None, tag), [t])
 
     def barrier(self, opts: object = None) -> dist.Work:
-        return _BarrierWork(self.communicator.barrier(async_op=True))
-
-
-class _BarrierWork(dist.Work):
-    """A barrier in flight, whose ``wait()`` raises as gloo's does once the group's timeout has
-    passed (torch's ``test_barrier_timeout_full_group``: a message matching
-    ``" (Timed out|closed|timeout) "``). A Work made by ``_create_work_from_future`` would not:
-    its ``wait()`` returns True even when the Future holds an error (torch 2.13)."""
-
-    def __init__(self, work: Work) -> None:
-        super().__init__()
-        self._work = work
-
-    def wait(self, timeout: object = None) -> bool:
-        try:
-            self._work.wait(_no_timeout_as_none(timeout))
-        except CommTimeoutError as err:
-            # gloo's words ("Timed out waiting 1000ms for recv operation to complete"), which
-            # torch's tests and its users' scripts match, beside gpucomm's own.
-            detail = f"Timed out waiting {err.timeout * 1e3:.0f}ms for the barrier"
-            raise CommTimeoutError(err.op, err.epoch, err.rank, err.missing, err.timeout, detail=detail) from err
-        return True
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def is_success(self) -> bool:
-        return self._work.is_success()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._work.get_future()
-
-
-class _P2PWork(dist.Work):
-    """A send or receive in flight: ``wait()`` drives it to completion (and raises its error);
-    ``torch.distributed.recv`` from any source asks it ``_source_rank()`` afterwards."""
-
-    def __init__(self, work: Work, tensors: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._work = work
-        self._tensors = tensors
-        self._future: torch.futures.Future | None = None
-
-    def wait(self, timeout: object = None) -> bool:
-        self._work.wait()
-        if self._future is not None and not self._future.done():
-            self._future.set_result(self._tensors)
-        return True
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def is_success(self) -> bool:
-        return self.is_completed()
-
-    def get_future(self) -> torch.futures.Future:
-        """A Future completed by ``wait()`` (gpucomm's point-to-point calls progress inside waits)."""
-        if self._future is None:
-            self._future = _future(self._tensors) if self._work.is_completed() else torch.futures.Future()
-        return self._future
-
-    def _source_rank(self) -> int:
-        self.wait()
-        return self._work.source  # type: ignore[return-value]
+        return BarrierWork(self.communicator.barrier(async_op=True))
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -466,165 +397,3 @@ def _sparse_all_reduce(comm: Communicator, tensor: torch.Tensor, op: ReduceOp) -
         tensor.shape,
     ).coalesce()
     tensor.copy_(total)
-
-
-def _future(tensors: list[torch.Tensor]) -> torch.futures.Future:
-    """A Future already holding ``tensors``; on CUDA it records the current streams, so that
-    whoever waits on it is ordered after the kernels the collective queued there."""
-    devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
-    fut: torch.futures.Future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-    fut.set_result(tensors)
-    return fut
-
-
-def _done(tensors: list[torch.Tensor]) -> dist.Work:
-    return _create_work_from_future(_future(tensors))
-
-
-def _no_timeout_as_none(timeout: object) -> object:
-    """torch's ``Work.wait()`` passes ``timedelta(0)`` (its ``kNoTimeout``) for "no timeout"."""
-    if isinstance(timeout, datetime.timedelta) and timeout == datetime.timedelta(0):
-        return None
-    return timeout
-
-
-def _pending(works: Sequence[Work | None], tensors: list[torch.Tensor]) -> dist.Work:
-    """The torch Work of gpucomm Works in flight (:class:`_PendingWork`), or of a collective
-    that already ran in full (sparse all_reduce)."""
-    works = [w for w in works if w is not None]
-    return _PendingWork(works, tensors) if works else _done(tensors)
-
-
-class _PendingWork(dist.Work):
-    """gpucomm Works in flight, as torch's Work.
-
-    ``wait()`` raises their error: a Work made by ``_create_work_from_future`` returns True from
-    ``wait()`` even when its Future holds an error (torch 2.13), and a timed-out collective would
-    pass for a finished one. ``get_future()`` completes when every Work has (gloo's thread, the
-    progress thread, or stream order on a GPU) without anyone waiting: DDP chains its bucket's
-    next steps on it, so the all-reduces run while the backward pass goes on.
-    """
-
-    def __init__(self, works: Sequence[Work], tensors: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._works = list(works)
-        self._tensors = tensors
-
-    def wait(self, timeout: object = None) -> bool:
-        timeout = _no_timeout_as_none(timeout)
-        for work in self._works:
-            work.wait(timeout)
-        return True
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
-
-    def is_success(self) -> bool:
-        return all(work.is_success() for work in self._works)
-
-    def exception(self) -> BaseException | None:
-        return next((work.exception() for work in self._works if work.exception() is not None), None)
-
-    def result(self) -> list[torch.Tensor]:
-        self.wait()
-        return self._tensors
-
-    def get_future(self) -> torch.futures.Future:
-        futures = [work.get_future() for work in self._works]
-        combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
-        tensors, several = self._tensors, len(futures) > 1
-
-        def result(done: torch.futures.Future) -> list[torch.Tensor]:
-            values = done.value()  # raises the collective's error
-            for inner in values if several else ():
-                inner.value()
-            return tensors
-
-        return combined.then(result)
-
-
-# -- registration -----------------------------------------------------------------------------
-class Lent:
-    """``pg_options`` by which :func:`gpucomm.init_process_group` hands torch the Communicator it
-    built (its own rendezvous, knobs and device), so that torch's default group wraps it instead
-    of building another: one world for both APIs."""
-
-    def __init__(self, communicator: Communicator, options: Options) -> None:
-        self.communicator = communicator
-        self.options = options
-
-
-def _create(options: object, backend_options: object = None) -> ProcessGroupGpucomm:
-    """torch's creator (``extended_api=True``): a ``_DistributedBackendOptions`` with the group's
-    store (already prefixed with its group name), rank, size, timeout, name (``group_id``) and
-    global ranks; ``backend_options`` is what the caller passed as ``pg_options``.
-
-    Three cases: the default group of ``gpucomm.init_process_group`` (a :class:`Lent`
-    Communicator, wrapped as it is); a subgroup of a gpucomm default group (a child of its
-    Communicator: the same device, node layout, knobs and flight record); any other group
-    (torch's default group of ``init_process_group("gpucomm")``, or a gpucomm group beside a
-    default group of another backend: a Communicator of its own)."""
-    rank, size = options.group_rank, options.group_size  # type: ignore[attr-defined]
-    name = str(options.group_id)  # type: ignore[attr-defined]
-    if isinstance(backend_options, Lent):
-        comm = backend_options.communicator
-        if (comm.rank, comm.world_size) != (rank, size):
-            raise ValueError(
-                f"gpucomm backend: the lent communicator is rank {comm.rank} of {comm.world_size}, torch asked for rank {rank} of {size}"
-            )
-        return ProcessGroupGpucomm(comm, name, backend_options.options)
-    if backend_options is not None and not isinstance(backend_options, Options):
-        raise TypeError(
-            f"gpucomm backend: pg_options must be a gpucomm.distributed.backend.Options, got {type(backend_options).__name__}"
-        )
-    pg_options = backend_options if backend_options is not None else Options()
-    global_ranks = list(options.global_ranks_in_group) or list(range(size))  # type: ignore[attr-defined]
-    fn = "new_group(backend='gpucomm')" if options.global_ranks_in_group else "init_process_group(backend='gpucomm')"  # type: ignore[attr-defined]
-    parent = _default_communicator() if options.global_ranks_in_group else None  # type: ignore[attr-defined]
-    # torch always passes a timeout (its default, 30 min, when the caller gave none): a subgroup
-    # given none keeps its parent's, as gpucomm's do; elsewhere an explicit GPUCOMM_TIMEOUT wins.
-    given = options.timeout  # type: ignore[attr-defined]
-    if given == dist.default_pg_timeout if parent is not None else os.environ.get("GPUCOMM_TIMEOUT"):
-        given = None
-    if parent is not None:
-        # rendezvous draws a fresh key prefix in this group's store (torch prefixed it with the
-        # group's name, which every member agreed on), so that a group re-created on a reused
-        # store never reads the previous generation's workspace handles.
-        rdv = rendezvous(None, rank, size, options.store, parent.timeout, fn=fn)  # type: ignore[attr-defined]
-        comm = parent.subgroup(
-            rdv.store,
-            rdv.prefix,
-            rank,
-            global_ranks,
-            None if given is None else given.total_seconds(),
-            **pg_options.knobs(),
-        )
-        return ProcessGroupGpucomm(comm, name, pg_options)
-    config = Config.from_env(timeout=given, **pg_options.knobs())
-    rdv = rendezvous(None, rank, size, options.store, config.timeout, fn=fn)  # type: ignore[attr-defined]
-    comm = Communicator(
-        rdv.store,
-        rank,
-        size,
-        prefix=rdv.prefix,
-        config=config,
-        local_rank=rdv.local_rank,
-        local_world_size=min(rdv.local_world_size, size),
-        global_ranks=global_ranks,
-    )
-    return ProcessGroupGpucomm(comm, name, pg_options)
-
-
-def _default_communicator() -> Communicator | None:
-    """The Communicator of torch's default group, where that group is gpucomm's."""
-    world = dist.group.WORLD if dist.is_initialized() else None
-    comm = getattr(world, "communicator", None)
-    return comm if isinstance(comm, Communicator) and not comm.closed else None
-
-
-def _register() -> None:
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
-
-
-_register()

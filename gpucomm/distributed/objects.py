@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpucomm.comm.communicator import Communicator
-from gpucomm.distributed import api
+from gpucomm.distributed import lookup
 
 __all__ = [
     "all_gather_object",
@@ -70,7 +70,7 @@ def _gathered_bytes(comm: Communicator, mine: torch.Tensor) -> tuple[list[torch.
 def all_gather_object(object_list: list[Any], obj: Any, group: object = None) -> None:
     """``object_list[i]`` = ``obj`` of rank i, on every rank (``object_list`` has world_size entries)."""
     fn = "all_gather_object"
-    comm = api._group(group, fn)
+    comm = lookup.find(group, fn)
     if comm is None:
         return
     if len(_list(object_list, fn, "object_list")) != comm.world_size:
@@ -91,15 +91,16 @@ def gather_object(
 ) -> None:
     """``object_gather_list[i]`` on ``dst`` = ``obj`` of rank i; the other ranks pass None."""
     fn = "gather_object"
-    comm = api._group(group, fn)
+    comm = lookup.find(group, fn)
     if comm is None:
         return
-    root = api._group_rank(comm, dst, group_dst, fn, "dst")
+    root = lookup.group_rank(comm, dst, group_dst, fn, "dst")
     if comm.rank == root:
         if object_gather_list is None or len(_list(object_gather_list, fn, "object_gather_list")) != comm.world_size:
             got = None if object_gather_list is None else len(object_gather_list)
             raise ValueError(
-                f"gpucomm.{fn}: object_gather_list must have world_size = {comm.world_size} entries on the destination rank, got {got}"
+                f"gpucomm.{fn}: object_gather_list must have world_size = {comm.world_size} entries "
+                f"on the destination rank, got {got}"
             )
     elif object_gather_list is not None:
         raise ValueError(
@@ -127,10 +128,10 @@ def broadcast_object_list(
 ) -> None:
     """Every rank's ``object_list`` (same length everywhere) becomes ``src``'s."""
     fn = "broadcast_object_list"
-    comm = api._group(group, fn)
+    comm = lookup.find(group, fn)
     if comm is None:
         return
-    root = api._group_rank(comm, src, group_src, fn, "src")
+    root = lookup.group_rank(comm, src, group_src, fn, "src")
     where = _device(comm, device, fn)
     _list(object_list, fn, "object_list")
     encoded = [_encode(o, where) for o in object_list] if comm.rank == root else []
@@ -153,10 +154,10 @@ def scatter_object_list(
 ) -> None:
     """``scatter_object_output_list[0]`` on rank i = ``scatter_object_input_list[i]`` of ``src``."""
     fn = "scatter_object_list"
-    comm = api._group(group, fn)
+    comm = lookup.find(group, fn)
     if comm is None:
         return
-    root = api._group_rank(comm, src, group_src, fn, "src")
+    root = lookup.group_rank(comm, src, group_src, fn, "src")
     if len(_list(scatter_object_output_list, fn, "scatter_object_output_list")) < 1:
         raise ValueError(f"gpucomm.{fn}: scatter_object_output_list must have at least one entry")
     if comm.rank == root and (
@@ -165,7 +166,8 @@ def scatter_object_list(
     ):
         got = None if scatter_object_input_list is None else len(scatter_object_input_list)
         raise ValueError(
-            f"gpucomm.{fn}: scatter_object_input_list must have world_size = {comm.world_size} entries on the source rank, got {got}"
+            f"gpucomm.{fn}: scatter_object_input_list must have world_size = {comm.world_size} entries "
+            f"on the source rank, got {got}"
         )
     encoded = [_encode(o, torch.device("cpu")) for o in scatter_object_input_list] if comm.rank == root else []  # type: ignore[union-attr]
     longest = torch.tensor([max((e.numel() for e in encoded), default=0)], dtype=torch.int64)
@@ -192,10 +194,10 @@ def send_object_list(
 ) -> None:
     """Send the objects of ``object_list`` to ``dst`` (matched by :func:`recv_object_list`)."""
     fn = "send_object_list"
-    comm = api._group(group, fn)
+    comm = lookup.find(group, fn)
     if comm is None:
         return
-    peer = api._group_rank(comm, dst, group_dst, fn, "dst", default=None)
+    peer = lookup.group_rank(comm, dst, group_dst, fn, "dst", default=None)
     where = _device(comm, device, fn)
     encoded = [_encode(o, where) for o in _list(object_list, fn, "object_list")]
     comm.send(torch.tensor([e.numel() for e in encoded], dtype=torch.int64, device=where), peer)  # type: ignore[arg-type]
@@ -213,10 +215,10 @@ def recv_object_list(
     """Fill ``object_list`` (as long as the sender's) with the objects sent; returns the sender's
     global rank (any rank when ``src`` is None)."""
     fn = "recv_object_list"
-    comm = api._group(group, fn)
+    comm = lookup.find(group, fn)
     if comm is None:
         return -1
-    peer = api._group_rank(comm, src, group_src, fn, "src", default=None)
+    peer = lookup.group_rank(comm, src, group_src, fn, "src", default=None)
     where = _device(comm, device, fn)
     sizes = torch.empty(len(_list(object_list, fn, "object_list")), dtype=torch.int64, device=where)
     sender = comm.recv(sizes, peer)

@@ -5,7 +5,7 @@ Two kinds, by one rule: where gpucomm adds nothing, the name is torch's own obje
 classes, so that ``except dist.DistBackendError`` catches gpucomm's too; the option structs;
 ``GradBucket`` for DDP comm hooks; ``DeviceMesh``, whose groups are gpucomm's once the default
 group is; ...). Where a call makes, finds or describes groups and backends, it is gpucomm's, with
-torch's signature: those below, and ``split_group``/``shrink_group`` in :mod:`gpucomm.distributed.api`.
+torch's signature: those below, and ``split_group``/``shrink_group`` in :mod:`gpucomm.distributed.groups`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,19 @@ import traceback
 import torch
 import torch.distributed as dist
 from torch.distributed import DeviceMesh  # also one of torch's own below; the annotation of init_device_mesh
+from torch.distributed import rendezvous as rendezvous  # torch's function; gpucomm.comm.rendezvous keeps its path
+
+from gpucomm.distributed.backend import BACKEND_NAME
+from gpucomm.distributed.collectives import monitored_barrier
+from gpucomm.distributed.world import (
+    get_backend,
+    get_default_communicator,
+    get_rank,
+    init_process_group,
+    is_gloo_available,
+    is_initialized,
+    is_nccl_available,
+)
 
 # torch's own objects, where this torch has them: the list follows torch 2.13's, and an older
 # torch lacks some (2.11, on the lent GPU image, has no ``record_comm``). A name torch lacks is
@@ -24,6 +37,7 @@ _TORCH_OWN = (
     "AllreduceCoalescedOptions",
     "AllreduceOptions",
     "AllToAllOptions",
+    "Backend",
     "BackendConfig",
     "BarrierOptions",
     "BroadcastOptions",
@@ -34,10 +48,13 @@ _TORCH_OWN = (
     "DistError",
     "DistNetworkError",
     "DistStoreError",
+    "FileStore",
     "GatherOptions",
     "GradBucket",
     "GroupName",
+    "HashStore",
     "Logger",
+    "PrefixStore",
     "ProcessGroup",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",  # CUDA builds of torch only
@@ -47,6 +64,8 @@ _TORCH_OWN = (
     "ReduceScatterOptions",
     "Reducer",
     "ScatterOptions",
+    "Store",
+    "TCPStore",
     "default_pg_timeout",
     "get_debug_level",
     "get_pg_count",
@@ -57,13 +76,6 @@ _TORCH_OWN = (
     "timedelta",
 )
 globals().update({name: getattr(dist, name) for name in _TORCH_OWN if hasattr(dist, name)})
-from torch.distributed import (
-    rendezvous as rendezvous,
-)  # torch's function (gpucomm.comm.rendezvous the module stays importable by its path)
-
-from gpucomm.distributed import api
-from gpucomm.distributed.backend import BACKEND_NAME
-
 __all__ = [
     # torch's own objects
     *(name for name in _TORCH_OWN if hasattr(dist, name)),
@@ -103,10 +115,10 @@ def init_device_mesh(
         mesh = gpucomm.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         gpucomm.all_reduce(t, group=mesh.get_group("tp"))
     """
-    if not api.is_initialized():
+    if not is_initialized():
         if dist.is_initialized():
-            api.get_default_communicator()  # raises: the default group is another backend's
-        api.init_process_group()
+            get_default_communicator()  # raises: the default group is another backend's
+        init_process_group()
     return dist.init_device_mesh(
         device_type, mesh_shape, mesh_dim_names=mesh_dim_names, backend_override=backend_override
     )
@@ -118,8 +130,8 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     ``fallback_rank``; else RuntimeError, as torch's."""
     if "LOCAL_RANK" in os.environ:
         return int(os.environ["LOCAL_RANK"])
-    if api.is_initialized():
-        return api.get_default_communicator().local_rank
+    if is_initialized():
+        return get_default_communicator().local_rank
     if fallback_rank is not None:
         return int(fallback_rank)
     raise RuntimeError(
@@ -142,9 +154,9 @@ def _available(name: str) -> bool:
     if name == BACKEND_NAME:
         return True
     if name == "nccl":
-        return api.is_nccl_available()
+        return is_nccl_available()
     if name == "gloo":
-        return api.is_gloo_available()
+        return is_gloo_available()
     return False
 
 
@@ -177,7 +189,7 @@ def get_default_backend_for_device(device: str | torch.device) -> str:
 def get_backend_config(group: object = None) -> str:
     """The backend of each device of ``group`` in torch's form, ``"cpu:gpucomm,cuda:gpucomm"``
     (``gloo`` where the group's knobs put every call on gloo)."""
-    name = api.get_backend(group)
+    name = get_backend(group)
     return ",".join(f"{device}:{name}" for device in _DEVICES)
 
 
@@ -194,7 +206,7 @@ def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float | None = 3600) -> 
         _breakpoints_seen[key] = _breakpoints_seen.get(key, 0) + 1
         if _breakpoints_seen[key] <= skip:
             return
-    if api.get_rank() == rank:
+    if get_rank() == rank:
         from torch.distributed import _make_distributed_pdb  # torch's pdb that reads the terminal
 
         pdb = _make_distributed_pdb()
@@ -202,4 +214,4 @@ def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float | None = 3600) -> 
             f"\n!!! ATTENTION !!!\n\nType 'up' to get to the frame that called gpucomm.breakpoint(rank={rank})\n"
         )
         pdb.set_trace()
-    api.monitored_barrier(timeout=None if timeout_s is None else float(timeout_s))
+    monitored_barrier(timeout=None if timeout_s is None else float(timeout_s))

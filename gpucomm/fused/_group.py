@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from gpucomm.comm.communicator import Communicator
-from gpucomm.distributed import api
+from gpucomm.distributed.lookup import as_communicator
+from gpucomm.distributed.world import get_default_communicator
 from gpucomm.errors import UnsupportedError
 from gpucomm.language.context import DeviceContext
 
@@ -18,10 +19,10 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 def communicator(group: object, fn: str) -> Communicator:
     """The communicator of ``group`` (None: the default group's), found as every gpucomm call
-    finds it (:func:`gpucomm.distributed.api._as_communicator`)."""
+    finds it (:func:`gpucomm.distributed.lookup.as_communicator`)."""
     if group is None:
-        return api.get_default_communicator()
-    return api._as_communicator(group, f"fused.{fn}")
+        return get_default_communicator()
+    return as_communicator(group, f"fused.{fn}")
 
 
 def check_float(t: object, fn: str, name: str, dims: int, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -38,7 +39,8 @@ def check_float(t: object, fn: str, name: str, dims: int, like: torch.Tensor | N
         raise ValueError(f"gpucomm.fused.{fn}: {name} must have {dims} dimension(s), got shape {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(
-            f"gpucomm.fused.{fn}: {name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); call .contiguous() first"
+            f"gpucomm.fused.{fn}: {name} must be contiguous (shape {tuple(t.shape)}, "
+            f"strides {tuple(t.stride())}); call .contiguous() first"
         )
     return t
 

@@ -76,8 +76,8 @@ def test_subgroups_reduce_within_themselves() -> None:
 def _beside_torch(rank: int, world_size: int, torch_first: bool) -> tuple[float, float, str, object]:
     """torch.distributed's gloo and gpucomm in one process, in either order.
 
-    torch first: gpucomm's default group stands beside torch's gloo one (gpucomm.distributed.api's
-    ``beside``). gpucomm first: torch's default group *is* gpucomm's (one world), so torch
+    torch first: gpucomm's default group stands beside torch's gloo one (gpucomm.distributed.beside_torch's
+    ``BesideTorch``). gpucomm first: torch's default group *is* gpucomm's (one world), so torch
     refuses a second default group, as it refuses any; a gloo group comes from new_group."""
     import torch.distributed as tdist
 
@@ -115,3 +115,57 @@ def test_works_beside_torch_distributed_in_either_order() -> None:
     for a, b, backend, (refused, one_world, left) in run_ranks(_beside_torch, 2, False):
         assert (a, b, backend, one_world, left) == (1.0, 1.0, "gloo", 1.0, False)
         assert "trying to initialize the default process group twice" in refused, refused
+
+
+def _groups_beside_torch(rank: int, world_size: int) -> dict:
+    """Every way of making a group, on a gpucomm default group beside torch's gloo one."""
+    import torch.distributed as tdist
+
+    import gpucomm
+
+    tdist.init_process_group("gloo")
+    gpucomm.init_process_group()
+    out: dict = {"world": gpucomm.get_process_group_ranks(gpucomm.group.WORLD)}
+    halves = [gpucomm.new_group([0, 2]), gpucomm.new_group([1, 3])]
+    half = halves[rank % 2]
+    out["kinds"] = [type(g).__name__ if isinstance(g, gpucomm.Communicator) else g for g in halves]
+    t = torch.tensor([float(rank)])
+    gpucomm.all_reduce(t, group=half)
+    out["half sum"] = t.item()
+    mine, pairs = gpucomm.new_subgroups(2)
+    out["subgroups"] = (gpucomm.get_process_group_ranks(mine), len(pairs))
+    mine, crossed = gpucomm.new_subgroups_by_enumeration([[0, 3], [1, 2]])
+    out["enumeration"] = (gpucomm.get_process_group_ranks(mine), len(crossed))
+    out["split"] = gpucomm.get_process_group_ranks(gpucomm.split_group(None, [[0, 1], [3, 2]]))
+    out["split of a half"] = gpucomm.get_process_group_ranks(gpucomm.split_group(half, [[1], [0]]))
+    refused = {}
+    for label, call in (
+        ("local", lambda: gpucomm.new_group([rank], use_local_synchronization=True)),
+        ("shrink", lambda: gpucomm.shrink_group([1 - half.rank], group=half)),
+    ):
+        try:
+            call()
+        except gpucomm.UnsupportedError as err:
+            refused[label] = str(err)
+    out["refused"] = refused
+    gpucomm.destroy_process_group(half)
+    out["half closed"] = half.closed and not mine.closed
+    gpucomm.destroy_process_group()
+    out["all closed"] = mine.closed and all(g.closed for g in pairs if isinstance(g, gpucomm.Communicator))
+    out["torch's stays"] = tdist.is_initialized() and not gpucomm.is_initialized()
+    tdist.destroy_process_group()
+    return out
+
+
+def test_groups_beside_torch_distributed() -> None:
+    for rank, got in enumerate(run_ranks(_groups_beside_torch, 4)):
+        assert got["world"] == [0, 1, 2, 3]
+        assert got["kinds"] == (["Communicator", -100] if rank % 2 == 0 else [-100, "Communicator"])
+        assert got["half sum"] == (2.0 if rank % 2 == 0 else 4.0)
+        assert got["subgroups"] == ([0, 1] if rank < 2 else [2, 3], 2)
+        assert got["enumeration"] == ([0, 3] if rank in (0, 3) else [1, 2], 2)
+        assert got["split"] == ([0, 1] if rank < 2 else [2, 3])
+        assert got["split of a half"] == [rank]
+        assert "use_local_synchronization=True needs gpucomm's default group to be torch's" in got["refused"]["local"]
+        assert "shrinking needs gpucomm's default group to be torch's" in got["refused"]["shrink"]
+        assert got["half closed"] and got["all closed"] and got["torch's stays"]

@@ -33,7 +33,7 @@ def allreduce_mean_hook(
 
 
 def _train_ddp(rank: int, process_group=None, hook=None) -> dict[str, torch.Tensor]:
-    """The issue's snippet: ``DDP(model)`` after ``dist.init_process_group()``, trained a few steps."""
+    """A plain DDP script: ``DDP(model)`` after ``dist.init_process_group()``, trained a few steps."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ torch's meaning.
 The rule, walked over ``dir(torch.distributed)`` as torch has it here:
 
 - every name without a leading underscore that is a function or a class (``inspect.isroutine``
-  or ``inspect.isclass``; the issue counted 95 of them in torch 2.13) must be an attribute of
+  or ``inspect.isclass``; torch 2.13 has 95 of them) must be an attribute of
   gpucomm, and be either torch's own object (where gpucomm adds nothing) or gpucomm's own with
   torch's signature (where a call makes, uses or describes groups and backends);
 - of the other values, the constants and type aliases (``default_pg_timeout``, ``RankType``,
@@ -132,3 +132,20 @@ def test_single_process_answers() -> None:
     else:
         raise AssertionError("xpu must be refused")
     assert not gpucomm.is_initialized() and gpucomm.group.WORLD is None
+
+
+def test_the_public_names_are_listed_once() -> None:
+    """``gpucomm.__all__`` is the union of the public modules' ``__all__``, each name in one of
+    them, and it is exactly what ``import gpucomm`` binds publicly (its submodules aside, and
+    ``collect_env``, which the package imports on first use)."""
+    from gpucomm import errors
+    from gpucomm.distributed import collectives, groups, objects, torch_names, world
+
+    lists = [errors.__all__, world.__all__, groups.__all__, collectives.__all__, objects.__all__, torch_names.__all__]
+    listed = [name for names in lists for name in names]
+    assert len(listed) == len(set(listed)), sorted(n for n in set(listed) if listed.count(n) > 1)
+    assert len(gpucomm.__all__) == len(set(gpucomm.__all__)), "gpucomm.__all__ repeats a name"
+    assert set(listed) <= set(gpucomm.__all__)
+    bound = {n for n, v in vars(gpucomm).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert set(gpucomm.__all__) == bound | {"collect_env"}
+    assert callable(gpucomm.collect_env)

@@ -86,9 +86,8 @@ def fused_against_unfused(
             if c.shape != (world_size * m, n) or not torch.allclose(
                 c.float(), unfused.float(), rtol=tol, atol=tol * k**0.5
             ):
-                problems.append(
-                    f"all_gather_matmul {dtype} {m}x{k}x{n}: off the unfused result by {float((c.float() - unfused.float()).abs().max()):.3g}"
-                )
+                off = float((c.float() - unfused.float()).abs().max())
+                problems.append(f"all_gather_matmul {dtype} {m}x{k}x{n}: off the unfused result by {off:.3g}")
     gpucomm.destroy_process_group()
     return problems
 
@@ -151,9 +150,8 @@ def _launches_by_hand(rank: int, world_size: int, seed: int) -> list[str]:
             ctx.launch(fn, matmul)
         expected = torch.cat(shards) @ b
         if not torch.allclose(out, expected, rtol=1e-5, atol=1e-4):
-            problems.append(
-                f"call {call} (late rank {late}): off all_gather + matmul by {float((out - expected).abs().nan_to_num(float('inf')).max()):.3g}"
-            )
+            off = float((out - expected).abs().nan_to_num(float("inf")).max())
+            problems.append(f"call {call} (late rank {late}): off all_gather + matmul by {off:.3g}")
     gpucomm.destroy_process_group()
     return problems
 
