@@ -5,8 +5,10 @@ A path written in the docs (``gpucomm/workspace/engine.py``, ``kernels/triton/pr
 must name a file or folder of the repository, and ``tests/x.py::test_name`` a test defined in that
 file; a dotted module name (``gpucomm.workspace.channels.granule``) must name a module, and the name
 after it one that module defines. So a module or test that moves or is renamed takes its mentions
-in the docs with it. docs/results/ holds records of past runs, written with the paths of their
-day: it is not read.
+in the docs with it. docs/architecture.md's table of layers draws the layers that
+tests/test_import_graph.py checks (``LAYERS``), in its order, and each file it names lies in its
+row's folder. docs/results/ holds records of past runs, written with the paths of their day: it
+is not read.
 """
 
 from __future__ import annotations
@@ -152,3 +154,35 @@ def test_every_module_named_in_the_docs_exists() -> None:
         if problem is not None:
             problems.append(f"{where}: {m.group(0)}: {problem}")
     assert not problems, "module names in the docs that name nothing:\n" + "\n".join(problems)
+
+
+def _layer_rows() -> list[tuple[list[str], list[str]]]:
+    """docs/architecture.md's table of layers: per row, the folders and modules it names (column
+    two) and the bare file names its job names (column three), bottom first."""
+    text = (_REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## The folders are the layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0].isdigit():
+            rows.append((re.findall(r"`(gpucomm/[\w./]*)`", cells[1]), re.findall(r"`(\w+\.py)`", cells[2])))
+    return rows
+
+
+def _module_of(path: str) -> str:
+    """``gpucomm/ops/`` -> ``gpucomm.ops``; ``gpucomm/log.py`` -> ``gpucomm.log``; the package's
+    ``__init__.py`` -> ``gpucomm``."""
+    path = path.removesuffix("/").removesuffix(".py").removesuffix("/__init__")
+    return path.replace("/", ".")
+
+
+def test_the_layers_drawn_are_the_layers_checked() -> None:
+    from test_import_graph import LAYERS
+
+    drawn = [{_module_of(path) for path in paths} for paths, _ in _layer_rows()]
+    assert drawn == [set(layer) for layer in LAYERS], "docs/architecture.md's layers differ from LAYERS"
+    missing = []
+    for paths, files in _layer_rows():
+        folders = [_REPO / path for path in paths if path.endswith("/")]
+        missing += [f"{name} (in {paths})" for name in files if not any((f / name).is_file() for f in folders)]
+    assert not missing, "files that docs/architecture.md's layers name and their folders lack:\n" + "\n".join(missing)
