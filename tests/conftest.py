@@ -15,11 +15,9 @@ import pytest
 _SUPPORT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
 if _SUPPORT_DIR not in sys.path:
     sys.path.insert(0, _SUPPORT_DIR)
-# TEMPORARY until the helpers that tests import from one another live in support/.
-for _folder in sorted(os.listdir(os.path.dirname(_SUPPORT_DIR))):
-    _path = os.path.join(os.path.dirname(_SUPPORT_DIR), _folder)
-    if os.path.isdir(_path) and _folder not in ("support", "__pycache__") and _path not in sys.path:
-        sys.path.append(_path)
+# The support modules that hold tests' asserts (shared tests, checks of what ranks sent back) get
+# pytest's assertion messages, as a test file's own asserts do.
+pytest.register_assert_rewrite("collective_plans", "ddp_runs", "reduce_bits")
 # Subprocesses a test starts (a test file run again as its own worker, a script) find them as well.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SUPPORT_DIR, os.environ.get("PYTHONPATH")) if p)
 
