@@ -291,6 +291,8 @@ def training_runs(rank: int, world_size: int, tmp: str, seed: int, device_type: 
 
 
 class Runs(NamedTuple):
+    """What a ``runs`` fixture gives the shared tests: every rank's ``training_runs`` results."""
+
     seed: int
     results: list[dict]  # per rank, what training_runs returned
     transport: str  # the workspace path the gradient buckets must take
@@ -303,6 +305,7 @@ def rel_diff(a: dict, b: dict) -> float:
 
 
 def same_on_all_ranks(results: list[dict], key: str) -> bool:
+    """Whether every rank ended run ``key`` with rank 0's parameters, bit for bit."""
     first = results[0][key]["params"]
     return all(all(torch.equal(r[key]["params"][k], first[k]) for k in first) for r in results)
 
@@ -313,10 +316,13 @@ def mean_losses(results: list[dict], key: str) -> list[float]:
 
 
 def bucket_bytes(results: list[dict]) -> int:
+    """The bytes of one fp32 gradient bucket: the model's parameters (one bucket)."""
     return sum(p.numel() for p in results[0]["gloo"]["params"].values()) * 4
 
 
 def on_workspace(runs: Runs, line: str) -> bool:
+    """Whether a GPUCOMM_DEBUG line says the call took the workspace path with the run's
+    transport and kernels."""
     return re.search(rf" path=workspace .*transport={runs.transport} kernels={runs.kernels}$", line) is not None
 
 

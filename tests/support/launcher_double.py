@@ -25,11 +25,13 @@ NEEDS_LAUNCHER = pytest.mark.skipif(
 
 @pytest.fixture(scope="module", name="double")
 def double_fixture() -> str:
+    """The driver double's library path."""
     return cuda_double.build()
 
 
 @pytest.fixture(name="log")
 def log_fixture(double, tmp_path):
+    """The file the double records this test's driver calls into."""
     path = tmp_path / "calls.log"
     cuda_double.log_to(double, path)
     yield path

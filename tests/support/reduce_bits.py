@@ -30,6 +30,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Raise AssertionError naming ``what``, the count and the first element where the bits differ."""
     differ = (bits(got) != bits(want)).nonzero().flatten()
     if differ.numel():
         i = int(differ[0])
