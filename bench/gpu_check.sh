@@ -200,10 +200,10 @@ sanitize-memcheck|sanitize-racecheck|sanitize-synccheck)
     done
     ;;
 cpu)
-    # On a GPU image with Triton 3.6 the files that interpret the program kernel (test_program,
-    # test_stream_ordered) fail in Triton's interpreter, not in gpucomm (docs/results/2026-11-25-h100.md).
+    # On a GPU image with Triton 3.6 the files that interpret the program kernel (test_instruction_set,
+    # test_stream_ordered_kernel) fail in Triton's interpreter, not in gpucomm (docs/results/2026-11-25-h100.md).
     step tests_cpu 540 python3 -m pytest -q -p no:cacheprovider tests/ops/test_instruction_set.py tests/workspace/test_stream_ordered_kernel.py \
-        tests/ops/test_kernels.py tests/ops/test_cuda_compile.py tests/ops/test_triton_aot.py tests/distributed/test_signatures.py
+        tests/ops/test_cpu_kernels.py tests/ops/test_cuda_compile.py tests/ops/test_triton_aot.py tests/distributed/test_signatures.py
     ;;
 cpuhost-default|cpuhost-1)
     # The 2-core CI machine has no core free beside a rank's backward pass, so whether the
