@@ -1,5 +1,6 @@
-"""Shared pytest setup: the spawn harness on sys.path, ``--run-slow``, a /dev/shm leak check, and the
-CUDA files compiled by nvcc once per session."""
+"""Shared pytest setup: tests/support (the shared helpers, the spawn harness among them) on
+sys.path, ``--run-slow``, a /dev/shm leak check, and the CUDA files compiled by nvcc once per
+session."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def nvcc_fatbins(tmp_path_factory: pytest.TempPathFactory):
     """The shipped CUDA files compiled by nvcc as the loader has NVRTC compile them, each (file,
-    arch) once per session (tests/support/cuda_tools.py): test_cuda_compile and test_bound_launch share them."""
+    arch) once per session (tests/support/cuda_tools.py), for every test that reads their PTX or
+    loads their cubins on the driver double."""
     from cuda_tools import Fatbins
 
     return Fatbins(tmp_path_factory.mktemp("nvcc"))
