@@ -39,8 +39,8 @@ def cuda_kernels(device: torch.device):
 
 
 # How CudaKernels reaches the driver: gpucomm's launcher (the default), or CuPy's Function (where
-# the launcher cannot be built). The H100 run of 2026-11-25 saw results not follow CuPy's launches;
-# these tests run both, so that one run says which.
+# the launcher cannot be built). Results on an H100 did not follow CuPy's launches; these tests
+# run both, so that one run says which.
 LAUNCH_PATHS = ("launcher", "cupy")
 
 
@@ -162,7 +162,7 @@ def test_wait_times_out_with_the_missing_indices_by_the_deadline(device, path: s
     elapsed = time.monotonic() - start
     # Both in one message: [] after ~0 s says the host read the record before the kernel wrote
     # it (the launch not on torch's stream); [] after ~0.2 s says the kernel ran and recorded no
-    # timeout. The H100 run of 2026-11-25 saw [] on CuPy's Function, without the time.
+    # timeout.
     assert (missing, timeout * 0.9 <= elapsed < timeout + 0.1) == ([2, 4], True), (missing, elapsed)
 
 
@@ -199,8 +199,8 @@ def test_each_launch_runs_in_order_on_torchs_current_stream(device, path: str, s
     assert (got_copy, got_out) == ([3.0, 3.0], [6.0, 6.0]), (path, got_copy, got_out)
     # The events must hold the reduce: it moves 4 x 64 MiB through HBM (three reads, one write),
     # which cannot go much faster than torch's copy_ moves bytes on this GPU, measured here (the
-    # fastest of three 64 MiB copies, 2 x 64 MiB each). On the H100 on 2026-11-25 the Triton
-    # reduce reached 101-104% of copy_'s bandwidth (docs/results/2026-11-25-h100.md), while the
+    # fastest of three 64 MiB copies, 2 x 64 MiB each). On an H100 the Triton reduce reached
+    # 101-104% of copy_'s bandwidth (docs/results/2026-11-25-h100.md), while the
     # events around CuPy's reduce there said 4-12 times copy_'s: 1.5 sits between the two, and
     # holds on any GPU (an H200 copies ~4.3 TB/s, a fixed 4 TB/s bound failed it).
     reduce_bw = 4 * n * 4 / (start.elapsed_time(end) / 1e3)

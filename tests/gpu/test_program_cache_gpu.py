@@ -86,7 +86,7 @@ def test_a_captured_program_outlives_the_cache(kernels):
     assert run_ranks(_graph_outlives_the_cache, 2, kernels, timeout=600) == [expected, expected]
 
 
-# 30 s and a 40 s sleep took each case past the 30 s per-test limit on 2026-11-25 (H100); 20 s
+# 30 s and a 40 s sleep took each case past the 30 s per-test limit on an H100; 20 s
 # still leaves the warm-up's wait time for a compile of one rank beyond its peer's.
 _GRAPH_TIMEOUT_S = 20
 
