@@ -39,7 +39,7 @@ class Step(NamedTuple):
 
 _G = "tests/gpu/"
 # Whether launches through CuPy's Function and through gpucomm's launcher run in order on torch's
-# stream: a few seconds, first (the 2026-11-25 run's three unexplained results were CuPy's).
+# stream: a few seconds, first (the H100 run's three unexplained results were CuPy's).
 _ORDER = "in_order_on_torchs_current_stream or times_out_with_the_missing"
 _KERNEL_FILES = (f"{_G}test_cuda_kernels.py", f"{_G}test_program_kernels.py")
 
