@@ -111,8 +111,8 @@ brief)
     # The files that spawn ranks, in the order they most need a GPU: those that check fixes made
     # without one, then those that have never run on one, then the rest; DDP (28 of its 30 cases
     # passed on an H100, 2026-11-25) last. pytest runs files in the order named.
-    rank_files="test_bound_launch_gpu test_small_gpu test_async_gpu test_caller_stream_gpu test_symmetric_gpu
-        test_workspace_collectives_gpu test_stream_ordered_gpu test_fused_gpu test_first_contact_gpu test_cuda_ipc
+    rank_files="test_repeat_launch_gpu test_small_allreduce_gpu test_async_gpu test_caller_stream_gpu test_symmetric_gpu
+        test_workspace_collectives_gpu test_stream_ordered_gpu test_fused_gpu test_program_cache_gpu test_cuda_ipc
         test_bench_timing_gpu test_ddp_gpu"
     step tests_gpu_ranks 170 python3 -m pytest $(printf 'tests/gpu/%s.py ' $rank_files) -q -p no:cacheprovider $per_test \
         -rfE --tb=short --durations=10
@@ -200,10 +200,10 @@ sanitize-memcheck|sanitize-racecheck|sanitize-synccheck)
     done
     ;;
 cpu)
-    # On a GPU image with Triton 3.6 the files that interpret the program kernel (test_program,
-    # test_stream_ordered) fail in Triton's interpreter, not in gpucomm (docs/results/2026-11-25-h100.md).
+    # On a GPU image with Triton 3.6 the files that interpret the program kernel (test_instruction_set,
+    # test_stream_ordered_kernel) fail in Triton's interpreter, not in gpucomm (docs/results/2026-11-25-h100.md).
     step tests_cpu 540 python3 -m pytest -q -p no:cacheprovider tests/ops/test_instruction_set.py tests/workspace/test_stream_ordered_kernel.py \
-        tests/ops/test_kernels.py tests/ops/test_cuda_compile.py tests/ops/test_triton_aot.py tests/distributed/test_signatures.py
+        tests/ops/test_cpu_kernels.py tests/ops/test_cuda_compile.py tests/ops/test_triton_aot.py tests/distributed/test_signatures.py
     ;;
 cpuhost-default|cpuhost-1)
     # The 2-core CI machine has no core free beside a rank's backward pass, so whether the

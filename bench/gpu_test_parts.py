@@ -14,7 +14,7 @@ cores), with margin for what it did not reach:
 - the two kernel files: 672 of 1131 cases in 73 s on 4 workers, most of it compiles;
 - the files that spawn ranks: 40 cases in 170 s; the slowest were DDP's set-ups (13-28 s each, one
   per world size and kernel family: four) and the async file's DDP and two-stream cases (7-24 s);
-- the graph-timeout cases of test_first_contact_gpu wait out a communicator timeout (now 20 s,
+- the graph-timeout cases of test_program_cache_gpu wait out a communicator timeout (now 20 s,
   their peer sleeping 30 s); the fused comparison compiles several kernels (over 30 s).
 
 Each part's limits add up to at most 520 s, leaving 80 s of the call to the install and MPS.
@@ -39,7 +39,7 @@ class Step(NamedTuple):
 
 _G = "tests/gpu/"
 # Whether launches through CuPy's Function and through gpucomm's launcher run in order on torch's
-# stream: a few seconds, first (the 2026-11-25 run's three unexplained results were CuPy's).
+# stream: a few seconds, first (the H100 run's three unexplained results were CuPy's).
 _ORDER = "in_order_on_torchs_current_stream or times_out_with_the_missing"
 _KERNEL_FILES = (f"{_G}test_cuda_kernels.py", f"{_G}test_program_kernels.py")
 
@@ -55,8 +55,8 @@ PARTS: dict[str, tuple[Step, ...]] = {
             tuple(
                 f"{_G}{name}.py"
                 for name in (
-                    "test_bound_launch_gpu",
-                    "test_small_gpu",
+                    "test_repeat_launch_gpu",
+                    "test_small_allreduce_gpu",
                     "test_caller_stream_gpu",
                     "test_async_gpu",
                     "test_cuda_ipc",
@@ -75,7 +75,7 @@ PARTS: dict[str, tuple[Step, ...]] = {
             tuple(
                 f"{_G}{name}.py"
                 for name in (
-                    "test_first_contact_gpu",
+                    "test_program_cache_gpu",
                     "test_stream_ordered_gpu",
                     "test_workspace_collectives_gpu",
                 )

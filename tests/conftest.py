@@ -1,5 +1,6 @@
-"""Shared pytest setup: the spawn harness on sys.path, ``--run-slow``, a /dev/shm leak check, and the
-CUDA files compiled by nvcc once per session."""
+"""Shared pytest setup: tests/support (the shared helpers, the spawn harness among them) on
+sys.path, ``--run-slow``, a /dev/shm leak check, and the CUDA files compiled by nvcc once per
+session."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ import pytest
 _SUPPORT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
 if _SUPPORT_DIR not in sys.path:
     sys.path.insert(0, _SUPPORT_DIR)
-# TEMPORARY until the helpers that tests import from one another live in support/.
-for _folder in sorted(os.listdir(os.path.dirname(_SUPPORT_DIR))):
-    _path = os.path.join(os.path.dirname(_SUPPORT_DIR), _folder)
-    if os.path.isdir(_path) and _folder not in ("support", "__pycache__") and _path not in sys.path:
-        sys.path.append(_path)
+# The support modules that hold tests' asserts (shared tests, checks of what ranks sent back) get
+# pytest's assertion messages, as a test file's own asserts do.
+pytest.register_assert_rewrite("collective_plans", "ddp_runs", "reduce_bits")
 # Subprocesses a test starts (a test file run again as its own worker, a script) find them as well.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SUPPORT_DIR, os.environ.get("PYTHONPATH")) if p)
 
@@ -46,7 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def nvcc_fatbins(tmp_path_factory: pytest.TempPathFactory):
     """The shipped CUDA files compiled by nvcc as the loader has NVRTC compile them, each (file,
-    arch) once per session (tests/support/cuda_tools.py): test_cuda_compile and test_bound_launch share them."""
+    arch) once per session (tests/support/cuda_tools.py), for every test that reads their PTX or
+    loads their cubins on the driver double."""
     from cuda_tools import Fatbins
 
     return Fatbins(tmp_path_factory.mktemp("nvcc"))

@@ -45,9 +45,8 @@ def test_the_demo_runs_clean_ten_times() -> None:
             out, err = proc.communicate(timeout=300)
             aborted = [line for line in (out + err).splitlines() if "terminate called" in line]
             if proc.returncode != 0 or aborted or not out.rstrip().endswith("OK") or _rows_wrong(out):
-                failures.append(
-                    f"exit {proc.returncode}, {len(aborted)} 'terminate called' lines, {_rows_wrong(out)}:\n{out[-1500:]}\n{err[-1500:]}"
-                )
+                what = f"exit {proc.returncode}, {len(aborted)} 'terminate called' lines, {_rows_wrong(out)}"
+                failures.append(f"{what}:\n{out[-1500:]}\n{err[-1500:]}")
     assert not failures, f"{len(failures)} of {RUNS} runs:\n" + "\n---\n".join(failures)
 
 

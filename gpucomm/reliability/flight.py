@@ -79,7 +79,7 @@ _ENDED_AT = 10 * 8  # byte offset of "ended at" in a slot
 
 # Frames in these directories are gpucomm's or torch.distributed's own, not the caller's.
 _INTERNAL_DIRS = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # gpucomm/, from reliability/
     os.path.dirname(os.path.abspath(torch.distributed.__file__)) + os.sep,
 )
 

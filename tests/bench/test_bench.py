@@ -559,3 +559,19 @@ def test_the_gpu_check_parts_name_every_gpu_test_case_once():
     for part, steps in gpu_test_parts.PARTS.items():
         # One call is 600 s; the install and MPS's probe take the rest.
         assert sum(step.limit_s for step in steps) <= 520, part
+
+
+def test_bench_runs_without_tqdm(tmp_path):
+    """A GPU machine installs gpucomm with --no-deps and has no network: the benchmark must run
+    without tqdm, bar or no bar. Every process of the run (the CLI, its spawned ranks) finds a
+    tqdm that cannot be imported first on its path."""
+    (tmp_path / "tqdm.py").write_text("raise ImportError('tqdm is not installed here')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_") and k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    args = ["all_reduce", "--backend", "gloo", "--nproc", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "1", "-w", "0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpucomm._bench.cli", *args], capture_output=True, text=True, timeout=150, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tqdm" not in proc.stderr
+    assert "64" in proc.stdout  # the table's last row

@@ -39,7 +39,7 @@ def _on_a_side_stream(rank: int, world_size: int, kernels: str) -> list[str]:
     side = torch.cuda.Stream(device)
     with torch.cuda.stream(side):  # every kernel below launched once before the timed part: a
         torch.cuda._sleep(1)  # first launch may wait while CUDA loads its module (lazy loading),
-        _ = t * 2  # the likely reason an H100 run (2026-11-25) found the side stream done at the query
+        _ = t * 2  # and the side stream could be found done at the query
     torch.cuda.synchronize(device)
     failures = []
     with torch.cuda.stream(side):

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from reduce_bits import GUARD, assert_same_bits, random_buffers, reduce_into_last
 
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
 from gpucomm.ops.reference import TorchKernels
@@ -22,8 +23,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 SIZES = (1, 7, 4099)
 KS = (1, 3, 5)
-DIVISOR = 3  # AVG: 1/3 is inexact in binary, so the division's rounding is exercised
-GUARD = 5  # poisoned elements after every region
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +39,8 @@ def cuda_kernels(device: torch.device):
 
 
 # How CudaKernels reaches the driver: gpucomm's launcher (the default), or CuPy's Function (where
-# the launcher cannot be built). The H100 run of 2026-11-25 saw results not follow CuPy's launches;
-# these tests run both, so that one run says which.
+# the launcher cannot be built). Results on an H100 did not follow CuPy's launches; these tests
+# run both, so that one run says which.
 LAUNCH_PATHS = ("launcher", "cupy")
 
 
@@ -69,62 +68,6 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _poison(dtype: torch.dtype) -> float | int:
-    return float("nan") if dtype.is_floating_point else -0x5A5A5A5A
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer view of the elements, NaNs made canonical (their payloads may differ)."""
-    t = t.cpu()
-    if t.is_floating_point():
-        t = torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
-    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    differ = (_bits(got) != _bits(want)).nonzero().flatten()
-    if differ.numel():
-        i = int(differ[0])
-        raise AssertionError(
-            f"{what}: {differ.numel()} element(s) differ, first at {i}: {got[i].item()!r} vs {want[i].item()!r}"
-        )
-
-
-def _inputs(
-    dtype: torch.dtype, op: ReduceOp, sizes: list[int], gen: torch.Generator, special: str
-) -> list[torch.Tensor]:
-    """Random CPU buffers: floats of magnitude [0.5, 2) with random signs (no zeros: the sign MIN/MAX
-    picks between -0 and +0 is unspecified), scaled into the subnormals or holed with NaNs on
-    request; integers small enough that products stay exact, large enough that sums are not."""
-    bufs = []
-    for i, size in enumerate(sizes):
-        if dtype.is_floating_point:
-            mag = torch.rand(size, generator=gen, dtype=torch.float64) * 1.5 + 0.5
-            sign = torch.randint(0, 2, (size,), generator=gen) * 2 - 1
-            values = mag * sign
-            if special == "subnormal":
-                values = values * torch.finfo(dtype).tiny / 4
-            buf = values.to(dtype)
-            if special == "nan" and i == 1:
-                buf[torch.rand(size, generator=gen) < 0.3] = float("nan")
-        else:
-            bound = 6 if op == ReduceOp.PRODUCT else 2**20
-            buf = torch.randint(-bound, bound, (size,), generator=gen, dtype=dtype)
-        bufs.append(buf)
-    return bufs
-
-
-def _reduce(
-    kernels, bufs: list[torch.Tensor], offsets: list[int], n: int, dtype: torch.dtype, op: ReduceOp
-) -> torch.Tensor:
-    """Reduce the first k buffers into the last (poisoned first); returns the last buffer."""
-    size = bufs[0].element_size()
-    bufs[-1].fill_(_poison(dtype))
-    regions = [Region.of(b).sub(off * size, n * size) for b, off in zip(bufs, offsets)]
-    kernels.reduce(regions[-1], regions[:-1], dtype, op, DIVISOR)
-    return bufs[-1]
-
-
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("n", SIZES)
@@ -137,12 +80,12 @@ def test_reduce_matches_torch_and_triton_bitwise(
     # Aligned: every region starts 16 bytes in (the vector path). Unaligned: odd element offsets,
     # different for every buffer (the scalar path).
     offsets = [16 // elem if aligned else 2 * i + 1 for i in range(k + 1)]
-    cpu = _inputs(dtype, op, [off + n + GUARD for off in offsets], gen, special="")
-    want = _reduce(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
+    cpu = random_buffers(dtype, op, [off + n + GUARD for off in offsets], gen, special="")
+    want = reduce_into_last(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
     for kernels in (cuda_kernels, triton_kernels):
-        got = _reduce(kernels, [b.to(device) for b in cpu], offsets, n, dtype, op)
+        got = reduce_into_last(kernels, [b.to(device) for b in cpu], offsets, n, dtype, op)
         torch.cuda.synchronize(device)
-        _assert_same_bits(got, want, f"{kernels.name} {op.name} {dtype} n={n} k={k}")  # guards included
+        assert_same_bits(got, want, f"{kernels.name} {op.name} {dtype} n={n} k={k}")  # guards included
 
 
 @pytest.mark.parametrize("special", ["nan", "subnormal"])
@@ -152,20 +95,20 @@ def test_reduce_nan_and_subnormals_match_torch(cuda_kernels, device, gen, op, dt
     # NaN must propagate through MIN/MAX like torch.minimum/maximum; subnormals must survive
     # (NVRTC is run with -ftz=false).
     n, offsets = 4099, [0, 0, 0, 0]
-    cpu = _inputs(dtype, op, [n + GUARD] * 4, gen, special)
-    want = _reduce(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
-    got = _reduce(cuda_kernels, [b.to(device) for b in cpu], offsets, n, dtype, op)
-    _assert_same_bits(got, want, f"{op.name} {dtype} {special}")
+    cpu = random_buffers(dtype, op, [n + GUARD] * 4, gen, special)
+    want = reduce_into_last(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
+    got = reduce_into_last(cuda_kernels, [b.to(device) for b in cpu], offsets, n, dtype, op)
+    assert_same_bits(got, want, f"{op.name} {dtype} {special}")
 
 
 def test_reduce_out_may_alias_a_source(cuda_kernels, device, gen) -> None:
     dtype, n = torch.float32, 4099
-    cpu = _inputs(dtype, ReduceOp.SUM, [n] * 3, gen, special="")
+    cpu = random_buffers(dtype, ReduceOp.SUM, [n] * 3, gen, special="")
     want = cpu[0] + cpu[1] + cpu[2]
     bufs = [b.to(device) for b in cpu]
     regions = [Region.of(b) for b in bufs]
     cuda_kernels.reduce(regions[1], regions, dtype, ReduceOp.SUM)
-    _assert_same_bits(bufs[1], want, "out aliasing srcs[1]")
+    assert_same_bits(bufs[1], want, "out aliasing srcs[1]")
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 7, 4099, 4099 * 8 + 3, 1 << 20])
@@ -219,7 +162,7 @@ def test_wait_times_out_with_the_missing_indices_by_the_deadline(device, path: s
     elapsed = time.monotonic() - start
     # Both in one message: [] after ~0 s says the host read the record before the kernel wrote
     # it (the launch not on torch's stream); [] after ~0.2 s says the kernel ran and recorded no
-    # timeout. The H100 run of 2026-11-25 saw [] on CuPy's Function, without the time.
+    # timeout.
     assert (missing, timeout * 0.9 <= elapsed < timeout + 0.1) == ([2, 4], True), (missing, elapsed)
 
 
@@ -256,8 +199,8 @@ def test_each_launch_runs_in_order_on_torchs_current_stream(device, path: str, s
     assert (got_copy, got_out) == ([3.0, 3.0], [6.0, 6.0]), (path, got_copy, got_out)
     # The events must hold the reduce: it moves 4 x 64 MiB through HBM (three reads, one write),
     # which cannot go much faster than torch's copy_ moves bytes on this GPU, measured here (the
-    # fastest of three 64 MiB copies, 2 x 64 MiB each). On the H100 on 2026-11-25 the Triton
-    # reduce reached 101-104% of copy_'s bandwidth (docs/results/2026-11-25-h100.md), while the
+    # fastest of three 64 MiB copies, 2 x 64 MiB each). On an H100 the Triton reduce reached
+    # 101-104% of copy_'s bandwidth (docs/results/2026-11-25-h100.md), while the
     # events around CuPy's reduce there said 4-12 times copy_'s: 1.5 sits between the two, and
     # holds on any GPU (an H200 copies ~4.3 TB/s, a fixed 4 TB/s bound failed it).
     reduce_bw = 4 * n * 4 / (start.elapsed_time(end) / 1e3)

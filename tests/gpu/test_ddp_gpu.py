@@ -10,19 +10,19 @@ import random
 
 import pytest
 import torch
-from spawn import run_ranks
 
 # Collected again in this module, where `runs` below is the CUDA fixture.
-from test_ddp import (  # noqa: F401
+from ddp_runs import (  # noqa: F401 (the tests shared with tests/distributed/test_ddp.py)
     Runs,
-    _matrix,
     check_script_under_torchrun,
     test_allreduce_hook_matches_gloo,
     test_backend_serves_ddp_setup_and_gradient_buckets,
     test_backend_trains_like_gloo,
     test_compressed_hooks_beat_torch,
     test_compressed_hooks_train,
+    training_runs,
 )
+from spawn import run_ranks
 
 from gpucomm.transport import cuda_ipc_available
 
@@ -40,7 +40,9 @@ def runs(request, tmp_path_factory) -> Runs:
     seed = random.randrange(1 << 20)
     tmp = tmp_path_factory.mktemp(f"ddp{world_size}{kernels}")
     env = {**ENV, "GPUCOMM_KERNELS": kernels}
-    return Runs(seed, run_ranks(_matrix, world_size, str(tmp), seed, "cuda", env=env, timeout=300), "cuda_ipc", kernels)
+    return Runs(
+        seed, run_ranks(training_runs, world_size, str(tmp), seed, "cuda", env=env, timeout=300), "cuda_ipc", kernels
+    )
 
 
 def test_ddp_train_script_on_cuda(tmp_path) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from fused_ranks import fused_against_unfused
 from spawn import run_ranks
-from test_fused import fused_against_unfused
 
 from gpucomm.transport import cuda_ipc_available
 

@@ -24,7 +24,7 @@ import types
 
 import pytest
 import torch
-from test_cuda_kernels import DIVISOR, GUARD, _assert_same_bits, _inputs, _poison, _reduce
+from reduce_bits import DIVISOR, GUARD, assert_same_bits, poison_value, random_buffers, reduce_into_last
 
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
 from gpucomm.ops.program import FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, TIMEOUT, Builder, Program
@@ -155,10 +155,10 @@ def test_copy_and_reduce_match_torch_bitwise(
     k = 3
     elem = torch.empty(0, dtype=dtype).element_size()
     offsets = [16 // elem if aligned else 2 * i + 1 for i in range(k + 1)]
-    cpu = _inputs(dtype, op, [off + n + GUARD for off in offsets], gen, special="")
-    want = _reduce(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
+    cpu = random_buffers(dtype, op, [off + n + GUARD for off in offsets], gen, special="")
+    want = reduce_into_last(TorchKernels(), [b.clone() for b in cpu], offsets, n, dtype, op)
     bufs = [b.to(device) for b in cpu]
-    bufs[-1].fill_(_poison(dtype))
+    bufs[-1].fill_(poison_value(dtype))
     regions = [Region.of(b).sub(off * elem, n * elem) for b, off in zip(bufs, offsets)]
     # An odd number of bytes copied too, from and to 16-byte aligned or odd addresses.
     nbytes = n * elem + 5
@@ -176,7 +176,7 @@ def test_copy_and_reduce_match_torch_bitwise(
     assert _tables(program, channels, device)["aligned"] == aligned
     ws.run(kernels, program)
     what = f"{kernels.name} {op.name} {dtype} n={n} channels={channels}"
-    _assert_same_bits(bufs[-1], want, what)  # guards included
+    assert_same_bits(bufs[-1], want, what)  # guards included
     assert torch.equal(copy_dst.cpu(), copy_want), what
     assert ws.epochs() == [0] * channels and not ws.poisoned()
 

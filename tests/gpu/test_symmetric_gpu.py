@@ -12,7 +12,7 @@ import pytest
 import torch
 from cuda_group import NEEDS_CUDA_IPC, init_cuda_group
 from spawn import run_ranks
-from test_symmetric import _every_collective
+from symmetric_ranks import every_collective_symmetric_and_ordinary
 
 pytestmark = NEEDS_CUDA_IPC
 
@@ -21,7 +21,7 @@ pytestmark = NEEDS_CUDA_IPC
 def test_every_collective_on_symmetric_cuda_tensors(kernels: str) -> None:
     seed = random.randrange(1 << 30)
     results = run_ranks(
-        _every_collective,
+        every_collective_symmetric_and_ordinary,
         2,
         seed,
         kernels,

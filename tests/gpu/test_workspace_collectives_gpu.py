@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 from collective_matrix import workspace_rank
+from collective_plans import WORKSPACE, check_results, labels_of, torch_plan
 from spawn import run_ranks
-from test_workspace_collectives import WORKSPACE, check_results, labels_of, torch_plan
 
 from gpucomm.transport import cuda_ipc_available
 

@@ -89,7 +89,7 @@ def _both_one_shots(rank: int, world_size: int, seed: int) -> list[str]:
     case = 0
     ops = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.PRODUCT)
     for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32, torch.int32)):
-        for j, n in enumerate((7, 4099)):  # the ops in turn: the kernels' numerics are test_kernels'
+        for j, n in enumerate((7, 4099)):  # the ops in turn: the kernels' numerics are test_cpu_kernels'
             for op in (ops[(i + j) % 4], ops[(i + j + 1) % 4]):
                 case += 1
                 x = make_input(seed, case, rank, n, dtype, op)

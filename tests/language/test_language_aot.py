@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import pytest
-from test_triton_aot import _INSTRUCTION, _has, _timer_facts
+from ptx_instructions import INSTRUCTION, has, timer_facts
 
 ARCH = 90
 # Asynchronous tile copies (16 bytes a thread, global to shared) and Hopper's warp-group MMA.
@@ -154,10 +154,10 @@ def _worker() -> dict:
             report[name] = f"{type(exc).__name__}: {exc}"
             continue
         ptx = compiled.asm["ptx"]
-        report[name] = sorted(set(_INSTRUCTION.findall(ptx) + _ASYNC.findall(ptx))) + (
+        report[name] = sorted(set(INSTRUCTION.findall(ptx) + _ASYNC.findall(ptx))) + (
             ["%globaltimer"] if "%globaltimer" in ptx else []
         )
-        report[f"{name}-timer"] = _timer_facts(compiled.asm["ttgir"])
+        report[f"{name}-timer"] = timer_facts(compiled.asm["ttgir"])
     return report
 
 
@@ -200,9 +200,9 @@ WAITING = [
 @pytest.mark.parametrize("name", WAITING)
 def test_waits_acquire_at_system_scope_against_the_global_timer_once_per_block(ptx, name: str) -> None:
     seen = _seen(ptx, name)
-    assert _has(seen, "atom", "acquire", "sys"), seen  # the polls: an atomic add of 0, acquire, .sys
+    assert has(seen, "atom", "acquire", "sys"), seen  # the polls: an atomic add of 0, acquire, .sys
     assert "%globaltimer" in seen, seen  # the deadline
-    assert _has(seen, "bar", "sync"), seen  # the block lines up around its flags
+    assert has(seen, "bar", "sync"), seen  # the block lines up around its flags
     facts = ptx[f"{name}-timer"]
     # Every thread reads the clock, and a branch sees it only through a reduction (the block's verdict).
     assert facts == {"per_thread": True, "branch_sees_raw": False, "branch_sees_reduced": True}, facts
@@ -215,7 +215,7 @@ SIGNALLING = [name for name in WAITING if not name.startswith("ag_matmul")] + ["
 @pytest.mark.parametrize("name", SIGNALLING)
 def test_signals_release_at_system_scope(ptx, name: str) -> None:
     seen = _seen(ptx, name)
-    assert _has(seen, "atom", "release", "sys", "exch"), seen
+    assert has(seen, "atom", "release", "sys", "exch"), seen
 
 
 def test_all_gather_matmuls_push_launch_never_waits(ptx) -> None:

@@ -5,7 +5,7 @@ loader hands NVRTC (``compile_options``), from the text the package ships (``ker
 into a fatbin holding SASS and PTX; cuobjdump then reads both back.
 
 nvcc and cuobjdump are required (CI has them): tests/support/cuda_tools.py finds them, compiles each file
-once per session (shared with test_bound_launch) and says what a missing tool does.
+once per session (shared with the launch tests) and says what a missing tool does.
 """
 
 from __future__ import annotations

@@ -10,30 +10,16 @@ import ctypes
 import time
 
 import cuda_double
-import pytest
+from cuda_kernels_double import OnTheGpu, cuda_kernels_on_the_double
+from launcher_double import NEEDS_LAUNCHER, double_fixture, log_fixture  # noqa: F401 (fixtures double, log)
+from ptx_params import entry_params, run_ptx
 
 from gpucomm.ops import launcher
 from gpucomm.ops.launcher import Param
-from gpucomm.toolchain import native
 
-pytestmark = pytest.mark.skipif(
-    native.load("launch") is None, reason="gpucomm's launcher cannot be built here (no C compiler)"
-)
+pytestmark = NEEDS_LAUNCHER
 
 IMAGE = b".entry lazy_k(\n.entry raw_k(\n\0"
-
-
-@pytest.fixture(scope="module")
-def double() -> str:
-    return cuda_double.build()
-
-
-@pytest.fixture
-def log(double, tmp_path):
-    path = tmp_path / "calls.log"
-    cuda_double.log_to(double, path)
-    yield path
-    cuda_double.log_to(double, None)
 
 
 def test_the_double_loads_a_function_at_its_first_launch_unless_it_was_loaded(double, log) -> None:
@@ -68,15 +54,14 @@ def test_a_function_the_launcher_hands_out_is_loaded_before_its_first_launch(dou
 def test_cuda_kernels_first_launches_find_their_functions_loaded(nvcc_fatbins, double, log) -> None:
     """CudaKernels' first copy, reduce, signal and wait each launch a function already loaded."""
     import torch
-    from test_program_launch_args import _cuda_kernels_on_the_double, _OnTheGpu
 
     from gpucomm.ops.contract import Region
     from gpucomm.reduce_op import ReduceOp
 
-    _OnTheGpu.device = torch.device("cuda", 0)
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
-    out, a = Region(0x7F00_0001_0000, 4096, _OnTheGpu()), Region(0x7F00_0002_0000, 4096, _OnTheGpu())
-    flags = [Region(0x7F00_0100_0000, 8, _OnTheGpu())]
+    OnTheGpu.device = torch.device("cuda", 0)
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    out, a = Region(0x7F00_0001_0000, 4096, OnTheGpu()), Region(0x7F00_0002_0000, 4096, OnTheGpu())
+    flags = [Region(0x7F00_0100_0000, 8, OnTheGpu())]
     kernels.copy(out, a)
     kernels.reduce(out, [a, out], torch.float32, ReduceOp.SUM)
     kernels.signal(flags, 3)
@@ -94,12 +79,11 @@ def test_the_wait_kernels_time_limit_is_taken_after_its_first_compile(nvcc_fatbi
     """A first wait compiles flags.cu (NVRTC, seconds on a GPU host): the limit the kernel gets is
     what is left of the deadline after that compile, not before it."""
     import torch
-    from test_program_launch_args import _cuda_kernels_on_the_double, _OnTheGpu, entry_params, run_ptx
 
     from gpucomm.ops.contract import Region
 
-    _OnTheGpu.device = torch.device("cuda", 0)
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    OnTheGpu.device = torch.device("cuda", 0)
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
     compiled = {key: image for key, image in kernels._images.items() if key[0] == "flags.cu"}
     for key in compiled:
         del kernels._images[key]
@@ -114,7 +98,7 @@ def test_the_wait_kernels_time_limit_is_taken_after_its_first_compile(nvcc_fatbi
 
     kernels._compile = slow_compile
     deadline = time.monotonic() + 2.0
-    kernels.wait([Region(0x7F00_0100_0000, 8, _OnTheGpu())], 1, deadline)
+    kernels.wait([Region(0x7F00_0100_0000, 8, OnTheGpu())], 1, deadline)
     (launch,) = cuda_double.records(log, "cuLaunchKernel")
     declared = entry_params(run_ptx(nvcc_fatbins, "flags.cu", 90), "gpucomm_wait")
     offset, size = declared[3]  # timeout_ns

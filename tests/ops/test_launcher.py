@@ -9,30 +9,16 @@ import struct
 
 import cuda_double
 import pytest
+from launcher_double import NEEDS_LAUNCHER, double_fixture, log_fixture  # noqa: F401 (fixtures double, log)
 
 from gpucomm.ops import launcher
 from gpucomm.ops.launcher import LaunchBindError, Param
 from gpucomm.toolchain import native
 
-pytestmark = pytest.mark.skipif(
-    native.load("launch") is None, reason="gpucomm's launcher cannot be built here (no C compiler)"
-)
+pytestmark = NEEDS_LAUNCHER
 
 # A module image naming the kernels these tests ask for (PTX text; a cubin would hold them too).
 IMAGE = b".entry k(\n.entry copy(\n.entry checked(\n\0"
-
-
-@pytest.fixture(scope="module")
-def double() -> str:
-    return cuda_double.build()
-
-
-@pytest.fixture
-def log(double, tmp_path):
-    path = tmp_path / "calls.log"
-    cuda_double.log_to(double, path)
-    yield path
-    cuda_double.log_to(double, None)
 
 
 def _function(double: str, name: str = "k") -> int:

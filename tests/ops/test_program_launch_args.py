@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 
 import cuda_double
 import pytest
+from cuda_kernels_double import OnTheGpu, RecordingCupy, cuda_kernels_on_the_double
+from ptx_params import entry_params, mismatches, run_ptx
 
 ARCHS = (90, 80)
 # (case, dtype, op, copy_bytes, aligned, world, overrides of the typical values below)
@@ -62,48 +63,6 @@ TYPICAL = {
 }
 
 
-# -- what the PTX declares ------------------------------------------------------------------------
-_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\((.*?)\)", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([a-z])(\d+)\b[^,]*?(?:\[(\d+)\])?\s*(?:,|$)")
-
-
-def entry_params(ptx: str, name: str) -> list[tuple[int, int]]:
-    """[(offset, size)] of the parameters of ``.entry name``: each at the next offset aligned to
-    its alignment (the ``.align`` it names, else its element size)."""
-    entries = {m.group(1): m.group(2) for m in _ENTRY.finditer(ptx)}
-    found, end = [], 0
-    for align, _, bits, count in _PARAM.findall(entries[name].strip() + ","):
-        element = int(bits) // 8
-        size = element * int(count or 1)
-        alignment = int(align or element)
-        offset = -(-end // alignment) * alignment
-        found.append((offset, size))
-        end = offset + size
-    return found
-
-
-def mismatches(
-    declared: list[tuple[int, int]], bound_layout: list[list[int]], recorded: bytes, meant: list[int]
-) -> list[str]:
-    """What disagrees between a kernel's declared parameters, the launcher's layout, the bytes the
-    driver got and the values the call meant (empty: nothing)."""
-    found = []
-    if [tuple(p) for p in bound_layout] != declared:
-        found.append(f"packed as {bound_layout}, the kernel declares {declared}")
-    end = declared[-1][0] + declared[-1][1] if declared else 0
-    if len(recorded) != end:
-        found.append(f"the driver got {len(recorded)} parameter bytes, the kernel takes {end}")
-    if len(meant) != len(declared):
-        found.append(f"{len(meant)} values meant, {len(declared)} parameters declared")
-    for i, ((offset, size), value) in enumerate(zip(declared, meant)):
-        got = int.from_bytes(recorded[offset : offset + size], "little")
-        if got != value % (1 << 8 * size):
-            found.append(
-                f"parameter {i} at {offset} ({size} bytes) carries {got:#x}, the call meant {value % (1 << 8 * size):#x}"
-            )
-    return found
-
-
 # -- Triton, in a worker without TRITON_INTERPRET ----------------------------------------------------
 def _worker(double: str, log: str, broken: bool) -> dict:
     import torch
@@ -114,7 +73,7 @@ def _worker(double: str, log: str, broken: bool) -> dict:
     from gpucomm.ops.triton_ops import HostOnlyTritonKernels
 
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise RuntimeError("test_bound_launch worker: run without TRITON_INTERPRET")
+        raise RuntimeError("test_program_launch_args worker: run without TRITON_INTERPRET")
     if broken:  # pack Triton's i32 parameters as 8 bytes: the check below must catch it
         triton_launch._SIZES["i32"] = 8
     cuda_double.log_to(double, log)
@@ -371,50 +330,15 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
 
 
 # -- CudaKernels' own launches, CuPy out of reach ---------------------------------------------------
-class _NoCupy:
-    """In place of the cupy module: any use of it (a Function call converting its arguments, a
-    stream, a device) fails the test."""
-
-    def __getattr__(self, name: str) -> object:
-        raise AssertionError(f"CudaKernels used CuPy ({name}) on a bound launch")
-
-
-class _OnTheGpu:
-    """What a Region's byte view says of its memory: on the GPU (these addresses are made up)."""
-
-    device = None  # set below, once torch is imported
-
-
-def _cuda_kernels_on_the_double(nvcc_fatbins, double: str, arch: int):  # noqa: ANN202
-    """A CudaKernels as its __init__ leaves it on an sm_<arch> GPU, built by hand on a host without
-    one: NVRTC's images are nvcc's cubins, the driver is the double, the stream a made-up handle."""
-    import torch
-
-    from gpucomm.ops import launcher
-    from gpucomm.ops.cuda_ops import SOURCES, THREADS, CudaKernels
-
-    kernels = CudaKernels.__new__(CudaKernels)
-    kernels._device, kernels._index = torch.device("cpu"), 0  # the tables live in host memory here
-    kernels._arch, kernels._binary_kind, kernels._sm_count = f"sm_{arch}", "cubin", 132
-    kernels._modules, kernels._functions, kernels._tables, kernels._bound_functions = {}, {}, {}, {}
-    defines = (("GPUCOMM_THREADS", str(THREADS)),)
-    kernels._images = {(file, defines, f"sm_{arch}"): nvcc_fatbins.cubin(file, arch) for file in SOURCES}
-    kernels._layouts = {}
-    kernels._driver = launcher.driver(double)
-    kernels._raw_stream = lambda: 0xCAFE
-    kernels._cupy = _NoCupy()
-    return kernels
-
-
 def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatbins, tmp_path) -> None:
     import torch
 
     from gpucomm.ops.contract import Region
     from gpucomm.ops.cuda_ops import THREADS
 
-    _OnTheGpu.device = torch.device("cuda", 0)
+    OnTheGpu.device = torch.device("cuda", 0)
     double = cuda_double.build()
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
     prog, operands, peers = (
         torch.zeros(16, dtype=torch.int64),
         torch.zeros(6, dtype=torch.int64),
@@ -445,7 +369,7 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
             bound.launch(kernels._raw_stream())
         copies = [(0x7F00_0001_0000, 0x7F00_0002_0000, 64), (0x7F00_0001_0008, 0x7F00_0002_0010, 1 << 22)]
         for dst, src, nbytes in copies:
-            kernels.copy(Region(dst, nbytes, _OnTheGpu()), Region(src, nbytes, _OnTheGpu()))
+            kernels.copy(Region(dst, nbytes, OnTheGpu()), Region(src, nbytes, OnTheGpu()))
     finally:
         cuda_double.log_to(double, None)
     launches = cuda_double.records(tmp_path / "calls.log", "cuLaunchKernel")
@@ -477,12 +401,6 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
         assert record["grid"] == f"{kernels._blocks(-(-nbytes // 16))},1,1"
 
 
-def run_ptx(nvcc_fatbins, file: str, arch: int) -> str:  # noqa: ANN001
-    from cuda_tools import run, tool
-
-    return run([tool("cuobjdump"), "-ptx", str(nvcc_fatbins.fatbin(file, arch))])
-
-
 def test_cuda_kernels_reduce_signal_and_wait_are_bound_and_carry_what_their_entries_declare(
     nvcc_fatbins, tmp_path
 ) -> None:
@@ -495,11 +413,11 @@ def test_cuda_kernels_reduce_signal_and_wait_are_bound_and_carry_what_their_entr
     from gpucomm.ops.cuda_ops import THREADS, reduce_kernel_name
     from gpucomm.reduce_op import ReduceOp
 
-    _OnTheGpu.device = torch.device("cuda", 0)
+    OnTheGpu.device = torch.device("cuda", 0)
     double = cuda_double.build()
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
-    out, a, b = (Region(0x7F00_0001_0000 + i * (1 << 24), 4096 * 2, _OnTheGpu()) for i in range(3))
-    flags = [Region(0x7F00_0100_0000 + 8 * i, 8, _OnTheGpu()) for i in range(3)]
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    out, a, b = (Region(0x7F00_0001_0000 + i * (1 << 24), 4096 * 2, OnTheGpu()) for i in range(3))
+    flags = [Region(0x7F00_0100_0000 + 8 * i, 8, OnTheGpu()) for i in range(3)]
     cuda_double.log_to(double, tmp_path / "calls.log")
     try:
         kernels.reduce(out, [a, b], torch.bfloat16, ReduceOp.AVG, 2)
@@ -538,36 +456,6 @@ def test_cuda_kernels_reduce_signal_and_wait_are_bound_and_carry_what_their_entr
     assert mismatches(declared, declared, wait_words, [tables[2].data_ptr(), 3, 2**40 + 5, timeout, status]) == []
 
 
-class _RecordingCupy:
-    """In place of the cupy module where the launcher cannot be built: its Functions record what
-    they were called with (the bits of each argument as CuPy would pack it, the stream handle)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-        outer = self
-
-        class _Device:
-            def __init__(self, index: int) -> None:
-                pass
-
-            def __enter__(self) -> None:
-                pass
-
-            def __exit__(self, *exc: object) -> None:
-                pass
-
-        class _Function:
-            def __init__(self, name: str) -> None:
-                self.name = name
-
-            def __call__(self, grid, block, args, stream=None) -> None:  # noqa: ANN001
-                words = [a.tobytes() for a in args]  # NumPy scalars: the bytes CuPy hands the driver
-                outer.calls.append((self.name, grid, block, words, stream.ptr))
-
-        self.cuda = type("cuda", (), {"Device": _Device})
-        self.function = _Function
-
-
 def test_without_the_launcher_cupy_gets_torchs_stream_and_each_words_bits(nvcc_fatbins) -> None:
     import numpy as np
     import torch
@@ -576,14 +464,14 @@ def test_without_the_launcher_cupy_gets_torchs_stream_and_each_words_bits(nvcc_f
     from gpucomm.ops.cuda_ops import REDUCE_PARAMS, SIGNAL_PARAMS, THREADS, reduce_kernel_name
     from gpucomm.reduce_op import ReduceOp
 
-    _OnTheGpu.device = torch.device("cuda", 0)
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, cuda_double.build(), 90)
-    kernels._driver, kernels._cupy = None, _RecordingCupy()
+    OnTheGpu.device = torch.device("cuda", 0)
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, cuda_double.build(), 90)
+    kernels._driver, kernels._cupy = None, RecordingCupy()
     name = reduce_kernel_name(torch.float16, ReduceOp.AVG)
     for file, kernel in (("reduce.cu", name), ("flags.cu", "gpucomm_signal")):
         kernels._functions[(file, kernel)] = kernels._cupy.function(kernel)
-    out, a = Region(0x7F00_0001_0000, 64, _OnTheGpu()), Region(0x7F00_0002_0000, 64, _OnTheGpu())
-    flag = Region(0x7F00_0100_0000, 8, _OnTheGpu())
+    out, a = Region(0x7F00_0001_0000, 64, OnTheGpu()), Region(0x7F00_0002_0000, 64, OnTheGpu())
+    flag = Region(0x7F00_0100_0000, 8, OnTheGpu())
     kernels.reduce(out, [a], torch.float16, ReduceOp.AVG, 2**31 + 1)
     kernels.signal([flag], 2**63 - 1)
     (reduce_call, signal_call) = kernels._cupy.calls
@@ -604,13 +492,13 @@ def test_a_prepared_copy_is_one_launch_of_its_words_each_time(nvcc_fatbins, tmp_
 
     from gpucomm.ops.contract import Region
 
-    _OnTheGpu.device = torch.device("cuda", 0)
+    OnTheGpu.device = torch.device("cuda", 0)
     double = cuda_double.build()
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
-    dst, src = Region(0x7F00_0001_0000, 1 << 20, _OnTheGpu()), Region(0x7F00_0002_0000, 1 << 20, _OnTheGpu())
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    dst, src = Region(0x7F00_0001_0000, 1 << 20, OnTheGpu()), Region(0x7F00_0002_0000, 1 << 20, OnTheGpu())
     launch = kernels.prepare_copy(dst, src)
     with pytest.raises(ValueError, match=r"CudaKernels.prepare_copy: expected a copy of at least 1 byte"):
-        kernels.prepare_copy(Region(dst.addr, 0, _OnTheGpu()), Region(src.addr, 0, _OnTheGpu()))
+        kernels.prepare_copy(Region(dst.addr, 0, OnTheGpu()), Region(src.addr, 0, OnTheGpu()))
     cuda_double.log_to(double, tmp_path / "calls.log")
     try:
         launch.launch(0xBEEF)

@@ -2,7 +2,7 @@
 parameters their ``.entry`` declares, carrying the values the call meant, one launch per call and
 the same bytes every time (what a CUDA graph captures). No GPU: the driver double
 (tests/support/cuda_double) records the launches (tests/ops/test_program_launch_args.py does the same for the
-program kernel, whose helpers this file uses).
+program kernel).
 
 Triton: kernels/triton/small.py compiled for sm_90 as its JIT dispatch specialises it and bound by
 ``HostOnlyTritonKernels``, in a worker started without TRITON_INTERPRET (this file run as a
@@ -18,7 +18,8 @@ import subprocess
 import sys
 
 import cuda_double
-from test_program_launch_args import _cuda_kernels_on_the_double, entry_params, mismatches, run_ptx
+from cuda_kernels_double import cuda_kernels_on_the_double
+from ptx_params import entry_params, mismatches, run_ptx
 
 # A 2-rank call's values (addresses as a CPU's), then 8 ranks with a 1 s timeout (an i32 in Triton).
 CASES = {
@@ -165,7 +166,7 @@ def test_cuda_small_launch_carries_the_parameters_its_entry_declares(nvcc_fatbin
     from gpucomm.reduce_op import ReduceOp
 
     double = cuda_double.build()
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
     ptx = run_ptx(nvcc_fatbins, "small.cu", 90)
     for name, case in CASES.items():
         v = _values(case)

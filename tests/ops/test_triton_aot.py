@@ -15,14 +15,13 @@ import subprocess
 import sys
 
 import pytest
+from ptx_instructions import INSTRUCTION, has, timer_facts
 
 ARCHS = (80, 90)
 # Sources a REDUCE loads at once, as the launcher picks them for 2, 4 and 8 ranks.
 LOAD_SOURCES = (2, 4, 8)
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
-# Memory instructions and divisions, e.g. "atom.global.sys.release.exch.b64", "div.rn.f32".
-_INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div|bar)\.[\w.]+")
 # Fences and atomics, in the order the PTX has them.
 _ORDERING = re.compile(r"\b(?:atom|red|fence|membar)\.[\w.]+")
 # What a SYNC's order is made of, in the order the PTX has them: barriers, fences, atomics, global
@@ -242,14 +241,14 @@ def _worker() -> dict[str, list[str] | str]:
                 continue
             ptx = compiled.asm["ptx"]
             markers = ["%globaltimer"] if "%globaltimer" in ptx else []
-            report[f"{name}-sm{arch}"] = sorted(set(_INSTRUCTION.findall(ptx))) + markers
+            report[f"{name}-sm{arch}"] = sorted(set(INSTRUCTION.findall(ptx))) + markers
             if name.startswith("signal"):
                 report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
             if name.startswith(("small", "program")):
                 report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
             if name.startswith("program"):
                 report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
-                report[f"{name}-sm{arch}-timer"] = _timer_facts(compiled.asm["ttgir"])
+                report[f"{name}-sm{arch}-timer"] = timer_facts(compiled.asm["ttgir"])
     return report
 
 
@@ -284,65 +283,6 @@ def _loop_loads(ptx: str) -> list[list[int]]:
     return found
 
 
-# -- where the wait's clock goes ----------------------------------------------------------------
-_DEF = re.compile(r"^\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)$")
-_USE = re.compile(r"%[\w.$-]+")
-_LAYOUT = re.compile(
-    r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[(\d+)\], threadsPerWarp = \[(\d+)\], warpsPerCTA = \[(\d+)\]"
-)
-_TIMER = re.compile(r"globaltimer.*->\s*(tensor<(\d+)x\w+, (#\w+)>|\w+)")
-
-
-def _timer_facts(ttgir: str) -> dict:
-    """How the kernel reads %globaltimer and what its readings reach (from the TTGIR).
-
-    ``per_thread``: every reading is a tensor laid out one element per thread of the block (a
-    scalar, or a replicated tensor, would be read by each thread on its own with nothing to make
-    the threads agree). ``branch_sees_raw``: some loop exit or branch depends on a reading through
-    no reduction; ``branch_sees_reduced``: some does through a ``tt.reduce`` (a block-wide value).
-    """
-    layouts = {
-        m.group(1): [int(x) for x in m.groups()[1:]] for line in ttgir.splitlines() if (m := _LAYOUT.match(line))
-    }
-    defs: dict[str, str] = {}
-    for line in ttgir.splitlines():
-        line = re.sub(r"\bloc\(.*$", "", line)
-        if m := _DEF.match(line):
-            defs[m.group(1)] = m.group(2)
-        # scf.while's loop-carried values start from their initial ones: (%arg = %init, ...).
-        for name, init in re.findall(r"(%[\w.$-]+) = (%[\w.$-]+)(?=[,)])", line.split("=", 1)[-1]):
-            defs.setdefault(name, init)
-    per_thread = True
-    for line in ttgir.splitlines():
-        if m := _TIMER.search(line):
-            shape, layout = m.group(2), m.group(3)
-            spt, tpw, wpc = layouts.get(layout, (0, 0, 0))
-            per_thread &= shape is not None and spt == 1 and int(shape) == tpw * wpc
-
-    def reaches_timer(name: str, through_reduce: bool, seen: set) -> tuple[bool, bool]:
-        """(a raw reading reaches name, a reduced reading does)."""
-        if name in seen or name not in defs:
-            return False, False
-        seen.add(name)
-        text = defs[name]
-        if "globaltimer" in text:
-            return (not through_reduce, through_reduce)
-        reduces = text.startswith('"tt.reduce"')
-        raw = reduced = False
-        for use in _USE.findall(text):
-            r, d = reaches_timer(use.split("#")[0], through_reduce or reduces, seen)
-            raw, reduced = raw or r, reduced or d
-        return raw, reduced
-
-    raw = reduced = False
-    for line in ttgir.splitlines():
-        m = re.search(r"\b(?:scf\.condition|scf\.if)\s*\(?\s*(%[\w.$-]+)", line)
-        if m:
-            r, d = reaches_timer(m.group(1), False, set())
-            raw, reduced = raw or r, reduced or d
-    return {"per_thread": per_thread, "branch_sees_raw": raw, "branch_sees_reduced": reduced}
-
-
 @pytest.fixture(scope="module")
 def ptx() -> dict[str, list[str] | str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -360,16 +300,11 @@ def _instructions(ptx: dict, name: str) -> list[str]:
     return seen
 
 
-def _has(instructions: list[str], opcode: str, *qualifiers: str) -> bool:
-    """Some instruction is ``opcode`` with all ``qualifiers`` (their order varies across versions)."""
-    return any(i.split(".")[0] == opcode and set(qualifiers) <= set(i.split(".")) for i in instructions)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_signal_is_a_release_at_system_scope(ptx, arch: int) -> None:
     seen = _instructions(ptx, f"signal-sm{arch}")
     # triton 3.9 emits atom.global.sys.release.exch.b64
-    assert _has(seen, "atom", "sys", "release", "exch"), seen
+    assert has(seen, "atom", "sys", "release", "exch"), seen
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -378,7 +313,7 @@ def test_signal_fences_at_system_scope_before_it_releases(ptx, arch: int, name: 
     """The memory contract's signal (docs/kernel-contract.md): ``membar.sys``, CUDA's
     ``__threadfence_system()``, then the release stores; the data was written by earlier kernels."""
     order = ptx[f"{name}-sm{arch}-order"]
-    releases = [i for i, op in enumerate(order) if _has([op], "atom", "release", "sys")]
+    releases = [i for i, op in enumerate(order) if has([op], "atom", "release", "sys")]
     assert "membar.sys" in order and releases and order.index("membar.sys") < releases[0], order
 
 
@@ -401,7 +336,7 @@ def test_peer_data_loads_are_cg(ptx, arch: int, name: str) -> None:
     """The memory contract's loads (docs/kernel-contract.md): data that may be a peer's is loaded
     ``.cg`` (L2 only), as the CUDA kernels' ``__ldcg``; no 16-byte load of data goes through L1."""
     seen = _instructions(ptx, f"{name}-sm{arch}")
-    assert _has(seen, "ld", "global", "cg"), seen
+    assert has(seen, "ld", "global", "cg"), seen
     vectors = [i for i in seen if i.startswith("ld.global") and any(q in ("v2", "v4") for q in i.split("."))]
     assert all("cg" in i.split(".") for i in vectors), vectors
     if name.startswith("small"):
@@ -438,7 +373,7 @@ def test_sync_releases_after_a_block_barrier_and_fences_nothing(ptx, arch: int, 
 def test_wait_is_an_acquire_at_system_scope(ptx, arch: int) -> None:
     seen = _instructions(ptx, f"wait-sm{arch}")
     # triton 3.9 emits atom.global.sys.acquire.add.u64 (an atomic add of 0)
-    assert _has(seen, "atom", "sys", "acquire"), seen
+    assert has(seen, "atom", "sys", "acquire"), seen
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -452,7 +387,7 @@ def test_kernels_compile_with_arguments_specialised_to_one(ptx, arch: int, name:
 def test_copy_compiles_and_vectorises_aligned_addresses(ptx, arch: int, aligned: int) -> None:
     seen = _instructions(ptx, f"copy-aligned{aligned}-sm{arch}")
     # 16-byte accesses: ld.global.v2.b64 / st.global.v2.b64 for the int64 elements here.
-    vector = _has(seen, "ld", "global", "v2") and _has(seen, "st", "global", "v2")
+    vector = has(seen, "ld", "global", "v2") and has(seen, "st", "global", "v2")
     # Only the 16-byte alignment promise lets the compiler use them.
     assert vector == bool(aligned), seen
 
@@ -474,10 +409,10 @@ def test_reduce_compiles(ptx, arch: int, dtype: str, op: str) -> None:
 )
 def test_program_kernel_compiles_with_system_scope_flags_a_clock_and_vectors(ptx, arch: int, variant: str) -> None:
     seen = _instructions(ptx, f"program-{variant}-sm{arch}")
-    assert _has(seen, "atom", "release", "sys", "exch"), seen  # SYNC's signal
-    assert _has(seen, "atom", "acquire", "sys", "add"), seen  # SYNC's wait
+    assert has(seen, "atom", "release", "sys", "exch"), seen  # SYNC's signal
+    assert has(seen, "atom", "acquire", "sys", "add"), seen  # SYNC's wait
     assert "%globaltimer" in seen, seen  # the deadline of every wait
-    assert _has(seen, "bar", "sync"), seen  # the channel's threads line up around SYNC and moves
+    assert has(seen, "bar", "sync"), seen  # the channel's threads line up around SYNC and moves
     assert any(i.startswith(("ld.global.cg.v", "ld.global.v")) for i in seen), seen  # 16-byte vectors
     if variant.endswith("float32"):
         # AVG's division is the IEEE one (the program's integer divisions are its own arithmetic).

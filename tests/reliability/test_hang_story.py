@@ -172,8 +172,8 @@ def test_rank_waiting_in_a_subgroup_is_said_to_be_there(path: str) -> None:
     text = results[3]  # in the pair, global rank 2 is rank 0; it gave up on the world's all_reduce 2 s ago
     assert "rank 1 timed out after 6 s waiting for rank(s) [0]" in text, text
     assert (
-        f"rank 0 (global rank 2) is in no collective (its all_reduce #2 (float32 x 3, op SUM) of the world group, called at {world} failed "
-        in text
+        "rank 0 (global rank 2) is in no collective (its all_reduce #2 (float32 x 3, op SUM) of the world group, "
+        f"called at {world} failed " in text
     ), text
     assert f"rank 1 (this rank) is in barrier #1 of group [2, 3], called at {barrier}" in text, text
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 
 class Checks:
+    """One rank's checks: ``expect`` counts each and keeps the failed ones, named with the rank."""
+
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.failures: list[str] = []

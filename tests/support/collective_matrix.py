@@ -41,6 +41,7 @@ def make_input(seed: int, case: int, rank: int, n: int, dtype: torch.dtype, op: 
 
 
 def reference(inputs: list[torch.Tensor], op: ReduceOp, dtype: torch.dtype) -> torch.Tensor:
+    """``op`` over the ranks' ``inputs``, in float64 for floats (AVG of integers truncates)."""
     stack = torch.stack([t.to(torch.float64) for t in inputs]) if dtype.is_floating_point else torch.stack(inputs)
     if op is ReduceOp.SUM:
         return stack.sum(0)
@@ -75,12 +76,14 @@ def close_enough(
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with what no collective writes (NaN, or an unlikely integer); returns ``t``."""
     if t.dtype.is_floating_point:
         return t.fill_(float("nan"))
     return t.fill_(-7777777)
 
 
 def digest(t: torch.Tensor) -> str:
+    """A short hash of ``t``'s bytes, compared across ranks."""
     return hashlib.sha1(t.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:12]
 
 

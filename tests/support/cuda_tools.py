@@ -22,6 +22,8 @@ __all__ = ["tool", "run", "Fatbins"]
 
 
 def tool(name: str) -> str:
+    """The path of CUDA tool ``name`` (PATH, $CUDA_HOME/bin, Triton's bundled tools); fails the
+    test where there is none, or skips it with GPUCOMM_ALLOW_NO_NVCC=1."""
     candidates = [shutil.which(name)]
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home:
@@ -37,6 +39,7 @@ def tool(name: str) -> str:
 
 
 def run(cmd: list[str], cwd: Path | None = None) -> str:
+    """``cmd``'s stdout; raises AssertionError with its output where it fails."""
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")

@@ -32,6 +32,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def make(seed: int, case: int, rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank ``rank``'s input of ``case``: the same on every rank that draws it (seeded by all three)."""
     gen = torch.Generator().manual_seed(seed * 7919 + case * 131 + rank)
     if dtype not in REDUCIBLE:  # move-only formats (float4 has no arithmetic at all): raw bytes
         return (

@@ -55,6 +55,7 @@ def fill(rank: int, size: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def views(buf: torch.Tensor, spans: list[Span]) -> list[torch.Tensor]:
+    """The views of ``buf`` that ``spans`` (offset, length) name."""
     return [buf[o : o + k] for o, k in spans]
 
 

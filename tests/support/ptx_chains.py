@@ -3,8 +3,9 @@
 A load whose address is the result of another load cannot issue before that load returns: a
 chain of k such loads costs k round trips to memory before the first byte of a peer moves. This
 module follows the register def-use chains of one ``.entry`` of a PTX text, from its ``ld.param``
-of every parameter, and answers for every *peer load* (an ``ld`` of data from global memory whose address
-derives from a peer pointer; flag polls, acquire loads and atomics, are not data) how many global loads its address depends on, the longest chain.
+of every parameter, and answers for every *peer load* (an ``ld`` of data from global memory whose
+address derives from a peer pointer; flag polls, acquire loads and atomics, are not data) how many
+global loads its address depends on, the longest chain.
 
 What counts:
 
@@ -59,6 +60,8 @@ _NOT_GLOBAL = (".param", ".shared", ".local", ".const")
 
 @dataclass
 class Instruction:
+    """One PTX instruction, as the chains follow it."""
+
     opcode: str
     guard: str | None
     dests: list[str]

@@ -22,5 +22,6 @@ def rank_store(rank: int, world_size: int) -> dist.Store:
 
 
 def store_barrier(store: dist.Store, name: str, rank: int, world_size: int) -> None:
+    """Return once every rank has reached barrier ``name`` (waits 60 s at most)."""
     store.set(f"{name}/{rank}", b"1")
     store.wait([f"{name}/{r}" for r in range(world_size)], datetime.timedelta(seconds=60))

@@ -33,4 +33,5 @@ def shapes(name: str, ours: object, theirs: object) -> tuple[list, list]:
 
 
 def torch_has(name: str) -> bool:
+    """Whether this torch's torch.distributed has ``name``."""
     return hasattr(tdist, name)

@@ -44,7 +44,10 @@ def test_compiles_without_a_warning(source, defines, tmp_path):
 def test_every_file_is_built_once_and_then_loaded_from_the_cache(tmp_path):
     if shutil.which(CC) is None or not HEADERS:
         pytest.skip("no C compiler or Python headers here")
-    code = "from gpucomm.toolchain import native; import sys; sys.exit(0 if all(native.load(n) for n in sys.argv[1:]) else 1)"
+    code = (
+        "from gpucomm.toolchain import native; import sys;"
+        " sys.exit(0 if all(native.load(n) for n in sys.argv[1:]) else 1)"
+    )
     env = {**os.environ, "GPUCOMM_CACHE_DIR": str(tmp_path)}
     names = [s.stem for s in SOURCES]
     subprocess.run([sys.executable, "-c", code, *names], env=env, check=True, timeout=120)

@@ -31,7 +31,7 @@ TAG = 3
 _FLOOD_MAX = 512
 
 _NEIGHBOUR = textwrap.dedent(
-    """
+    f"""
     import os, socket, struct, sys
     mode, names = sys.argv[1], [bytes.fromhex(n) for n in sys.argv[2:]]
     held = []
@@ -42,7 +42,7 @@ _NEIGHBOUR = textwrap.dedent(
             s.listen(1)
             held.append(s)
         elif mode == "flood":
-            for _ in range(%d):
+            for _ in range({_FLOOD_MAX}):
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.setblocking(False)
                 try:
@@ -54,7 +54,7 @@ _NEIGHBOUR = textwrap.dedent(
         else:  # garbage, a forged header with a descriptor of its own, and a silent connection
             forged = os.memfd_create("forged")
             os.write(forged, b"forged")
-            for payload in (b"xyz", struct.pack("<ii", 1 - rank if rank < 2 else 0, %d), None):
+            for payload in (b"xyz", struct.pack("<ii", 1 - rank if rank < 2 else 0, {TAG}), None):
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.connect(name)
                 if payload is not None:
@@ -63,7 +63,6 @@ _NEIGHBOUR = textwrap.dedent(
     print("ready", len(held), flush=True)
     sys.stdin.read()  # holds its sockets until the test is done
     """
-    % (_FLOOD_MAX, TAG)
 )
 
 

@@ -341,7 +341,8 @@ def test_hostile_store_values_are_refused_before_opening(monkeypatch, case):
 @pytest.mark.parametrize("plant", ["symlink", "mode 644"])
 def test_planted_segment_with_valid_name_is_refused(tmp_path, plant):
     prefix = f"plant/{os.urandom(8).hex()}/"
-    name = f"gpucomm_{shm_module._prefix_token(prefix)}_{shm_module._space_token()}_{os.getpid():x}_{os.urandom(8).hex()}_r1"
+    tokens = (shm_module._prefix_token(prefix), shm_module._space_token(), f"{os.getpid():x}", os.urandom(8).hex())
+    name = "gpucomm_" + "_".join(tokens) + "_r1"
     path = os.path.join(shm_module.SHM_DIR, name)
     target = tmp_path / "target"
     target.write_bytes(b"\0" * (4096 + 256))
@@ -834,7 +835,7 @@ def test_every_segment_gpucomm_creates_goes_through_create_segment():
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
                 with open(path) as f:
-                    for number, line in enumerate(f, 1):
+                    for line in f:
                         if any(
                             sign in line
                             for sign in ("O_CREAT", "ftruncate(", "shm_open", "SharedMemory(", "memfd_create")
@@ -854,9 +855,10 @@ def test_every_segment_gpucomm_creates_goes_through_create_segment():
 
 
 def test_the_engines_of_one_communicator_agree_under_prefixes_of_their_own() -> None:
-    """On a GPU one communicator opens two engines at once (cuda_ipc and shm): a rank done with
-    one must never find its peers' handles of the other under its keys (an H100 run, 2026-11-25,
-    read a CUDA IPC handle as a shm one before the transport was part of the prefix)."""
+    """The engines of one communicator store their handles under prefixes that name their
+    transport: on a GPU one communicator opens two engines at once (cuda_ipc and shm), and a rank
+    done with one must never find its peers' handles of the other under its keys (read as its
+    own kind, a CUDA IPC handle breaks the shm engine's opening)."""
     from types import SimpleNamespace
 
     from gpucomm.workspace.engine import Topology, engine_store_prefix

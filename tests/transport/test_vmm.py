@@ -14,159 +14,17 @@ has bound.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
-import cuda_double
 import pytest
-from spawn import free_port
+from vmm_ranks import WORLD, run_heap_ranks
 
 pytest.importorskip("cuda.bindings", reason="cuda.bindings is the optional vmm extra")
 
-WORLD = 2
-HEAP = 3 << 20  # rounded up to the double's 2 MiB granularity: 4 MiB per rank
-
-_RANK = """
-import ctypes, sys, torch
-from gpucomm.transport.fdpass import FdExchange
-from gpucomm.transport import vmm
-
-rank, world, port, nbytes, order = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-store = torch.distributed.TCPStore("127.0.0.1", port, world, rank == 0, timeout=__import__("datetime").timedelta(seconds=30))
-from gpucomm.transport import heap_open
-if order == "engine_refused":  # the engine's path with a refusal the test's env plants
-    started = __import__("time").monotonic()
-    try:
-        heap_open.open_vmm_parts(store, "refused/", rank, world, 0, nbytes, 30)
-        print("opened")
-    except vmm.VmmHeapRefused as exc:
-        print(f"refused after {__import__('time').monotonic() - started:.1f} s: {exc}")
-    sys.exit(0)
-assert vmm.vmm_unavailable(0) == "", vmm.vmm_unavailable(0)
-me = vmm.gpu_identity(0)
-assert len(me) == 32, me
-assert vmm.multicast_unavailable(0, [me, me[::-1]]) == ""
-assert "ranks share a GPU" in vmm.multicast_unavailable(0, [me, me])
-exchange = FdExchange(store, "test/", rank, world, timeout=30)
-if order == "other_context":  # this thread holds another GPU's context when the heap opens
-    from cuda.bindings import driver
-    driver.cuInit(0)
-    _, other = driver.cuDevicePrimaryCtxRetain(1)
-    driver.cuCtxSetCurrent(other)
-if order == "device_one":  # this thread holds GPU 0's context; the heap and its multicast object are GPU 1's
-    from cuda.bindings import driver
-    driver.cuInit(0)
-    driver.cuCtxSetCurrent(driver.cuDevicePrimaryCtxRetain(0)[1])
-    heap = vmm.open_vmm_heap(exchange, rank, world, 1, nbytes)
-    agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
-    mc, why = vmm.bind_multicast(exchange, agreed, rank, world, heap)
-    print("multicast:", "made" if mc else None, "why:", why)
-    agreed("used", "")
-    if mc:
-        mc.release()
-    heap.release()
-    exchange.close()
-    print("context after: device", int(driver.cuCtxGetDevice()[1]))
-    sys.exit(0)
-heap = vmm.open_vmm_heap(exchange, rank, world, 0, nbytes)
-agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
-barrier = lambda stage: agreed(stage, "")
-# The heap is shared: write this rank's number into its heap, read every rank's through its mapping.
-ctypes.c_int64.from_address(heap.bases[rank] + 64).value = 1000 + rank
-barrier("written")
-seen = [ctypes.c_int64.from_address(base + 64).value for base in heap.bases]
-assert seen == [1000 + p for p in range(world)], seen
-assert ctypes.c_int64.from_address(heap.bases[rank]).value == 0  # zeroed at creation
-if order == "release_fails":  # every unmap refused: the rest of the release still happens
-    try:
-        heap.release()
-    except Exception as exc:
-        print("release raised:", exc)
-    exchange.close()
-    sys.exit(0)
-if order == "other_context":
-    heap.release()
-    exchange.close()
-    print("context after open and release: device", int(driver.cuCtxGetDevice()[1]))
-    sys.exit(0)
-if order == "engine":  # the engine's path (gpucomm.transport.heap_open), GPUs as the test's env says
-    heap.release()
-    kind = lambda mine: heap_open.agree(store, "engine/kind/", rank, world, 30, mine)
-    print("kind:", heap_open.heap_kind(torch.device("cuda", 0), kind))
-    mapping, mc, release, why = heap_open.open_vmm_parts(store, "engine/", rank, world, 0, nbytes, 30)
-    print("multicast:", "made" if mc else None, "why:", why, "size:", mapping.size)
-    if mc:  # the heap's bytes through the multicast mapping (the double's object is memory of its own)
-        ctypes.c_int64.from_address(mc.address + 8 * rank).value = 7
-    barrier("engine_used")
-    release()
-    exchange.close()
-    sys.exit(0)
-if order == "kept":
-    mc, why = vmm.bind_multicast(exchange, agreed, rank, world, heap)
-    assert why == "", why
-    barrier("used")
-    mc.release()
-else:  # rank 1 binds before every device is added: the double refuses, as the driver does
-    from cuda.bindings import driver
-    posix_fd = driver.CUmemAllocationHandleType(1)
-    if rank == 0:
-        prop = driver.CUmulticastObjectProp()
-        prop.numDevices, prop.handleTypes, prop.size = world, 1, heap.size
-        _, handle = driver.cuMulticastCreate(prop)
-        _, fd = driver.cuMemExportToShareableHandle(handle, posix_fd, 0)
-        exchange.send([1], fd, 2)
-        driver.cuMulticastAddDevice(handle, 0)
-        barrier("done")
-    else:
-        fd = exchange.receive([0], 2)[0]
-        _, handle = driver.cuMemImportFromShareableHandle(fd, posix_fd)
-        err, = driver.cuMulticastBindMem(handle, 0, heap.own_handle, 0, heap.size, 0)
-        print("bind before add:", int(err))
-        barrier("done")
-    driver.cuMemRelease(handle)
-heap.release()
-exchange.close()
-"""
-
-
-def _run(tmp_path, order: str, rank_env: dict[int, dict[str, str]] | None = None) -> list:
-    library = cuda_double.build()
-    log = tmp_path / "calls.log"
-    env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": os.path.dirname(library) + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
-        cuda_double.LOG_VARIABLE: str(log),
-    }
-    port = free_port()
-    script = textwrap.dedent(_RANK)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(r), str(WORLD), str(port), str(HEAP), order],
-            env={**env, **(rank_env or {}).get(r, {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out, err))
-    return outs, cuda_double.records(log)
-
 
 def test_heap_is_shared_and_multicast_set_up_keeps_the_drivers_order(tmp_path) -> None:
-    outs, calls = _run(tmp_path, "kept")
-    for rank, (code, out, err) in enumerate(outs):
+    outs, calls = run_heap_ranks(tmp_path, "kept")
+    for rank, (code, _, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
     calls = [c for c in calls if c.entry not in ("cuGetProcAddress",)]
     by_pid: dict[str, list] = {}
@@ -202,14 +60,14 @@ def test_heap_is_shared_and_multicast_set_up_keeps_the_drivers_order(tmp_path) -
     assert min(releases) > max(binds)
     assert all(calls[i]["bound"] == str(WORLD) for i in releases)
     # Each rank unmaps and unbinds the object before it releases it.
-    for pid, own in by_pid.items():
+    for own in by_pid.values():
         entries = [(c.entry, c.get("multicast")) for c in own]
         release = entries.index(("cuMemRelease", "1"))
         assert entries.index(("cuMulticastUnbind", None)) < release, entries
 
 
 def test_the_double_refuses_a_bind_before_every_device_is_added(tmp_path) -> None:
-    outs, calls = _run(tmp_path, "early")
+    outs, calls = run_heap_ranks(tmp_path, "early")
     assert outs[1][0] == 0, outs[1][2][-4000:]
     assert "bind before add: 800" in outs[1][1]  # CUDA_ERROR_NOT_PERMITTED
     refused = [c for c in calls if c.entry == "cuMulticastBindMem" and c.get("refused") == "1"]
@@ -219,7 +77,7 @@ def test_the_double_refuses_a_bind_before_every_device_is_added(tmp_path) -> Non
 def test_the_engines_path_shares_the_heap_and_names_why_there_is_no_multicast(tmp_path) -> None:
     """heap_open, as the engine opens a GPU's heap: VMM agreed on by every rank, the heap shared,
     and, with every rank on one GPU, no multicast object and the reason every rank gets."""
-    outs, calls = _run(tmp_path, "engine")
+    outs, calls = run_heap_ranks(tmp_path, "engine")
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert "kind: ('vmm', '')" in out, out
@@ -237,7 +95,7 @@ def test_the_engines_path_binds_a_heap_sized_to_the_multicast_granularity(tmp_pa
     """A GPU per rank: the multicast object is made, and the heap (3 MiB asked, 2 MiB allocation
     granularity) is a multiple of the minimum multicast granularity: 4 MiB, not the recommended
     8 MiB's multiple the set-up once demanded (and, with the heap at 4 MiB, refused)."""
-    outs, calls = _run(tmp_path, "engine", OWN_GPUS)
+    outs, calls = run_heap_ranks(tmp_path, "engine", OWN_GPUS)
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert f"multicast: made why:  size: {4 << 20}" in out, out
@@ -253,12 +111,12 @@ def test_a_multicast_call_failing_on_one_rank_leaves_every_rank_the_heap_and_the
     time (not the 30 s a peer would wait for a barrier the failing rank never reaches)."""
     env = {r: dict(e) for r, e in OWN_GPUS.items()}
     env[failing_rank]["DRIVER_DOUBLE_FAIL"] = entry
-    outs, calls = _run(tmp_path, "engine", env)
+    outs, calls = run_heap_ranks(tmp_path, "engine", env)
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert (
-            f"multicast: None why: rank {failing_rank}: gpucomm symmetric heap: {entry} failed: CUDA_ERROR_OUT_OF_MEMORY"
-            in out
+            f"multicast: None why: rank {failing_rank}: gpucomm symmetric heap: {entry} failed: "
+            "CUDA_ERROR_OUT_OF_MEMORY" in out
         ), out
     multicast_releases = [c for c in calls if c.entry == "cuMemRelease" and c.get("multicast") == "1"]
     made = [c for c in calls if c.entry == "cuMulticastCreate"] + [
@@ -272,7 +130,7 @@ def test_the_heap_opens_and_releases_on_its_gpu_whatever_context_the_thread_hold
     whichever thread drops the last tensor): the heap's calls run in its own GPU's primary
     context (the double's memset refuses any other, as the driver's would fault), and the
     thread's context is its own again after."""
-    outs, calls = _run(tmp_path, "other_context")
+    outs, calls = run_heap_ranks(tmp_path, "other_context")
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert "context after open and release: device 1" in out, out
@@ -288,7 +146,7 @@ def test_a_heap_the_driver_refuses_on_one_rank_is_refused_on_every_rank_at_once(
     a heap of its own (gpucomm.workspace.engine.Engine.open_heap)."""
     env = {r: dict(e) for r, e in OWN_GPUS.items()}
     env[failing_rank]["DRIVER_DOUBLE_FAIL"] = entry
-    outs, calls = _run(tmp_path, "engine_refused", env)
+    outs, calls = run_heap_ranks(tmp_path, "engine_refused", env)
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         match = re.search(
@@ -304,7 +162,9 @@ def test_a_heap_the_driver_refuses_on_one_rank_is_refused_on_every_rank_at_once(
 def test_a_release_step_the_driver_refuses_does_not_stop_the_others(tmp_path) -> None:
     """Every unmap refused: the range is still freed and every handle released (the heap is GiBs
     of device memory), and the first refusal is raised after."""
-    outs, calls = _run(tmp_path, "release_fails", {r: {"DRIVER_DOUBLE_FAIL": "cuMemUnmap"} for r in range(WORLD)})
+    outs, calls = run_heap_ranks(
+        tmp_path, "release_fails", {r: {"DRIVER_DOUBLE_FAIL": "cuMemUnmap"} for r in range(WORLD)}
+    )
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert "release raised: gpucomm symmetric heap: cuMemUnmap failed: CUDA_ERROR_OUT_OF_MEMORY" in out, out

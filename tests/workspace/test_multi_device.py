@@ -465,9 +465,9 @@ def test_the_symmetric_heap_and_its_multicast_object_for_gpu_1_are_set_up_in_its
     rank binds it to) for GPU 1, by ranks whose thread holds GPU 0's context (tests/transport/test_vmm.py's
     ranks, each a process on the double)."""
     pytest.importorskip("cuda.bindings", reason="cuda.bindings is the optional vmm extra")
-    from test_vmm import _run
+    from vmm_ranks import run_heap_ranks
 
-    outs, calls = _run(tmp_path, "device_one")
+    outs, calls = run_heap_ranks(tmp_path, "device_one")
     for rank, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {rank}:\n{err[-4000:]}"
         assert "multicast: made why: " in out and "context after: device 0" in out, out

@@ -68,24 +68,24 @@ def _every_kernel(kernels, regions) -> None:  # noqa: ANN001
 
 def _regions():  # noqa: ANN202
     import torch
-    from test_program_launch_args import _OnTheGpu
+    from cuda_kernels_double import OnTheGpu
 
     from gpucomm.ops.contract import Region
 
-    _OnTheGpu.device = torch.device("cuda", 0)
+    OnTheGpu.device = torch.device("cuda", 0)
     return (
-        Region(0x7F00_0001_0000, 4096, _OnTheGpu()),
-        Region(0x7F00_0002_0000, 4096, _OnTheGpu()),
-        Region(0x7F00_0100_0000, 8, _OnTheGpu()),
+        Region(0x7F00_0001_0000, 4096, OnTheGpu()),
+        Region(0x7F00_0002_0000, 4096, OnTheGpu()),
+        Region(0x7F00_0100_0000, 8, OnTheGpu()),
     )
 
 
 @needs_launcher
 def test_cuda_kernels_launches_on_the_null_stream_reach_the_driver_as_0(nvcc_fatbins, tmp_path) -> None:
-    from test_program_launch_args import _cuda_kernels_on_the_double
+    from cuda_kernels_double import cuda_kernels_on_the_double
 
     double = cuda_double.build()
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, double, 90)
     kernels._raw_stream = lambda: NULL_STREAM
     cuda_double.log_to(double, tmp_path / "calls.log")
     try:
@@ -107,13 +107,13 @@ def test_cupys_launches_on_the_null_stream_get_handle_0(nvcc_fatbins) -> None:
     """Where the launcher cannot be built, CuPy's Function launches: the stream it gets has ``.ptr``
     0, and is not a stream object of torch's (no pool stream stands in for the NULL stream)."""
     import torch
-    from test_program_launch_args import _cuda_kernels_on_the_double, _RecordingCupy
+    from cuda_kernels_double import RecordingCupy, cuda_kernels_on_the_double
 
     from gpucomm.ops.cuda_ops import program_kernel_name, reduce_kernel_name
     from gpucomm.reduce_op import ReduceOp
 
-    kernels = _cuda_kernels_on_the_double(nvcc_fatbins, cuda_double.build(), 90)
-    kernels._driver, kernels._cupy = None, _RecordingCupy()
+    kernels = cuda_kernels_on_the_double(nvcc_fatbins, cuda_double.build(), 90)
+    kernels._driver, kernels._cupy = None, RecordingCupy()
     kernels._raw_stream = lambda: NULL_STREAM
     for file, name in (
         ("copy.cu", "gpucomm_copy"),

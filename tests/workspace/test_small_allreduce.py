@@ -5,7 +5,7 @@ bitwise the same on every rank and bitwise the program kernel's one-shot; repeat
 buffer (the host's fast path) with fresh inputs and this rank's halves poisoned before each;
 launches of the program kernel in between; a rank calling another shape raises
 CommMismatchError, a rank that never comes makes the others raise CommTimeoutError in time.
-The PTX side (one global load before a peer's data) is tests/test_small_ptx.py.
+The PTX side (one global load before a peer's data) is tests/ops/test_small_ptx.py.
 """
 
 from __future__ import annotations

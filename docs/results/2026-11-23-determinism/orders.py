@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+sys.path[:0] = [os.path.join(os.getcwd(), "tests", "support"), os.path.join(os.getcwd(), "tests", "comm")]
 from spawn import run_ranks  # noqa: E402
 
 N, PREFIX, SEED = 1 << 20, 4096, 11

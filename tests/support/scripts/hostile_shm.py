@@ -5,9 +5,10 @@ its own.
     python hostile_shm.py spawn CASES WORLD_SIZE   # WORLD_SIZE ranks through tests/support/spawn.py
     python hostile_shm.py rank CASES               # this process is RANK of WORLD_SIZE (env://)
 
-CASES, comma-separated, run one after the other: ``auto`` (the default path: gloo must serve every CPU collective, right, after one
-warning line), ``shm`` (GPUCOMM_TRANSPORT=shm: init must raise WorkspaceUnavailableError) or
-``heap`` (room for the workspaces only: gpucomm.empty must raise it, all_reduce go on working).
+CASES, comma-separated, run one after the other: ``auto`` (the default path: gloo must serve every
+CPU collective, right, after one warning line), ``shm`` (GPUCOMM_TRANSPORT=shm: init must raise
+WorkspaceUnavailableError) or ``heap`` (room for the workspaces only: gpucomm.empty must raise it,
+all_reduce go on working).
 Prints one JSON line: what each rank returned, per case, and the gpucomm entries left in this
 /dev/shm at the end.
 """

@@ -62,7 +62,7 @@ def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str
     if bound:  # without the launcher these are what serve
         compiler.CompiledKernel.run = property(_refuse("CompiledKernel.run"))
         # gpucomm's one way into CuPy's Function (whose type CuPy 14 makes immutable: it cannot
-        # be patched itself, as an H100 run of 2026-11-25 found).
+        # be patched itself).
         CudaKernels._launch_on = _refuse("CuPy's Function (CudaKernels._launch_on)")
     failures = []
     for k in range(REPEATS):
@@ -76,8 +76,8 @@ def _repeated(rank: int, world_size: int, kernels: str, bound: bool) -> list[str
         ops.copy(Region.of(dst[1:]), Region.of(src[: N - 1]))  # other words, another grid
         if not torch.equal(dst[1:], src[: N - 1]):
             failures.append(f"rank {rank}: gpucomm_copy copied {dst[:4].tolist()}")
-        # reduce, signal and wait: through the launcher too (CuPy's Function made these launches
-        # before the H100 run of 2026-11-25, whose results did not follow them).
+        # reduce, signal and wait: through the launcher too, never CuPy's Function (whose launches
+        # the results on an H100 did not follow).
         ops.reduce(Region.of(dst), [Region.of(src), Region.of(src)], torch.float32, ReduceOp.SUM)
         if not torch.equal(dst, 2 * src):
             failures.append(f"rank {rank}: the CUDA C++ reduce gave {dst[:4].tolist()}")

@@ -1,4 +1,5 @@
-"""First contact, the halves only a GPU shows (the CPU halves: tests/workspace/test_device_path_on_cpu.py).
+"""The program cache and CUDA graphs, the halves only a GPU shows (the CPU halves:
+tests/workspace/test_program_cache.py).
 
 - Peer views alias: every view of a peer's cuda_ipc buffer has the peer's address as its
   ``data_ptr()`` and sees the peer's writes (a copy would show stale bytes forever).
@@ -7,7 +8,7 @@
 - A timeout inside a replayed graph is not silent: ``gpucomm.check()``, the next eager call and
   ``Work.wait()`` raise it.
 - A wait's timeout is decided once per block: every channel's record agrees (the kernel half of
-  this is issue 21 item 5, in kernels/triton/program.py).
+  this is in kernels/triton/program.py).
 
 Skipped without CUDA and CuPy.
 """
@@ -85,7 +86,7 @@ def test_a_captured_program_outlives_the_cache(kernels):
     assert run_ranks(_graph_outlives_the_cache, 2, kernels, timeout=600) == [expected, expected]
 
 
-# 30 s and a 40 s sleep took each case past the 30 s per-test limit on 2026-11-25 (H100); 20 s
+# 30 s and a 40 s sleep took each case past the 30 s per-test limit on an H100; 20 s
 # still leaves the warm-up's wait time for a compile of one rank beyond its peer's.
 _GRAPH_TIMEOUT_S = 20
 

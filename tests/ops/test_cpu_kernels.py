@@ -273,7 +273,7 @@ def _check(case, kernels: Kernels, oracle: Kernels | None) -> None:
 def _worker() -> dict[str, str]:
     """Every case on TritonKernels under the interpreter; '' for a pass, else the failure."""
     if os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("test_kernels worker: run with TRITON_INTERPRET=1")
+        raise RuntimeError("test_cpu_kernels worker: run with TRITON_INTERPRET=1")
     triton_kernels = get_kernels("triton", torch.device("cpu"))
     verdicts = {"registry-auto-is-triton": "" if get_kernels("auto", "cpu") is triton_kernels else "auto != triton"}
     for name, case in ALL_CASES.items():

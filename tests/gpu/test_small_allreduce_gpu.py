@@ -6,7 +6,7 @@ on a GPU: 2 ranks on the cuda_ipc transport (they may share one GPU), Triton and
   the float64 reference's bound, the same bits on both ranks.
 - Repeated calls on one buffer (the host's fast path) with fresh inputs, then the same call
   captured in a CUDA graph and replayed with fresh inputs, each result checked exactly
-  (integer-valued floats): the H100 run of 2026-11-25 saw repeats return each rank's own input.
+  (integer-valued floats), so that a repeat returning a rank's own input shows.
 
 Skipped without CUDA and CuPy.
 """

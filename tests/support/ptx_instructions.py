@@ -1,0 +1,80 @@
+"""Reading a Triton kernel's compiled forms for the instructions its contract rests on: shared by
+tests/ops/test_triton_aot.py (the program kernel and the others gpucomm launches) and
+tests/language/test_language_aot.py (the device API's kernels).
+
+- ``INSTRUCTION`` finds the memory instructions and divisions of a PTX text;
+- ``has`` says whether one of them is an opcode with given qualifiers;
+- ``timer_facts`` says, from the TTGIR, how a kernel reads %globaltimer and what its readings decide.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["INSTRUCTION", "has", "timer_facts"]
+
+# Memory instructions and divisions, e.g. "atom.global.sys.release.exch.b64", "div.rn.f32".
+INSTRUCTION = re.compile(r"\b(?:atom|red|st|ld|fence|membar|div|bar)\.[\w.]+")
+
+
+def has(instructions: list[str], opcode: str, *qualifiers: str) -> bool:
+    """Some instruction is ``opcode`` with all ``qualifiers`` (their order varies across versions)."""
+    return any(i.split(".")[0] == opcode and set(qualifiers) <= set(i.split(".")) for i in instructions)
+
+
+_DEF = re.compile(r"^\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)$")
+_USE = re.compile(r"%[\w.$-]+")
+_LAYOUT = re.compile(
+    r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[(\d+)\], threadsPerWarp = \[(\d+)\], warpsPerCTA = \[(\d+)\]"
+)
+_TIMER = re.compile(r"globaltimer.*->\s*(tensor<(\d+)x\w+, (#\w+)>|\w+)")
+
+
+def timer_facts(ttgir: str) -> dict:
+    """How the kernel reads %globaltimer and what its readings reach (from the TTGIR).
+
+    ``per_thread``: every reading is a tensor laid out one element per thread of the block (a
+    scalar, or a replicated tensor, would be read by each thread on its own with nothing to make
+    the threads agree). ``branch_sees_raw``: some loop exit or branch depends on a reading through
+    no reduction; ``branch_sees_reduced``: some does through a ``tt.reduce`` (a block-wide value).
+    """
+    layouts = {
+        m.group(1): [int(x) for x in m.groups()[1:]] for line in ttgir.splitlines() if (m := _LAYOUT.match(line))
+    }
+    defs: dict[str, str] = {}
+    for line in ttgir.splitlines():
+        line = re.sub(r"\bloc\(.*$", "", line)
+        if m := _DEF.match(line):
+            defs[m.group(1)] = m.group(2)
+        # scf.while's loop-carried values start from their initial ones: (%arg = %init, ...).
+        for name, init in re.findall(r"(%[\w.$-]+) = (%[\w.$-]+)(?=[,)])", line.split("=", 1)[-1]):
+            defs.setdefault(name, init)
+    per_thread = True
+    for line in ttgir.splitlines():
+        if m := _TIMER.search(line):
+            shape, layout = m.group(2), m.group(3)
+            spt, tpw, wpc = layouts.get(layout, (0, 0, 0))
+            per_thread &= shape is not None and spt == 1 and int(shape) == tpw * wpc
+
+    def reaches_timer(name: str, through_reduce: bool, seen: set) -> tuple[bool, bool]:
+        """(a raw reading reaches name, a reduced reading does)."""
+        if name in seen or name not in defs:
+            return False, False
+        seen.add(name)
+        text = defs[name]
+        if "globaltimer" in text:
+            return (not through_reduce, through_reduce)
+        reduces = text.startswith('"tt.reduce"')
+        raw = reduced = False
+        for use in _USE.findall(text):
+            r, d = reaches_timer(use.split("#")[0], through_reduce or reduces, seen)
+            raw, reduced = raw or r, reduced or d
+        return raw, reduced
+
+    raw = reduced = False
+    for line in ttgir.splitlines():
+        m = re.search(r"\b(?:scf\.condition|scf\.if)\s*\(?\s*(%[\w.$-]+)", line)
+        if m:
+            r, d = reaches_timer(m.group(1), False, set())
+            raw, reduced = raw or r, reduced or d
+    return {"per_thread": per_thread, "branch_sees_raw": raw, "branch_sees_reduced": reduced}
