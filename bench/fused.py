@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         row["fused/unfused"] = round(row["fused_us"] / row["unfused_us"], 3)
         rows.append(row)
     print(
-        f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   (oneshot: language / program kernel; slowest rank)"
+        f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   "
+        "(oneshot: language / program kernel; slowest rank)"
     )
     for row in rows:
         print(

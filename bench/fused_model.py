@@ -157,12 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     norm = rmsnorm_rows(args)
     print(f"all_reduce_residual_rmsnorm, hidden {HIDDEN}, bf16, {args.world} ranks (predicted, us)")
     print(
-        f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} {'fused eager':>12} {'unfused eager':>14}"
+        f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} "
+        f"{'fused eager':>12} {'unfused eager':>14}"
     )
     for r in norm:
         print(
-            f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} {r['fused_auto_us']:10.1f} "
-            f"{r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} {r['unfused_eager_us']:14.1f}"
+            f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} "
+            f"{r['fused_auto_us']:10.1f} {r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} "
+            f"{r['unfused_eager_us']:14.1f}"
         )
     sweep = rmsnorm_rows(args, tokens=tuple(2**i for i in range(10)))
     # From a row per rank on, where two-shot stays ahead at every larger count.
@@ -175,11 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"two-shot ahead of one-shot from {crossover} tokens of {HIDDEN} (predicted)")
     ag = ag_matmul(args, **LLAMA70B_AG)
     print(
-        f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, times {ag['k']} x {ag['n']} (predicted):"
+        f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, "
+        f"times {ag['k']} x {ag['n']} (predicted):"
     )
     print(
-        f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; fused {ag['fused_us']} us; "
-        f"hidden fraction of the gather {ag['hidden_fraction']:.0%}"
+        f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; "
+        f"fused {ag['fused_us']} us; hidden fraction of the gather {ag['hidden_fraction']:.0%}"
     )
     if args.json:
         write_json(

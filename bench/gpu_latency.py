@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     checks = all(per_rank[r]["check"] for r in per_rank)
     print(
-        f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
+        f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, "
+        f"{torch.cuda.get_device_name()}; "
         f"median [min-max] over {args.rounds} rounds, slowest rank, us per call"
     )
     for name, values in figures.items():

@@ -201,11 +201,13 @@ def _jit_here() -> dict:
             "median_us": None,
             "p90_us": None,
             "python_calls": None,
-            "not_measured": "Triton's JIT dispatch needs a CUDA device (torch.cuda is unavailable here); published figures per launch instead",
+            "not_measured": "Triton's JIT dispatch needs a CUDA device (torch.cuda is unavailable here); "
+            "published figures per launch instead",
             "published_us": JIT_PUBLISHED_US,
         }
     raise SystemExit(
-        "--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU (bench/gpu_check.sh's latency part)"
+        "--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU "
+        "(bench/gpu_check.sh's latency part)"
     )
 
 
@@ -230,18 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(path, launch) for path in args.paths for launch in (args.launch if path == "device" else ["shm"])]
     rows = [measure(path, args.calls, args.record_rounds, launch) for path, launch in runs]
     print(
-        f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
+        f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   "
+        f"(2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
     )
     for row in rows:
         if row["median_us"] is None:
             print(
-                f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   {row['not_measured']}: {row['published_us']}"
+                f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   "
+                f"{row['not_measured']}: {row['published_us']}"
             )
             continue
         extra = f"   recorder {row['recorder_us']:.2f} us," if "recorder_us" in row else ""
         extra += f"   {row['launches_per_call']} launch per call" if "launches_per_call" in row else ""
         print(
-            f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}"
+            f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} "
+            f"{row['python_calls']:>9}{extra}"
         )
     for row in rows:
         if "record" in row:

@@ -57,7 +57,8 @@ def _header(device: torch.device, dtype: str, op: str, impls: list[str], notes: 
         "# GB/s counts bytes read + written: copy 2 x size, k-input reduce (k+1) x size",
         *[f"# {note}" for note in notes],
         "#",
-        f"# {'size':>10}  {'count':>10}  {'impl':>6}  {'kernel':>8}  {'time':>9}  {'GB/s':>8}  {'%roof':>6}  {'#wrong':>6}",
+        f"# {'size':>10}  {'count':>10}  {'impl':>6}  {'kernel':>8}  {'time':>9}  {'GB/s':>8}  "
+        f"{'%roof':>6}  {'#wrong':>6}",
         f"# {'(B)':>10}  {'(elements)':>10}  {'':>6}  {'':>8}  {'(us)':>9}  {'':>8}  {'':>6}  {'':>6}",
     ]
     return "\n".join(lines)
@@ -151,7 +152,7 @@ def run_kernels(
                 if check:
                     expected = _reference(ins, op_name).to(dtype)
 
-                    def reset(typed=typed, ins=ins) -> None:
+                    def reset(typed=typed, ins=ins, out=out) -> None:
                         for t, x in zip(typed, ins):
                             t.copy_(x.to(dtype))
                         out.fill_(poison_value(dtype))

@@ -351,7 +351,8 @@ def markdown(rows_: Sequence[dict]) -> str:
             else f"{size} B"
         )
         lines.append(
-            f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | {cell('multimem', size, auto=False)} | {nccl} | {others} |"
+            f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | "
+            f"{cell('multimem', size, auto=False)} | {nccl} | {others} |"
         )
     return "\n".join(lines)
 
@@ -396,12 +397,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = rows(args)
     print(
-        f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  phases (name: busiest channel bytes, syncs)"
+        f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  "
+        "phases (name: busiest channel bytes, syncs)"
     )
     for r in table:
         phases = "; ".join(f"{ph['name']}: {max(ph['channel_bytes'], default=0)}, {ph['syncs']}" for ph in r["phases"])
         print(
-            f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} {r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
+            f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} "
+            f"{r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
         )
     shares_ = {ws: round(sync_share(ws, args), 3) for ws in WORKSPACE_SIZES}
     print("share of a 1 GiB two-shot all_reduce (ordinary tensor) spent in SYNCs, by GPUCOMM_WORKSPACE_BYTES:")

@@ -317,7 +317,10 @@ def _add_ratios(tables: list[dict]) -> None:
 
 def _table_text(table: dict) -> str:
     if table["skipped"]:
-        return f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n# skipped: {table['skipped']}\n#"
+        return (
+            f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n"
+            f"# skipped: {table['skipped']}\n#"
+        )
     lines = [f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n#", table_header()]
     lines += [table_row(row) for row in table["rows"]]
     if table["error"]:
@@ -467,8 +470,9 @@ def _header(s: Settings, world, seed, served, device, infos, skipped, nccl) -> s
         timing += f", median over {s.rounds} rounds (backends in alternating order)"
     lines = [
         f"# gpucomm-bench {' '.join(s.argv)}",
-        f"# world {world}  minBytes {s.sizes[0]}  maxBytes {s.max_bytes or s.sizes[-1]}  step: {s.step_factor:g}(factor)"
-        f"  warmup iters: {s.warmup}  iters: {s.iters}  validation: {int(s.check)}  seed: {seed}",
+        f"# world {world}  minBytes {s.sizes[0]}  maxBytes {s.max_bytes or s.sizes[-1]}  "
+        f"step: {s.step_factor:g}(factor)  warmup iters: {s.warmup}  iters: {s.iters}  "
+        f"validation: {int(s.check)}  seed: {seed}",
         f"# dtype {s.dtype}  op {s.op}  root {s.root}  backends: {', '.join(s.backends)}",
         f"{timing} ({'CUDA events' if device.type == 'cuda' else 'wall clock'})",
     ]

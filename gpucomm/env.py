@@ -135,7 +135,8 @@ def _versions(gpus: int) -> list[tuple[str, str]]:
         ("platform", f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs"),
         (
             "torch",
-            f"{torch.__version__} (CUDA build: {cuda_build or 'no'}; gloo: {'yes' if dist.is_gloo_available() else 'no'})",
+            f"{torch.__version__} (CUDA build: {cuda_build or 'no'}; "
+            f"gloo: {'yes' if dist.is_gloo_available() else 'no'})",
         ),
         ("triton", _version("triton")),
         ("cupy", _cupy_version()),
@@ -190,7 +191,8 @@ def _gpus(gpus: int) -> list[tuple[str, str]]:
         rows.append(
             (
                 f"cuda:{i}",
-                f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs",
+                f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, "
+                f"{props.multi_processor_count} SMs",
             )
         )
     if gpus > 1:
@@ -249,7 +251,10 @@ def _shm(config: Config | None) -> str:
 
     fits = _ranks_that_fit(free, per_rank)
     verdict = "yes" if fits >= 2 else "NO"
-    line = f"{verdict}: {SHM_DIR} {size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free: room for {fits} ranks' workspaces of {per_rank(2) / 2**20:.1f} MiB"
+    line = (
+        f"{verdict}: {SHM_DIR} {size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free: "
+        f"room for {fits} ranks' workspaces of {per_rank(2) / 2**20:.1f} MiB"
+    )
     if heap:
         with_heap = _ranks_that_fit(free, lambda ranks: per_rank(ranks) + heap)
         line += f", {with_heap} with a symmetric heap of {heap / 2**20:.1f} MiB each (gpucomm.empty opens it)"

@@ -91,7 +91,7 @@ class Liveness:
             if store_alive:
                 waiting = [r for r in others if r not in checked_in]
                 store_alive = self._store_call(
-                    lambda: checked_in.update(r for r in waiting if self.store.check([key + str(r)]))
+                    lambda waiting=waiting: checked_in.update(r for r in waiting if self.store.check([key + str(r)]))
                 )
             if checked_in | left_after_failing >= set(others) or time.monotonic() >= deadline:
                 break

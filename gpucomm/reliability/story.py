@@ -58,7 +58,8 @@ def _doing(record: RankRecord, now: int) -> str:
     if current is not None:
         state = f"is in {describe_call(current)}, for {_ago(current.entered_ns, now)}"
     elif record.calls and record.calls[-1].ended_ns < 0:
-        state = f"is in no collective (its {describe_call(record.calls[-1])} failed {_ago(record.calls[-1].ended_ns, now)} ago)"
+        failed = record.calls[-1]
+        state = f"is in no collective (its {describe_call(failed)} failed {_ago(failed.ended_ns, now)} ago)"
     else:
         state = "is in no collective"
     return f"{state}{gone}; {_last(record, now)}"

@@ -12,8 +12,9 @@ for the twin everywhere.
 
 Ranks that build the same file take turns (:func:`build_lock`, a file lock per built file): the
 first compiles, the others wait and load what it built instead of compiling the same file at once
-on the same cores; ranks building different files do not wait for each other. Each build writes its own temporary file and renames it into place, so a reader
-never sees half a library (and a rank that stopped waiting cannot spoil one).
+on the same cores; ranks building different files do not wait for each other. Each build writes
+its own temporary file and renames it into place, so a reader never sees half a library (and a
+rank that stopped waiting cannot spoil one).
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def _check_one(path: pathlib.Path, st: os.stat_result, *, below_root: bool) -> N
             )
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             raise UntrustedCache(
-                f"{path} (above the cache) has mode {stat.S_IMODE(st.st_mode):o}: writable by group or others, without the sticky bit"
+                f"{path} (above the cache) has mode {stat.S_IMODE(st.st_mode):o}: "
+                "writable by group or others, without the sticky bit"
             )
 
 

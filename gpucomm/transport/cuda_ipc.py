@@ -112,7 +112,12 @@ def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus
             return
         raise UnsupportedError(
             f"gpucomm cuda_ipc: rank {peer}'s GPU {peer_bus} is not visible to this process (GPU {bus}), and NVML "
-            f"{'says the two cannot reach each other peer to peer' if nvml is False else 'cannot say whether they reach each other'}; "
+            + (
+                "says the two cannot reach each other peer to peer"
+                if nvml is False
+                else "cannot say whether they reach each other"
+            )
+            + "; "
             "check CUDA_VISIBLE_DEVICES, or use GPUCOMM_TRANSPORT=gloo"
         ) from exc
     if peer_dev == dev:

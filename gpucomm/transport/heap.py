@@ -23,9 +23,10 @@ sharing that storage is gone, the owner's finalizer queues its block. Each alloc
 other ranks (through the store) which blocks this rank has dropped, and returns to the free list
 only the blocks that every rank has dropped, before it searches (first fit, in offset order): a
 tensor that lives a little longer on one rank (a reference cycle the garbage collector reaches
-later there) delays the reuse of its block, never the symmetry of the next one. Views and slices are ordinary tensors of the same
-storage: they keep the block alive, and a contiguous slice is itself symmetric (its offset is
-the same on every rank that slices alike, and collectives check that it is).
+later there) delays the reuse of its block, never the symmetry of the next one. Views and slices
+are ordinary tensors of the same storage: they keep the block alive, and a contiguous slice is
+itself symmetric (its offset is the same on every rank that slices alike, and collectives check
+that it is).
 
 Closing: :meth:`SymmetricHeap.close` is part of its communicator's close. Memory that tensors
 still use stays mapped until they are gone: the owners keep the mapping alive (the shared-memory
@@ -249,8 +250,8 @@ class SymmetricHeap:
         offset = self._blocks.allocate(nbytes)
         if offset is None:  # the same on every rank: their free lists are the same
             raise UnsupportedError(
-                f"gpucomm.empty: {nbytes} bytes do not fit the symmetric heap ({self.nbytes} bytes per rank, largest free "
-                f"block {self._blocks.largest_free()}); raise GPUCOMM_HEAP_BYTES"
+                f"gpucomm.empty: {nbytes} bytes do not fit the symmetric heap ({self.nbytes} bytes per rank, "
+                f"largest free block {self._blocks.largest_free()}); raise GPUCOMM_HEAP_BYTES"
             )
         owner = _Owner(self.base_addrs[self.rank] + offset, max(nbytes, 1), self.device, self._mapping)
         weakref.finalize(owner, self._freed.append, offset)
@@ -304,8 +305,9 @@ class SymmetricHeap:
 
     def __repr__(self) -> str:
         return (
-            f"SymmetricHeap(rank={self.rank}, world_size={self.world_size}, device={self.device}, nbytes={self.nbytes}, "
-            f"kind={self.kind!r}, live_blocks={self.live_blocks}{', closed' if self._closed else ''})"
+            f"SymmetricHeap(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
+            f"nbytes={self.nbytes}, kind={self.kind!r}, live_blocks={self.live_blocks}"
+            f"{', closed' if self._closed else ''})"
         )
 
 

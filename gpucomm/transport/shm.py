@@ -240,7 +240,8 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
             raise WorkspaceUnavailableError(
                 "shm",
                 {
-                    rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"
+                    rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, "
+                    f"not by this process's uid {os.getuid()}"
                 },
                 "Run every rank of a node as the same user",
             )
