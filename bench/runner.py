@@ -14,7 +14,6 @@ import json
 import os
 import random
 import socket
-import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -33,6 +32,7 @@ from .backends import (
 )
 from .collectives import SPECS, Case, poison_value
 from .hostinfo import device_name, versions
+from .progress import emit, progress_bar, show_bar
 from .report import VARIANTS, avg_busbw, comparison_table, table_footer, table_header, table_row
 from .rounds import combine_rounds, round_order
 from .timing import check_after, count_wrong, time_calls, time_graph
@@ -196,44 +196,6 @@ def _record(spec, case: Case, size: int, per_rank: list[dict], tables: dict[str,
             tables[name]["rows"].append(_row(spec, case, size, [p[name] for p in per_rank], s))
 
 
-def _show_bar() -> bool:
-    # Only where stdout and stderr are both terminals: where either goes to a log (CI, `2>&1`,
-    # `| tee`), the bar's redraws would land between the table rows.
-    return sys.stdout.isatty() and sys.stderr.isatty()
-
-
-class _NoBar:
-    """What the report needs of a progress bar, where none is shown."""
-
-    disable = True
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    # tqdm is optional (the `bench` extra): a GPU machine that installs gpucomm with --no-deps and
-    # has no network may lack it, and a bar that is off needs nothing of it.
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, file=sys.stderr, leave=False, unit="round")
-
-
-def _emit(bar, text: str) -> None:
-    """Print a report line; through the bar where it is shown, so that the bar stays whole."""
-    if bar.disable:
-        print(text, flush=True)
-    else:
-        bar.write(text, file=sys.stdout)
-
-
 def _run_collective(
     coll: str,
     backends: list[Backend],
@@ -332,10 +294,10 @@ def _table_text(table: dict) -> str:
 def _print_collective(tables: list[dict], s: Settings, bar) -> None:
     """Rank 0: each backend's nccl-tests table, then the backends side by side."""
     for table in tables:
-        _emit(bar, _table_text(table))
+        emit(bar, _table_text(table))
     measured = [t for t in tables if t["rows"]]
     if len(measured) >= 2:
-        _emit(bar, comparison_table(measured[0]["collective"], measured, s.rounds))
+        emit(bar, comparison_table(measured[0]["collective"], measured, s.rounds))
 
 
 def _rank_info(device: torch.device) -> dict:
@@ -408,9 +370,9 @@ def run_rank(s: Settings) -> int:
     try:
         # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
         served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
-        bar = _progress(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and _show_bar())
+        bar = progress_bar(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and show_bar())
         if rank == 0:
-            _emit(bar, _header(s, world, seed, served, device, infos, skipped, nccl))
+            emit(bar, _header(s, world, seed, served, device, infos, skipped, nccl))
         by_backend: dict[str, list[dict]] = {name: [] for name in s.backends}
         for coll in s.collectives:
             tables = _run_collective(coll, backends, rank, world, device, s, ex, bar, seed, skipped)

@@ -8,7 +8,7 @@ communicator's init, and is memory of its own, never part of the workspace:
   never a SIGBUS later) (:func:`heap_of_its_own`).
 - A GPU with the driver's virtual-memory API (and cuda.bindings): its own allocation, shared as a
   file descriptor and mapped by every rank (:func:`vmm_heap`, gpucomm.transport.vmm), bound to
-  a multicast object where every GPU of the node supports one.
+  a multicast object (gpucomm.transport.multicast) where every GPU of the node supports one.
 - A GPU without it: a CUDA IPC allocation of its own (``cudaIpcGetMemHandle``), as on the CPU;
   :func:`heap_kind` returns the one-line reason the engine logs when the heap opens.
 
@@ -156,6 +156,7 @@ def open_vmm_parts(
         VmmHeapRefused: the driver refused a rank's part of the heap; every rank raises it at the
             same step, with that rank's reason (the engine then takes a heap of its own).
     """
+    from gpucomm.transport import multicast as mc_object
     from gpucomm.transport import vmm
     from gpucomm.transport.fdpass import FdExchange
 
@@ -165,10 +166,10 @@ def open_vmm_parts(
         # Agreed before any heap is made: whether a multicast object will bind the heaps, and so
         # the multicast granularity their size must be a multiple of.
         identities = agree(store, prefix + "device/", rank, world_size, timeout, vmm.gpu_identity(index))
-        mine, granularity = vmm.multicast_unavailable(index, identities), 1
+        mine, granularity = mc_object.multicast_unavailable(index, identities), 1
         if not mine:
             try:
-                granularity = vmm.multicast_granularity(index, world_size, nbytes)
+                granularity = mc_object.multicast_granularity(index, world_size, nbytes)
             except GpucommError as exc:
                 mine = str(exc)
         verdicts = [
@@ -190,7 +191,7 @@ def open_vmm_parts(
 
         mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes, align=align, agreed=agreed)
         if not why:
-            multicast, why = vmm.bind_multicast(exchange, agreed, rank, world_size, mapping)
+            multicast, why = mc_object.bind_multicast(exchange, agreed, rank, world_size, mapping)
     except BaseException:
         if mapping is not None:
             mapping.release()
