@@ -77,7 +77,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--multimem-gbs", type=float, default=309.0, help="bench/model.py's (unused here)")
     parser.add_argument("--hbm-gbs", type=float, default=3000.0, help="published anchor: one H100's copy bandwidth")
     parser.add_argument("--saturating-grid", type=int, default=16, help="assumed: channels that saturate NVLink")
-    parser.add_argument("--host-us", type=float, default=10.0, help="host Python per eager call (issue 22's goal)")
+    parser.add_argument("--host-us", type=float, default=10.0, help="host Python per eager call (the goal)")
     parser.add_argument("--mma-tflops", type=float, default=989.0, help="published: H100 SXM dense bf16 peak")
     parser.add_argument(
         "--mma-fraction", type=float, default=0.7, help="assumed: the share of the peak a Triton matmul reaches"

@@ -15,8 +15,8 @@ repeats a blocking all_reduce of ``--bytes`` of fp32 on the workspace path (CUDA
   launch through torch; and, with ``--launch bound``, ``launcher_host_us``, the host time per call
   of ``--iters`` bare launches through gpucomm's launcher (a prepared 16-byte CUDA C++ copy on the
   caller's stream: the driver's ``cuLaunchKernel`` and one C call). The eager call's host time
-  less ``launcher_host_us`` is gpucomm's own part (an H100 host, 2026-11-25: 9.6 us per eager
-  call against 2.7 us with the driver double, not yet broken down).
+  less ``launcher_host_us`` is gpucomm's own part (docs/performance.md has it measured on an
+  H100 host).
 
 ``--launch`` picks how the program kernel is launched: ``bound`` (gpucomm's launcher: one
 ``cuLaunchKernel`` per call, :mod:`gpucomm.ops.launcher`) or ``jit`` (Triton's JIT dispatch for
@@ -28,8 +28,8 @@ The figure of a round is the slowest rank's, the result the median over rounds w
 The calls timed are not checked one by one (they sum into one tensor over and over); after the
 last round, and so after every graph replay, the tensor is refilled with rank + 1 and one more
 eager call is checked on every rank, exactly (:func:`timing.check_after`); a wrong one marks
-every figure of the JSON and fails the run. The
-issue's goals at 8 bytes and 2 ranks on one GPU with MPS: eager at most 15 us, captured at most 8.
+every figure of the JSON and fails the run. The goals at 8 bytes and 2 ranks on one GPU with MPS:
+eager at most 15 us, captured at most 8.
 
 Needs CUDA (and CuPy for the CUDA IPC workspace); ``bench/gpu_check.sh`` runs it on a lent GPU.
 

@@ -45,8 +45,8 @@ from .samples import each_call, median_p90_us
 
 __all__ = ["main", "JIT_PUBLISHED_US"]
 
-# Published host time of one launch through Triton's JIT dispatch, where it cannot run here
-# (issue 32 quotes them): triton-lang/triton PR #7771 (27 us before it, 13-17 us after, ~19
+# Published host time of one launch through Triton's JIT dispatch, where it cannot run here:
+# triton-lang/triton PR #7771 (27 us before it, 13-17 us after, ~19
 # arguments, H100 host); tritonbench PR #669 (13.2 us with 19 arguments, 3.6 us calling the compiled
 # kernel directly); vLLM PR #34838 (8.7 us through the JIT, 4.5 us through a cached compiled kernel).
 JIT_PUBLISHED_US = {

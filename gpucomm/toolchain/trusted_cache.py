@@ -81,9 +81,11 @@ def check(root: pathlib.Path, path: pathlib.Path) -> None:
 
 
 def folder(name: str) -> pathlib.Path:
-    """The checked folder ``name`` of the cache (``native``, ``kernels``), created 0700 where
-    missing; this process's private folder instead where the cache fails the check (or failed
-    it before in this process)."""
+    """The checked folder ``name`` of the cache (``native``, ``kernels``), created 0700 where missing.
+
+    Where the cache fails the check (now or before in this process), this process's private folder
+    instead.
+    """
     if _distrust:
         return private(name, _distrust[0])
     root = cache_root()
@@ -106,9 +108,11 @@ def folder(name: str) -> pathlib.Path:
 
 
 def file_ok(folder_path: pathlib.Path, path: pathlib.Path) -> bool:
-    """Whether ``path`` (in ``folder_path``, from :func:`folder`) may be read: True where it
-    passes the check, False where it does not exist; where it exists and fails, False after the
-    one warning (and from then on :func:`folder` would not hand out this cache either)."""
+    """Whether ``path`` (in ``folder_path``, from :func:`folder`) may be read.
+
+    True where it passes the check; False where it does not exist; False after one warning where it
+    exists and fails (and from then on :func:`folder` does not hand out this cache either).
+    """
     root = cache_root()
     if not _is_below(folder_path, root):
         return _private_file_ok(path)

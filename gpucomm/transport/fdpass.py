@@ -56,9 +56,11 @@ _OP = "symmetric heap open"
 
 
 class FdExchangeRefused(GpucommError):
-    """A rank cannot take part in the descriptor exchange safely (its socket's name is held by
-    another process; the process listening under a peer's name is not that peer): every rank of
-    the exchange raises it, naming that rank and why."""
+    """A rank cannot take part in the descriptor exchange safely; every rank raises it, naming that rank.
+
+    Either its socket's name is held by another process, or the process listening under a peer's
+    name is not that peer.
+    """
 
 
 def _credentials(conn: socket.socket) -> tuple[int, int]:

@@ -99,12 +99,16 @@ class FreeList:
 
 
 class StoreAgreement:
-    """One allocation's agreement through the store: rank r sets ``{prefix}heap/{n}/{r}`` to
-    ``nbytes;offsets`` for its n-th allocation (the size it asks for, and the blocks whose
-    tensors it has dropped since they were handed out), waits for every rank's, and returns the
-    blocks dropped on every rank; a rank whose size differs raises CommMismatchError. It deletes
-    its key of the allocation before (every rank has read it by then: a rank sets its n-th key
-    only after it has read all the (n-1)-th ones)."""
+    """One allocation's agreement through the store: the blocks dropped on every rank.
+
+    Rank r sets ``{prefix}heap/{n}/{r}`` to ``nbytes;offsets`` for its n-th allocation (the size it
+    asks for, and the blocks whose tensors it has dropped since they were handed out), waits for
+    every rank's, and returns the blocks dropped on every rank.
+
+    Raises CommMismatchError where a rank asks for another size. Each rank deletes its key of the
+    previous allocation first: every rank has read it by then, since a rank sets its n-th key only
+    after it has read all the (n-1)-th ones.
+    """
 
     def __init__(self, store: object, prefix: str, rank: int, world_size: int, timeout: float) -> None:
         self.store = store

@@ -73,9 +73,10 @@ def heap_of_its_own(
     reserve: int,
     timeout: float,
 ) -> tuple[SymmetricHeap, Workspace]:
-    """The heap as a workspace of its own, ``nbytes`` bytes of data and no flags per rank, over
-    ``transport`` ("shm": /dev/shm segments; "cuda_ipc": cudaMalloc'd buffers), and that
-    workspace (closing it frees the memory: on a GPU its close is collective).
+    """The heap as a workspace of its own, and that workspace (closing it frees the memory).
+
+    The workspace has ``nbytes`` bytes of data and no flags per rank, over ``transport`` ("shm":
+    /dev/shm segments; "cuda_ipc": cudaMalloc'd buffers). On a GPU its close is collective.
 
     Raises:
         WorkspaceUnavailableError: as :func:`gpucomm.transport.open_workspace`, on every rank.
@@ -148,9 +149,11 @@ def vmm_heap(
 def open_vmm_parts(
     store: object, prefix: str, rank: int, world_size: int, index: int, nbytes: int, timeout: float
 ) -> tuple[object, object, Callable[[], None], str]:
-    """The driver side of :func:`vmm_heap` (no torch tensor made: the driver double runs it):
-    every rank's heap mapped, the multicast object where every rank's GPU takes one (else None
-    and the first rank's reason), and the release of both.
+    """The driver side of :func:`vmm_heap`: (heap, multicast object or None, release, reason).
+
+    Maps every rank's heap, binds the multicast object where every rank's GPU takes one (else None
+    and the first failing rank's reason), and returns the release of both. It makes no torch
+    tensor, so the driver double runs it.
 
     Raises:
         VmmHeapRefused: the driver refused a rank's part of the heap; every rank raises it at the

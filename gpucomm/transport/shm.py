@@ -68,9 +68,12 @@ _ANY_SEGMENT = re.compile(r"gpucomm_[0-9a-f]{16}_([0-9a-f]{8})_([0-9a-f]{1,8})_[
 
 
 def reap_dead() -> list[str]:
-    """Unlink this user's gpucomm segments whose creating process is dead, judged only where its
-    pid means the same process as here (module docstring); the names unlinked. A live creator's
-    segment is left (its handshake may be under way), and so is every name of another pattern."""
+    """Unlink this user's gpucomm segments whose creating process is dead; the names unlinked.
+
+    A creator counts as dead only where its pid means the same process as here (module docstring).
+    A live creator's segment is left (its handshake may be under way), and so is every name of
+    another pattern.
+    """
     space = _space_token()
     try:
         names = os.listdir(SHM_DIR)
@@ -130,10 +133,11 @@ _NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.ENOENT, errno.EACCES
 
 
 def create_segment(path: str, size: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES") -> int:
-    """Create ``path`` (mode 0600, exclusive) holding ``size`` zero bytes, every page reserved
-    now (:func:`reserve`); its fd. ``rank`` is this rank in the open, one of ``ranks`` that each
-    make one; ``knob`` the size a user lowers to fit (named in the error's advice). Every segment
-    gpucomm creates in /dev/shm comes from here.
+    """Create ``path`` (mode 0600, exclusive) of ``size`` zero bytes, every page reserved; its fd.
+
+    Every segment gpucomm creates in /dev/shm comes from here. ``rank`` is this rank in the open,
+    one of ``ranks`` that each make one; ``knob`` is the size a user lowers to fit (named in the
+    error's advice).
 
     Raises:
         WorkspaceUnavailableError: /dev/shm has no room for it (or is missing, or read-only),
@@ -158,9 +162,10 @@ def create_segment(path: str, size: int, rank: int, ranks: int = 1, knob: str = 
 def reserve(
     fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES"
 ) -> None:
-    """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now,
-    extending it if they lie past its end. ``ftruncate`` alone would only set a size, and tmpfs
-    would look for each page at its first touch, killing the process with SIGBUS when it has
+    """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now.
+
+    Extends the segment if they lie past its end. ``ftruncate`` alone would only set a size, and
+    tmpfs would look for each page at its first touch, killing the process with SIGBUS when it has
     none left: a segment that grows reserves its new pages here too.
 
     Raises:
