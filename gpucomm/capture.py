@@ -33,9 +33,11 @@ def capturing(device: torch.device) -> bool:
 
 
 def capturing_on(index: int) -> Callable[[], bool]:
-    """Whether this thread's current stream on GPU ``index`` captures a CUDA graph, asked: torch
-    answers for the current device's stream, and the caller's current device may be another GPU
-    than the communicator's (two C calls where it is ``index``; a device switch where not)."""
+    """Whether this thread's current stream on GPU ``index`` captures a CUDA graph.
+
+    torch answers for the current device's stream, and the caller's current device may be another
+    GPU than the communicator's: two C calls where it is ``index``, a device switch where not.
+    """
     C = torch._C
 
     def asked() -> bool:

@@ -45,9 +45,11 @@ REFERENCES = {
 
 
 def _paths(gpu: bool) -> list[tuple[str, dict[str, str], str, bool]]:
-    """(label, knobs, tensor device, interpreted) for every path this host can run; "gloo" is
-    gpucomm's own gloo path (gpucomm's Communicator over a gloo group), not torch.distributed's
-    gloo backend."""
+    """(label, knobs, tensor device, interpreted) for every path this host can run.
+
+    "gloo" is gpucomm's own gloo path (gpucomm's Communicator over a gloo group), not
+    torch.distributed's gloo backend.
+    """
     paths = [
         ("gloo", {"transport": "gloo"}, "cpu", False),
         ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu", False),

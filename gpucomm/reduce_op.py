@@ -46,11 +46,11 @@ def as_reduce_op(op: object, fn: str) -> ReduceOp:
 
 
 class PremulSum:
-    """``ReduceOp.PREMUL_SUM(factor)``: the SUM of every rank's tensor multiplied by ``factor``
-    (torch.distributed builds the same operator with ``_make_nccl_premul_sum(factor)``).
+    """``ReduceOp.PREMUL_SUM(factor)``: the SUM of every rank's tensor multiplied by ``factor``.
 
-    The multiplication happens in the tensor's dtype on a copy, as NCCL's premultiplied sum
-    does; the caller's tensor is only written with the result.
+    torch.distributed builds the same operator with ``_make_nccl_premul_sum(factor)``. The
+    multiplication happens in the tensor's dtype on a copy, as NCCL's premultiplied sum does; the
+    caller's tensor is only written with the result.
     """
 
     def __init__(self, factor: float) -> None:

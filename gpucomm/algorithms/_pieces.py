@@ -28,11 +28,13 @@ def itemsize(dtype: torch.dtype) -> int:
 
 
 def _bounds(total: int, cap: int) -> list[int]:
-    """Boundaries of ``total`` units cut into ``ceil(total / cap)`` pieces (one for 0), each at
-    most ``cap``: all but the last of one size, a multiple of the largest of 1, 2, 4, 8, 16
-    units that divides ``cap``, and the last short of it by less than one such unit per piece.
-    Equal pieces cut their slices alike, so that an instruction of one piece can share a
-    position with one of the next (two-shot's paired copies, gpucomm.algorithms.allreduce)."""
+    """Boundaries of ``total`` units cut into ``ceil(total / cap)`` pieces (one for 0), each <= ``cap``.
+
+    All but the last piece are of one size, a multiple of the largest of 1, 2, 4, 8, 16 units that
+    divides ``cap``; the last is short of it by less than one such unit per piece. Equal pieces cut
+    their slices alike, so that an instruction of one piece can share a position with one of the
+    next (two-shot's paired copies, gpucomm.algorithms.allreduce).
+    """
     cap = max(1, cap)
     k = max(1, -(-total // cap))
     align = math.gcd(cap, _ALIGN)

@@ -50,9 +50,11 @@ _ALIGN = 16
 
 
 def layout_channels(knob: int, kernels: str, device: torch.device, world_size: int) -> int:
-    """Channels of the flag layout: ``knob`` (GPUCOMM_CHANNELS) when set, 1 for the host
-    executor and under the interpreter (it runs channels one after the other: more buy
-    nothing), else a quarter of the SMs shared by the ranks on this GPU, at most MAX_CHANNELS."""
+    """Channels of the flag layout: ``knob`` (GPUCOMM_CHANNELS) when set, else from the host and GPU.
+
+    1 for the host executor and under the interpreter (they run channels one after the other: more
+    buy nothing); else a quarter of the SMs shared by the ranks on this GPU, at most MAX_CHANNELS.
+    """
     if kernels == "torch":
         return 1
     if knob:
@@ -72,13 +74,14 @@ def launch_channels(extent: int, channels: int) -> int:
 
 
 def granule(extent: int, grid: int, world: int = 1) -> int:
-    """Bytes of the in-half positions a channel owns in turn (granule g belongs to channel
-    g % grid), for a program that uses ``extent`` bytes of a half, on ``grid`` channels, among
-    ``world`` ranks: a 1/world share of the extent over the grid, in whole 16-byte vectors and
-    at least MIN_GRANULE, so that an instruction of a 1/world slice (a two-shot's or a direct
-    reduce-scatter's) spans about ``grid`` granules, a whole piece about ``world`` x ``grid``,
-    and every channel gets its share of each. A program that works outside the halves (in place
-    on a symmetric tensor) passes its largest instruction as ``extent`` and ``world`` 1.
+    """Bytes of the in-half positions a channel owns in turn: granule g belongs to channel g % grid.
+
+    For a program that uses ``extent`` bytes of a half, on ``grid`` channels, among ``world`` ranks:
+    a 1/world share of the extent over the grid, in whole 16-byte vectors and at least MIN_GRANULE.
+    An instruction of a 1/world slice (a two-shot's or a direct reduce-scatter's) then spans about
+    ``grid`` granules, a whole piece about ``world`` x ``grid``, and every channel gets its share of
+    each. A program that works outside the halves (in place on a symmetric tensor) passes its
+    largest instruction as ``extent`` and ``world`` 1.
 
     It depends only on what every rank's program of one call shares (the extent, the grid, the
     world size): a byte at a given in-half position belongs to the same channel on every rank.

@@ -60,11 +60,14 @@ class FlagLayout:
 
 
 class DataLayout:
-    """The parts of a rank's data area for a workspace knob of ``workspace_bytes``: the send/recv
-    mailboxes (a quarter), two halves that collectives alternate between, and the device API's
-    stage (gpucomm.language.stage), after the halves: its own, so that kernels written with the
-    API never write where a program's peers may still read. The stage's halves are half a
-    program's half, at most STAGE_HALF_MAX: what one-shot kernels serve is small."""
+    """The parts of a rank's data area for a workspace knob of ``workspace_bytes``.
+
+    In order: the send/recv mailboxes (a quarter), two halves that collectives alternate between,
+    and the device API's stage (gpucomm.language.stage). The stage comes after the halves and is its
+    own, so that kernels written with the API never write where a program's peers may still read.
+    The stage's halves are half a program's half, at most STAGE_HALF_MAX: what one-shot kernels
+    serve is small.
+    """
 
     def __init__(self, workspace_bytes: int) -> None:
         self.p2p_bytes = workspace_bytes // _P2P_SHARE // ALIGN * ALIGN
