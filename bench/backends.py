@@ -125,10 +125,12 @@ def nccl_refusal(
 
 
 def nccl_spawn_env(backends: list[str], device_kind: str, nproc: int) -> dict[str, str]:
-    """The variables ``nproc`` ranks about to be spawned need in their environment for NCCL: on a
-    host with fewer GPUs than ranks, :data:`NCCL_MULTI_RANK_ENV` where the installed NCCL accepts
-    it. Set at spawn, not mid-run: NCCL reads it when it initialises. ``{}`` where NCCL is not
-    asked for, runs on a GPU per rank, or cannot share one (the ranks then say why)."""
+    """The environment NCCL needs in the ``nproc`` ranks about to be spawned; ``{}`` where none.
+
+    On a host with fewer GPUs than ranks: :data:`NCCL_MULTI_RANK_ENV`, where the installed NCCL
+    accepts it. ``{}`` where NCCL is not asked for, runs on a GPU per rank, or cannot share one (the
+    ranks then say why). Set at spawn, not mid-run: NCCL reads it when it initialises.
+    """
     if "nccl" not in backends or device_kind == "cpu" or not torch.cuda.is_available():
         return {}
     return {NCCL_MULTI_RANK_ENV: "1"} if nccl_shares_gpus(nccl_version(), torch.cuda.device_count(), nproc) else {}
@@ -194,8 +196,10 @@ def make_backend(
 
 
 def describe_gpucomm(backend: Backend) -> dict:
-    """What serves gpucomm's calls, read from its started default communicator:
-    ``{"paths": {"cpu": "workspace transport=shm kernels=torch"}, "config": {"transport": "auto", ...}}``
-    (``paths`` as ``Communicator.paths()`` words it, ``config`` the knobs as gpucomm resolved them)."""
+    """What serves gpucomm's calls, read from its started default communicator.
+
+    ``{"paths": {"cpu": "workspace transport=shm kernels=torch"}, "config": {"transport": "auto", ...}}``:
+    ``paths`` as ``Communicator.paths()`` words it, ``config`` the knobs as gpucomm resolved them.
+    """
     comm = backend.mod.get_default_communicator()
     return {"paths": comm.paths(), "config": dataclasses.asdict(comm.config)}

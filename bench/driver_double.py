@@ -56,9 +56,11 @@ def launches(double: str) -> int:
 
 
 def wait_for_peers(folder: str, step: str, rank: int, world: int, timeout: float = 300.0) -> None:
-    """Wait until every rank has reached ``step`` (a file per rank in ``folder``). On the double the
-    collectives wait for nobody (no kernel runs), so a rank that finished would otherwise tear its
-    workspace down while a peer still opens it."""
+    """Wait until every rank has reached ``step`` (a file per rank in ``folder``).
+
+    On the double the collectives wait for nobody (no kernel runs), so a rank that finished would
+    otherwise tear its workspace down while a peer still opens it.
+    """
     pathlib.Path(folder, f"{step}.{rank}").touch()
     deadline = time.monotonic() + timeout
     while not all(os.path.exists(os.path.join(folder, f"{step}.{r}")) for r in range(world)):

@@ -61,9 +61,11 @@ def versions() -> dict[str, str | None]:
 
 
 def run_settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    """A run's settings as its JSON keeps them: the options, the command line, the thread count
-    the ranks were started with (None: torch's default, one thread per core), the host, its
-    cores, the versions and the date; then ``extra``."""
+    """A run's settings as its JSON keeps them, then ``extra``.
+
+    The options, the command line, the thread count the ranks were started with (None: torch's
+    default, one thread per core), the host, its cores, the versions and the date.
+    """
     return {
         **vars(args),
         "argv": sys.argv[1:],

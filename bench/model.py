@@ -186,9 +186,11 @@ def critical_path(walks: Sequence[tuple[int, list[dict]]], p: argparse.Namespace
 def count(
     algo: str, nbytes: int, world: int, half_bytes: int, symmetric: bool = False, p: argparse.Namespace | None = None
 ) -> dict:
-    """What one all_reduce of ``nbytes`` costs: its SYNCs, rank 0's NVLink and local bytes, the
-    grid, and (``p`` given) the device us and phases of its critical path. ``symmetric``: two-shot
-    in place on a symmetric tensor."""
+    """What one all_reduce of ``nbytes`` costs, by the model.
+
+    Its SYNCs, rank 0's NVLink and local bytes, the grid, and (``p`` given) the device us and phases
+    of its critical path. ``symmetric``: two-shot in place on a symmetric tensor.
+    """
     walks = []
     for rank in range(world if p is not None else 1):
         program, heap = build(algo, nbytes, world, rank, half_bytes, inplace=symmetric and algo == "twoshot")
@@ -209,11 +211,13 @@ def count(
 
 
 def count_multimem(nbytes: int, world: int) -> dict:
-    """What the multimem all_reduce (kernels/triton/multimem.py) on a symmetric tensor costs
-    rank 0, by construction: a barrier, then ``multimem.ld_reduce`` and ``multimem.st`` of its
-    1/P of the tensor, then a barrier. Each GPU's NVLink carries, in its busier direction, the
-    switch's reads of its copy for every rank's load-reduce (n) plus its own 1/P stored once
-    (the switch fans it out): (1 + 1/P) n, against 2 (P-1)/P n for two-shot."""
+    """What the multimem all_reduce (kernels/triton/multimem.py) on a symmetric tensor costs rank 0.
+
+    By construction: a barrier, then ``multimem.ld_reduce`` and ``multimem.st`` of its 1/P of the
+    tensor, then a barrier. Each GPU's NVLink carries, in its busier direction, the switch's reads of
+    its copy for every rank's load-reduce (n) plus its own 1/P stored once (the switch fans it out):
+    (1 + 1/P) n, against 2 (P-1)/P n for two-shot.
+    """
     grid = launch_channels(max(1, nbytes // world), MAX_CHANNELS)
     link = nbytes + nbytes // world
     return {
@@ -259,9 +263,12 @@ def _row(nbytes: int, world: int, tensor: str, algo: str, auto: bool, c: dict, p
 
 
 def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
-    """Every size's rows: each algorithm on an ordinary tensor; on a symmetric one the in-place
-    two-shot and what the halves serve; multimem. ``auto`` on the row of what gpucomm picks for a
-    float32 SUM (the engine runs two-shot in place on a symmetric tensor above one half)."""
+    """Every size's rows of the model's table.
+
+    Each algorithm on an ordinary tensor; on a symmetric one the in-place two-shot and what the
+    halves serve; multimem. ``auto`` marks the row of what gpucomm picks for a float32 SUM (the
+    engine runs two-shot in place on a symmetric tensor above one half).
+    """
     half = _half_bytes(p.workspace_bytes)
     P = p.world
     out = []

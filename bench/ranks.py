@@ -11,9 +11,11 @@ __all__ = ["spawn_ranks"]
 
 
 def spawn_ranks(target: Callable[..., None], nproc: int, *args: object, timeout: float = 3600) -> dict[int, object]:
-    """Run ``target(rank, nproc, port, *args, results)`` in ``nproc`` spawned processes; each
-    puts ``(rank, value)`` on ``results``. Returns ``{rank: value}``; raises ``queue.Empty`` if a
-    rank gives nothing within ``timeout`` seconds."""
+    """Run ``target(rank, nproc, port, *args, results)`` in ``nproc`` spawned processes; ``{rank: value}``.
+
+    Each rank puts ``(rank, value)`` on ``results``. Raises ``queue.Empty`` if a rank gives nothing
+    within ``timeout`` seconds.
+    """
     ctx = multiprocessing.get_context("spawn")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

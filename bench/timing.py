@@ -55,14 +55,16 @@ def _time_cuda(call: Callable[[], None], iters: int) -> list[float]:
 
 
 def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iters: int, launches: int) -> list[float]:
-    """Seconds of one ``call`` on the device, one sample per replay: ``iters`` calls captured into
-    one CUDA graph, each of ``launches`` replays between two events of its own, its time divided
-    by the calls it holds (as nccl-tests' ``-G``). The ``warmup`` calls (at least one) run first on
-    a side stream, as a capture asks: kernels compiled, launches bound, memory allocated before it.
+    """Seconds of one ``call`` on the device, one sample per replay of a CUDA graph (nccl-tests' ``-G``).
+
+    ``iters`` calls are captured into one graph; each of ``launches`` replays runs between two events
+    of its own, its time divided by the calls it holds. The ``warmup`` calls (at least one) run first
+    on a side stream, as a capture asks: kernels compiled, launches bound, memory allocated before it.
 
     On a GPU whose host enqueues slower than the device runs (per-call times of small messages),
     this is the device's time per call, which :func:`time_calls` cannot see: its events then hold
-    the host's enqueue."""
+    the host's enqueue.
+    """
     if device.type != "cuda":
         raise ValueError(f"time_graph: CUDA graphs need a CUDA device, got {device}")
     if iters < 1 or launches < 1 or warmup < 0:
