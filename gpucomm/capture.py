@@ -1,5 +1,4 @@
-"""CUDA graph capture, seen from gpucomm: whether the caller is capturing, and how a background
-thread asks about events without breaking another thread's capture.
+"""CUDA graph capture, seen from gpucomm: whether the caller is capturing, and safe event queries.
 
 - A collective captured into a graph must find everything it launches with on the device already
   (tables built by an eager call of the same shape on the same tensors), and what it uses must

@@ -1,16 +1,18 @@
-"""How many channels (thread blocks) the program kernel runs: the flag layout's count, fixed per
-communicator, and each launch's, chosen by the size of its program.
+"""How many channels (thread blocks) the program kernel runs, and which bytes each one moves.
 
 A channel is one block that runs every instruction of a program on its share of the bytes and
-syncs only with the same channel of the other ranks (:mod:`gpucomm.ops.program`). Which share is its
-own is :func:`granule`'s rule: in-half positions are dealt out round-robin in granules (granule
-g to channel g % grid), and a granule is a 1/P share of the half's extent over the grid, so
-that every instruction (a two-shot's 1/P slice as much as a whole piece) spans about grid
-granules or more and every channel gets its share of it. :func:`shares` counts those shares,
-for the tests and the performance model. The flag layout
-has :func:`layout_channels` channels; a launch may run fewer (:func:`launch_channels`): channel
-c then also keeps the epochs of channels c + grid, c + 2 * grid, ... (the kernels store them), so
-every channel counts every SYNC, and every rank derives the grid from the same program.
+syncs only with the same channel of the other ranks (:mod:`gpucomm.ops.program`).
+
+- :func:`layout_channels`: the flag layout's count, fixed per communicator.
+- :func:`launch_channels`: each launch's count, chosen by the size of its program; it may be
+  fewer than the layout's. Channel c then also keeps the epochs of channels c + grid,
+  c + 2 * grid, ... (the kernels store them), so every channel counts every SYNC, and every rank
+  derives the grid from the same program.
+- :func:`granule`: which share is a channel's own. In-half positions are dealt out round-robin
+  in granules (granule g to channel g % grid); a granule is a 1/P share of the half's extent
+  over the grid, so every instruction (a two-shot's 1/P slice as much as a whole piece) spans
+  about grid granules or more, and every channel gets its share of it.
+- :func:`shares`: counts those shares, for the tests and the performance model.
 
 The table below is reasoned, not measured: it awaits a GPU measurement (docs/performance.md
 gives the model; docs/results/ will hold the runs).
