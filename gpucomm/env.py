@@ -1,5 +1,6 @@
-"""``python -m gpucomm.env`` / ``gpucomm.collect_env()``: what this host gives gpucomm, in one
-report to paste into an issue.
+"""``python -m gpucomm.env`` / ``gpucomm.collect_env()``: a report of what this host gives gpucomm.
+
+It is made to be pasted into a bug report.
 
 Versions (gpucomm, torch, Triton, CuPy, the CUDA runtime and driver), each transport and whether
 this host can use it (and why not), what ``auto`` picks for CPU and CUDA tensors, and the knobs

@@ -75,9 +75,10 @@ _STRING_TABLE_AT = _RING_AT + RING * _SLOT.size
 SEGMENT_BYTES = _STRING_TABLE_AT + STRINGS * STRING_BYTES
 _ENDED_AT = 10 * 8  # byte offset of "ended at" in a slot
 
-# Frames in these directories are gpucomm's or torch.distributed's own, not the caller's.
+# Frames in these directories are gpucomm's or torch.distributed's own, not the caller's: the
+# gpucomm package (this file is in gpucomm/reliability/) and torch.distributed.
 _INTERNAL_DIRS = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.path.dirname(os.path.abspath(torch.distributed.__file__)) + os.sep,
 )
 

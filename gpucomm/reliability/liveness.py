@@ -12,9 +12,9 @@ grace period, watches for:
 
 A rank that exits after its own failure is never named for it: it failed a call first (the
 node's flight record says so, in memory that outlives the process), and it checked in before
-it could exit. Without that, a survivor slower than the others named every rank that had
-already failed and exited (rank 0 among them, whose exit also takes the store with it) instead
-of the rank that was killed. Peers that neither died nor checked in within the grace are named
+it could exit. Without that check, a survivor slower than the others would name every rank
+that had already failed and exited (rank 0 among them, whose exit also takes the store with it)
+instead of the rank that was killed. Peers that neither died nor checked in within the grace are named
 as missing.
 """
 
