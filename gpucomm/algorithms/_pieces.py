@@ -43,8 +43,10 @@ def _bounds(total: int, cap: int) -> list[int]:
 
 
 def ranges(numel: int, cap: int) -> list[tuple[int, int]]:
-    """(first element, count) of each piece of at most ``cap`` elements, even (module
-    docstring); one empty piece for 0."""
+    """(first element, count) of each even piece of at most ``cap`` elements (module docstring).
+
+    One empty piece for 0.
+    """
     bounds = _bounds(numel, cap)
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
@@ -56,8 +58,10 @@ def count(sizes: Sequence[int], cap: int) -> int:
 
 
 def piece(region: Region, index: int, cap: int, unit: int = 1) -> Region:
-    """Piece ``index`` of ``region`` cut into even pieces of at most ``cap`` units of ``unit``
-    bytes (module docstring); empty past its last piece."""
+    """Piece ``index`` of ``region`` cut into even pieces of at most ``cap`` units of ``unit`` bytes.
+
+    Empty past its last piece (module docstring).
+    """
     bounds = _bounds(region.nbytes // unit, cap)
     if index >= len(bounds) - 1:
         return region.sub(region.nbytes, 0)

@@ -95,8 +95,10 @@ class InterNode:
         return buffer
 
     def all_reduce(self, shard: torch.Tensor, op: ReduceOp) -> None:
-        """Reduce ``shard`` (in its accumulation type) in place across nodes, in node order;
-        AVG divides once by the whole world size."""
+        """Reduce ``shard`` (in its accumulation type) in place across nodes, in node order.
+
+        AVG divides once by the whole world size.
+        """
         gathered = [torch.empty_like(shard) for _ in range(self.size)]
         self._group(shard).allgather([gathered], [shard]).wait()
         fold_into(shard, gathered, op, self.world_size, None)
@@ -112,8 +114,10 @@ class InterNode:
 
 @runtime_checkable
 class NodeEngine(Protocol):
-    """What the hierarchical all_reduce drives (:class:`gpucomm.workspace.engine.Engine`): the node's
-    flat algorithms on its workspace, and the inter-node group."""
+    """What the hierarchical all_reduce drives (:class:`gpucomm.workspace.engine.Engine`).
+
+    The node's flat algorithms on its workspace, and the inter-node group.
+    """
 
     rank: int  # this rank's index on the node
     world_size: int  # ranks on the node

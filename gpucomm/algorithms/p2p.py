@@ -103,8 +103,10 @@ class _Request:
 
 @runtime_checkable
 class MailEngine(NodeWorkspace, Protocol):
-    """What the mailboxes read of their engine (:class:`gpucomm.workspace.engine.Engine`): the node's
-    workspace and where each rank's send/recv area lies in it."""
+    """What the mailboxes read of their engine (:class:`gpucomm.workspace.engine.Engine`).
+
+    The node's workspace, and where each rank's send/recv area lies in it.
+    """
 
     def mailbox(self, peer: int, offset: int, nbytes: int) -> Region: ...
 
@@ -184,8 +186,7 @@ class Mailboxes:
 
     # -- moving pieces --------------------------------------------------------------------------
     def progress(self) -> bool:
-        """Post what the slots allow and take what has arrived, without blocking; True if a
-        piece moved."""
+        """Post what the slots allow and take what has arrived, without blocking; True if a piece moved."""
         with self._lock:
             return self._progress()
 

@@ -49,8 +49,10 @@ class Heap:
 
 
 def reduce_up(b: Builder, src: Region, out: Region | None, dtype: torch.dtype, op: ReduceOp, root: int) -> None:
-    """Reduce every rank's ``src`` into the root's ``out`` (``out`` may be ``src``); other
-    ranks' ``out`` is not touched."""
+    """Reduce every rank's ``src`` into the root's ``out`` (``out`` may be ``src``).
+
+    Other ranks' ``out`` is not touched.
+    """
     me, P = b.rank, b.world_size
     heap = Heap(P, root, me)
     size = itemsize(dtype)

@@ -63,8 +63,10 @@ def _source_dir() -> pathlib.Path:
 
 
 def cache_dir() -> pathlib.Path:
-    """Where compiled libraries are kept, as configured (:func:`gpucomm.toolchain.trusted_cache.folder`
-    says whether this process uses it)."""
+    """Where compiled libraries are kept, as configured.
+
+    :func:`gpucomm.toolchain.trusted_cache.folder` says whether this process uses it.
+    """
     return trusted_cache.cache_root() / "native"
 
 

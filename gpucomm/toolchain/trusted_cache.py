@@ -37,7 +37,9 @@ _logger = logging.getLogger("gpucomm")
 
 class UntrustedCache(Exception):
     """A path of the cache another user could have written (the message says which and why).
-    Never raised out of gpucomm: it sends the build to the private folder."""
+
+    Never raised out of gpucomm: it sends the build to the private folder.
+    """
 
 
 def cache_root() -> pathlib.Path:
@@ -70,8 +72,11 @@ def _check_one(path: pathlib.Path, st: os.stat_result, *, below_root: bool) -> N
 
 
 def check(root: pathlib.Path, path: pathlib.Path) -> None:
-    """Raise :class:`UntrustedCache` unless ``path`` (``root`` or below it, existing) and every
-    folder from ``root`` down to it, and every folder above ``root``, pass the module's rule."""
+    """Raise :class:`UntrustedCache` unless ``path`` and the folders around it pass the module's rule.
+
+    Checked: ``path`` (``root`` or below it, existing), every folder from ``root`` down to it, and
+    every folder above ``root``.
+    """
     relative = path.relative_to(root)  # ValueError for a path outside the root: a caller's bug
     above = pathlib.Path(os.path.realpath(root.parent))
     for parent in (above, *above.parents):
@@ -143,8 +148,11 @@ def _is_below(path: pathlib.Path, root: pathlib.Path) -> bool:
 
 
 def private(name: str, reason: str) -> pathlib.Path:
-    """This process's private folder ``name``; the first time, the one warning that says why the
-    cache is not used (and from then on this process does not use it)."""
+    """This process's private folder ``name``.
+
+    The first time, it gives the one warning that says why the cache is not used; from then on this
+    process does not use it.
+    """
     if not _distrust:
         _distrust.append(reason)
         _logger.warning(

@@ -192,8 +192,10 @@ class _Buffers:
         return pid is not None and not alive(pid)
 
     def release(self) -> None:
-        """Unmap the peers, meet the close barrier, free this rank's buffer: every step tried,
-        the first error raised after the last (module docstring)."""
+        """Unmap the peers, meet the close barrier, free this rank's buffer (module docstring).
+
+        Every step is tried; the first error is raised after the last.
+        """
         runtime = self.cupy.cuda.runtime
         errors: list[BaseException] = []
 

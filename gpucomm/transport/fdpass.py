@@ -136,8 +136,7 @@ class FdExchange:
         self._exchange(peers, fd, tag, [])
 
     def receive(self, senders: list[int], tag: int) -> dict[int, int]:
-        """The descriptor each rank of ``senders`` sends with ``tag``: ``{sender: fd}`` (the caller
-        closes them)."""
+        """``{sender: fd}``: the descriptor each rank of ``senders`` sends with ``tag``; the caller closes them."""
         return self._exchange([], -1, tag, senders)
 
     def share(self, fd: int, tag: int = 0) -> dict[int, int]:
@@ -182,8 +181,10 @@ class FdExchange:
         return got
 
     def _try_send(self, peer: int, fd: int, tag: int, deadline: float) -> bool:
-        """Connect to ``peer`` without blocking and send; False where it cannot take it yet (not
-        listening yet, or a full backlog)."""
+        """Connect to ``peer`` without blocking and send; False where it cannot take it yet.
+
+        It cannot while it is not listening yet, or while its backlog is full.
+        """
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             conn.setblocking(False)
@@ -233,8 +234,7 @@ class FdExchange:
     def _read(
         self, unread: list[tuple[socket.socket, int | None]], tag: int, receive_from: list[int], got: dict[int, int]
     ) -> None:
-        """Take the descriptor of every accepted connection whose message came; drop the rest that
-        sent something else."""
+        """Take the descriptor of every accepted connection whose message came; drop those that sent else."""
         keep = []
         for conn, known in unread:
             try:

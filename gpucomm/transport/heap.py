@@ -61,8 +61,10 @@ def _round_up(n: int, align: int) -> int:
 
 
 class FreeList:
-    """First-fit allocator of ``nbytes`` bytes in ``HEAP_ALIGN`` units; deterministic: the same
-    calls in the same order give the same offsets on every rank."""
+    """First-fit allocator of ``nbytes`` bytes in ``HEAP_ALIGN`` units.
+
+    Deterministic: the same calls in the same order give the same offsets on every rank.
+    """
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
@@ -159,8 +161,10 @@ class StoreAgreement:
 
 
 class _Owner:
-    """What a symmetric tensor's storage holds: the block's address for torch, and whatever
-    keeps the mapping alive (``keep``). Its finalizer frees the block."""
+    """What a symmetric tensor's storage holds; its finalizer frees the block.
+
+    It holds the block's address for torch, and whatever keeps the mapping alive (``keep``).
+    """
 
     def __init__(self, addr: int, nbytes: int, device: torch.device, keep: object) -> None:
         self.keep = keep
@@ -316,8 +320,10 @@ class SymmetricHeap:
 
 
 class _Mapping:
-    """Keeps the heap's memory mapped while the heap is open or any of its blocks is live, and
-    releases it once neither is (``release``, once)."""
+    """Keeps the heap's memory mapped while the heap is open or any of its blocks is live.
+
+    It calls ``release`` once neither is, and only once.
+    """
 
     def __init__(self, keep: object, release: Callable[[], None] | None) -> None:
         self.keep = keep

@@ -49,8 +49,10 @@ def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float
 
 
 def heap_kind(device: torch.device, agreed: Callable[[str], list[str]]) -> tuple[str, str]:
-    """("vmm", "") where every rank's GPU gives the heap from the virtual-memory API, else
-    ("workspace", why not). ``agreed(mine)`` returns every rank's string (:func:`agree`)."""
+    """("vmm", "") where every rank's GPU gives the heap from the virtual-memory API, else ("workspace", why).
+
+    ``agreed(mine)`` returns every rank's string (:func:`agree`).
+    """
     if device.type != "cuda":
         return "workspace", ""
     from gpucomm.transport.vmm import first_reason, vmm_unavailable
@@ -124,8 +126,11 @@ def vmm_heap(
     reserve: int,
     timeout: float,
 ) -> tuple[SymmetricHeap, int, str]:
-    """The heap from the virtual-memory API, its multicast address (0 without one) and the
-    reason there is none ("" when there is)."""
+    """(heap, multicast address, reason): the heap from the virtual-memory API.
+
+    The multicast address is 0 without a multicast object, and the reason says why there is none
+    ("" when there is).
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     mapping, multicast, release, why = open_vmm_parts(store, prefix, rank, world_size, index, nbytes, timeout)
     try:

@@ -50,8 +50,10 @@ _TAG_MULTICAST = 2  # the fd exchange's tag for the object's descriptor (the hea
 
 
 def multicast_unavailable(device: int, identities: list[str]) -> str:
-    """Why this rank's GPU (``device``) cannot join the node's multicast object, in one line; "" if
-    it can. ``identities``: every local rank's :func:`gpu_identity`, in rank order."""
+    """Why this rank's GPU (``device``) cannot join the node's multicast object, in one line; "" if it can.
+
+    ``identities``: every local rank's :func:`gpu_identity`, in rank order.
+    """
     if "" in identities:
         return f"the driver did not say which GPU rank {identities.index('')} has (cuDeviceGetUuid)"
     if len(set(identities)) != len(identities):
@@ -71,9 +73,11 @@ def multicast_unavailable(device: int, identities: list[str]) -> str:
 
 
 def multicast_granularity(device: int, world_size: int, nbytes: int) -> int:
-    """The size a heap bound to a multicast object of ``world_size`` GPUs must be a multiple of
-    (``CU_MULTICAST_GRANULARITY_MINIMUM``: what creating and binding require; the recommended
-    one is a performance hint, and reportedly far larger)."""
+    """The size a heap bound to a multicast object of ``world_size`` GPUs must be a multiple of.
+
+    That is ``CU_MULTICAST_GRANULARITY_MINIMUM``, what creating and binding require; the recommended
+    one is a performance hint, and reportedly far larger.
+    """
     driver = _driver()
     _check(driver.cuInit(0), "cuInit")  # a query: no context needed
     minimum = driver.CUmulticastGranularity_flags.CU_MULTICAST_GRANULARITY_MINIMUM
@@ -194,8 +198,10 @@ def _bind_multicast(
 def _import_and_add(
     driver: ModuleType, exchange: FdExchange, rank: int, world_size: int, mc: Multicast, fd: int
 ) -> str:
-    """Share the object (rank 0 sends its descriptor, the others import it) and add this rank's
-    GPU; the driver's refusal as text, "" for done."""
+    """Share the object and add this rank's GPU; the driver's refusal as text, "" for done.
+
+    Rank 0 sends the object's descriptor, the others import it.
+    """
     try:
         if rank == 0:
             exchange.send(list(range(1, world_size)), fd, _TAG_MULTICAST)
@@ -215,8 +221,7 @@ def _import_and_add(
 
 
 def _bind_and_map(driver: ModuleType, heap: VmmHeap, mc: Multicast, prop: object) -> str:
-    """Bind this rank's heap to the object and map the object at an address of its own; the
-    driver's refusal as text, "" for done."""
+    """Bind this rank's heap to the object and map the object here; the driver's refusal, "" for done."""
     try:
         _check(driver.cuMulticastBindMem(mc._handle, 0, heap.own_handle, 0, heap.size, 0), "cuMulticastBindMem")
         mc._bound = True

@@ -51,8 +51,10 @@ def _prefix_token(prefix: str) -> str:
 
 
 def _space_token() -> str:
-    """Where this process's pid means it (boot and pid namespace), in 8 hex digits: 32 bits, so
-    two namespaces on one machine collide once in ~4e9 pairs."""
+    """Where this process's pid means it (boot and pid namespace), in 8 hex digits.
+
+    32 bits: two namespaces on one machine collide once in ~4e9 pairs.
+    """
     return hashlib.sha256(pid_space().encode("utf-8")).hexdigest()[:8]
 
 
@@ -119,8 +121,10 @@ _NO_SHARED_SHM = (
 
 
 def space_advice(knob: str = "GPUCOMM_WORKSPACE_BYTES") -> str:
-    """What gives a rank room in /dev/shm (containers get 64 MiB unless told otherwise), ``knob``
-    being the size that made the segment."""
+    """What gives a rank room in /dev/shm; ``knob`` is the size that made the segment.
+
+    Containers get 64 MiB unless told otherwise.
+    """
     return (
         "Give the container a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
         f"medium Memory mounted at /dev/shm) or lower {knob}"
@@ -300,8 +304,10 @@ def open_shm(
     device: torch.device,
     size_knob: str = "GPUCOMM_WORKSPACE_BYTES",
 ) -> Workspace:
-    """Create, publish and map the shm workspace (see the module docstring); ``size_knob`` as
-    :func:`create_segment`'s ``knob``."""
+    """Create, publish and map the shm workspace (module docstring).
+
+    ``size_knob`` as :func:`create_segment`'s ``knob``.
+    """
     if device.type != "cpu":
         raise ValueError(f"open_workspace: the shm transport needs device cpu, got {device}")
     rank, world_size = handshake.rank, handshake.world_size

@@ -142,8 +142,11 @@ class VmmHeap:
     _mapped: list = field(default_factory=list)
 
     def release(self) -> None:
-        """Unmap every part, free the range, release every handle (once); waits for the device first,
-        since a kernel may still read a peer's heap. Raises the first failure after trying all."""
+        """Unmap every part, free the range, release every handle (once).
+
+        Waits for the device first, since a kernel may still read a peer's heap. Every step is tried;
+        the first failure is raised after the last.
+        """
         driver = _driver()
         with _on_device(driver, self.device):
             self._release(driver)
@@ -165,8 +168,10 @@ class VmmHeap:
 
 
 class _ReleaseSteps:
-    """Release calls that go on past a failure and raise the first one at :meth:`done`: a release
-    skipped would leak GiBs of heap."""
+    """Release calls that go on past a failure; :meth:`done` raises the first one.
+
+    A release skipped would leak GiBs of heap.
+    """
 
     def __init__(self) -> None:
         self.first: GpucommError | None = None
