@@ -68,6 +68,8 @@ def _exchange_mode(mode: int) -> int | None:
 
 
 def enter_thread_local_capture_mode() -> bool:
-    """Put the calling thread in thread-local capture mode for good; False where the CUDA driver
-    cannot (no driver: then there is no capture to break either)."""
+    """Put the calling thread in thread-local capture mode for good; False where the driver cannot.
+
+    Without a CUDA driver there is no capture to break either.
+    """
     return _exchange_mode(CAPTURE_MODE_THREAD_LOCAL) is not None

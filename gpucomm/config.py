@@ -71,8 +71,10 @@ class Config:
     status_signal: str = ""  # a signal name (SIGUSR1, ...) that makes a rank print gpucomm.status(); "" = off
 
     def workspace_bytes_for(self, device_type: str) -> int:
-        """Data bytes of a workspace on ``device_type`` ("cpu", "cuda"): the knob, or the device's
-        default where it is unset (``workspace_bytes`` is -1)."""
+        """Data bytes of a workspace on ``device_type`` ("cpu", "cuda"): the knob, or the device's default.
+
+        The default applies where the knob is unset (``workspace_bytes`` is -1).
+        """
         return self.workspace_bytes if self.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device_type]
 
     def heap_bytes_for(self, device_type: str) -> int:

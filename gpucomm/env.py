@@ -325,8 +325,10 @@ def _config() -> tuple[Config | None, str]:
 
 
 def _auto(config: Config | None, error: str, gpus: int, cupy_ok: bool, cupy_why: str) -> list[tuple[str, str]]:
-    """What a communicator made now would serve each device's tensors with: the rule of
-    Communicator._workspace_plan (tests/test_env.py checks the two agree)."""
+    """What a communicator made now would serve each device's tensors with.
+
+    The rule of Communicator._workspace_plan (tests/test_env.py checks that the two agree).
+    """
     if config is None:
         return [("CPU tensors", f"init would fail: {error}"), ("CUDA tensors", f"init would fail: {error}")]
     cpu_kernels = resolved_name(config.kernels if kernels_run_on_cpu(config.kernels) else "auto", "cpu")

@@ -66,8 +66,10 @@ class WorkspaceUnavailableError(UnsupportedError):
 
 
 class _Story:
-    """An error that can carry the story of the hang: what every rank involved was doing
-    (gpucomm.reliability.story builds it from the node's flight records)."""
+    """An error that can carry the story of the hang: what every rank involved was doing.
+
+    gpucomm.reliability.story builds it from the node's flight records.
+    """
 
     story: str = ""
 

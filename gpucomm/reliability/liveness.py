@@ -55,8 +55,11 @@ class Liveness:
         return all(host == self.host for host, _, _ in self._procs())
 
     def _procs(self) -> list[tuple[str, str, str]]:
-        """Every rank's (host, pid, pid space), read from the store once: after a failure the
-        store may be gone with rank 0, which serves it, while the pids still tell who died."""
+        """Every rank's (host, pid, pid space), read from the store once.
+
+        After a failure the store may be gone with rank 0, which serves it, while the pids still tell who
+        died.
+        """
         if self._known is None:
             keys = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
             self.store.wait(keys)

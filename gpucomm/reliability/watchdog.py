@@ -88,12 +88,12 @@ class _Watchdog:
             return sum(len(q) for q in self._queues.values())
 
     def stop(self) -> None:
-        """End the thread and forget what it watched (no communicator is open any more, or the
-        process exits); a later :meth:`watch` starts a new one.
+        """End the thread and forget what it watched; a later :meth:`watch` starts a new one.
 
-        Why at exit: a daemon thread still running when the interpreter finalises is ended where
-        it next takes the GIL; inside a torch call (a gloo work's ``wait``) that is a C++
-        destructor, and the process aborts with "terminate called without an active exception".
+        Called when no communicator is open any more, or the process exits. Why at exit: a daemon thread
+        still running when the interpreter finalises is ended where it next takes the GIL; inside a torch
+        call (a gloo work's ``wait``) that is a C++ destructor, and the process aborts with "terminate
+        called without an active exception".
         """
         with self._lock:
             thread, self._thread = self._thread, None

@@ -70,8 +70,10 @@ def layout_channels(knob: int, kernels: str, device: torch.device, world_size: i
 
 
 def launch_channels(extent: int, channels: int) -> int:
-    """The grid of a program that uses ``extent`` bytes of a half, out of ``channels``: one per
-    BYTES_PER_CHANNEL, at least one."""
+    """The grid of a program that uses ``extent`` bytes of a half, out of ``channels``.
+
+    One channel per BYTES_PER_CHANNEL, at least one.
+    """
     return max(1, min(channels, -(-extent // BYTES_PER_CHANNEL)))
 
 

@@ -90,8 +90,11 @@ class Backoff:
 
 @runtime_checkable
 class Mail(Protocol):
-    """The send/recv mailboxes (:class:`gpucomm.algorithms.p2p.Mailboxes`): a wait moves their
-    pieces while it polls, so that a rank blocked in a collective still feeds a peer's recv."""
+    """The send/recv mailboxes (:class:`gpucomm.algorithms.p2p.Mailboxes`), as a wait drives them.
+
+    A wait moves their pieces while it polls, so that a rank blocked in a collective still feeds a
+    peer's recv.
+    """
 
     def busy(self) -> bool: ...
 
@@ -100,8 +103,10 @@ class Mail(Protocol):
 
 @runtime_checkable
 class HostEngine(NodeWorkspace, Protocol):
-    """What this executor reads of its engine (:class:`gpucomm.workspace.engine.Engine`): the node's
-    workspace, the words of its flag area and its mailboxes."""
+    """What this executor reads of its engine (:class:`gpucomm.workspace.engine.Engine`).
+
+    The node's workspace, the words of its flag area and its mailboxes.
+    """
 
     @property
     def flags(self) -> FlagWords: ...
@@ -202,7 +207,9 @@ class HostExecutor:
     # -- waiting ----------------------------------------------------------------------------------
     def _poll(self, addrs: list[int], target: int, peers: list[int]) -> list[int]:
         """Acquire-poll the flags at ``addrs`` until each is >= ``target``; the values seen.
-        Raises :class:`CommTimeoutError` naming the peers still short at the deadline."""
+
+        Raises :class:`CommTimeoutError` naming the peers still short at the deadline.
+        """
         load = self._load
         seen = [load(addr) for addr in addrs]
         pending = [i for i, value in enumerate(seen) if value - target < 0]

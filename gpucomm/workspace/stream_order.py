@@ -86,8 +86,10 @@ class StreamOrder:
         )
 
     def to_caller(self) -> bool:
-        """Before a launch on the caller's current stream: make it wait for the launches so far
-        where it is not ``last``. False, and nothing done, while it captures a CUDA graph."""
+        """Before a launch on the caller's current stream: make it wait for the launches so far.
+
+        Nothing to wait for where it is ``last``. False, and nothing done, while it captures a CUDA graph.
+        """
         if self._capturing():
             return False
         if self._current_id() != self._last_id:
@@ -95,8 +97,10 @@ class StreamOrder:
         return True
 
     def to_engine(self) -> None:
-        """Before launches on the engine stream: make it wait for the launches so far and for the
-        caller's current stream. In a capture, only the latter (the engine stream joins it)."""
+        """Before launches on the engine stream: make it wait for the launches so far and the caller's stream.
+
+        In a capture, only for the caller's current stream (that is how the engine stream joins it).
+        """
         current = self._current()
         if self._capturing():
             self.engine.wait_stream(current)
