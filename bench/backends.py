@@ -87,8 +87,11 @@ def _version_text(version: tuple[int, ...] | None) -> str:
 
 
 def nccl_shares_gpus(version: tuple[int, ...] | None, gpus: int, local_world_size: int) -> bool:
-    """Whether NCCL runs here with several ranks on one GPU: more local ranks than GPUs, and an
-    NCCL that accepts that (2.30 and later, with :data:`NCCL_MULTI_RANK_ENV` set)."""
+    """Whether NCCL runs here with several ranks on one GPU.
+
+    True where there are more local ranks than GPUs and an NCCL that accepts that (2.30 and later,
+    with :data:`NCCL_MULTI_RANK_ENV` set).
+    """
     return local_world_size > gpus >= 1 and version is not None and version[:2] >= NCCL_MULTI_RANK_SINCE
 
 
@@ -100,8 +103,10 @@ def nccl_refusal(
     local_world_size: int,
     env_value: str | None,
 ) -> str | None:
-    """Why NCCL cannot run in this layout, in words (None: it can). ``version`` is the installed
-    NCCL's, ``env_value`` this rank's :data:`NCCL_MULTI_RANK_ENV`."""
+    """Why NCCL cannot run in this layout, in words; None where it can.
+
+    ``version`` is the installed NCCL's, ``env_value`` this rank's :data:`NCCL_MULTI_RANK_ENV`.
+    """
     if device_type != "cuda":
         return "nccl needs CUDA tensors and this run is on CPU"
     if not nccl_built:

@@ -24,8 +24,10 @@ _DOUBLE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "support" /
 
 
 def library() -> str:
-    """The path of the double's libcuda.so.1, built on first use (needs a checkout: the double's
-    sources live in tests/, which a wheel does not ship)."""
+    """The path of the double's libcuda.so.1, built on first use.
+
+    Needs a checkout: the double's sources live in tests/, which a wheel does not ship.
+    """
     if not (_DOUBLE / "__init__.py").exists():
         raise SystemExit(
             f"the CUDA driver double's sources are not at {_DOUBLE}: run this benchmark from a gpucomm checkout"
@@ -38,8 +40,11 @@ def library() -> str:
 
 
 def install_host_only_kernels(double: str) -> None:
-    """This process's Triton kernels on CPU tensors: the program kernel compiled for sm_90 and bound
-    through gpucomm's launcher on the double at ``double`` (TRITON_INTERPRET must be unset)."""
+    """Install this process's Triton kernels on CPU tensors, bound on the double at ``double``.
+
+    The program kernel is compiled for sm_90 and bound through gpucomm's launcher. TRITON_INTERPRET
+    must be unset.
+    """
     from triton.backends.compiler import GPUTarget
 
     from gpucomm.ops import registry

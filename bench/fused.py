@@ -45,8 +45,11 @@ __all__ = ["main"]
 
 
 def _rank_tensor(q: int, tag: int, shape: tuple[int, ...], integers: bool) -> torch.Tensor:
-    """Rank ``q``'s input ``tag`` on the host, which every rank can rebuild: small integers (their
-    sums exact in bf16 at any rank count up to 8, so a reduction's reference is exact) or normals."""
+    """Rank ``q``'s input ``tag`` on the host, which every rank can rebuild.
+
+    Small integers (their sums exact in bf16 at any rank count up to 8, so a reduction's reference
+    is exact) or normals.
+    """
     gen = torch.Generator(device="cpu").manual_seed(1234 + 7919 * q + tag)
     values = torch.randint(-4, 5, shape, generator=gen).float() if integers else torch.randn(shape, generator=gen)
     return values.to(torch.bfloat16)

@@ -56,8 +56,10 @@ __all__ = ["main"]
 
 
 def _bare_launch(device):  # noqa: ANN001, ANN202
-    """A prepared 16-byte copy through gpucomm's launcher on ``device``, with the tensors it copies;
-    None where the launcher or the CUDA C++ kernels cannot be had (the reason printed)."""
+    """A prepared 16-byte copy through gpucomm's launcher on ``device``, with the tensors it copies.
+
+    None where the launcher or the CUDA C++ kernels cannot be had (the reason printed).
+    """
     import torch
 
     from gpucomm.errors import UnsupportedError
@@ -117,8 +119,10 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
         return start.elapsed_time(end) * 1e3 / args.iters, host * 1e6 / args.iters
 
     def torch_launch() -> float:
-        """Host time per call of a plain torch launch on the same tensor (``add_(0)``): what this
-        host's CPU, driver and MPS ask of any launch, beside which gpucomm's eager call is read."""
+        """Host time per call of a plain torch launch on the same tensor (``add_(0)``).
+
+        What this host's CPU, driver and MPS ask of any launch, beside which gpucomm's eager call is read.
+        """
         stream.synchronize()
         wall = time.perf_counter()
         for _ in range(args.iters):

@@ -175,8 +175,10 @@ def _record_cost(comm, call, calls: int, rounds: int) -> dict:  # noqa: ANN001
 
 
 def measure(path: str, calls: int, record_rounds: int = 0, launch: str = "bound") -> dict:
-    """Rank 0's figures for ``path`` ("device" or "shm"), the device path's kernel launched as
-    ``launch`` ("bound", "jit" or "recorder")."""
+    """Rank 0's figures for ``path`` ("device" or "shm").
+
+    The device path's kernel is launched as ``launch`` ("bound", "jit" or "recorder").
+    """
     if path == "device" and launch == "jit":
         return _jit_here()
     double = None
@@ -190,8 +192,11 @@ def measure(path: str, calls: int, record_rounds: int = 0, launch: str = "bound"
 
 
 def _jit_here() -> dict:
-    """The JIT dispatch's entry: not measured where no CUDA device can run it (the driver double
-    cannot stand in: the dispatch asks torch, built without CUDA here, for the device and stream)."""
+    """The JIT dispatch's entry: not measured where no CUDA device can run it.
+
+    The driver double cannot stand in: the dispatch asks torch, built without CUDA here, for the
+    device and stream.
+    """
     import torch
 
     if not torch.cuda.is_available():

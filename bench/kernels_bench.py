@@ -75,8 +75,11 @@ def _line(row: dict) -> str:
 def run_kernels(
     sizes, dtype_name, op_name, iters, warmup, check, device_kind, json_path, plot_path, argv, graph_launches: int = 0
 ) -> int:
-    """Measure every available implementation; 0 if no check found a wrong value. ``graph_launches``
-    > 0 times each kernel's calls captured into a CUDA graph (:func:`timing.time_graph`)."""
+    """Measure every available implementation; 0 if no check found a wrong value.
+
+    ``graph_launches`` > 0 times each kernel's calls captured into a CUDA graph
+    (:func:`timing.time_graph`).
+    """
     if device_kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("gpucomm-bench kernels: --device cuda asked for, but torch sees no CUDA device")
     on_gpu = device_kind != "cpu" and torch.cuda.is_available()

@@ -152,8 +152,11 @@ def _measure(spec, case: Case, backend, inplace: bool, s: Settings) -> dict | No
 
 
 def _measure_rounds(spec, case: Case, backends: list[Backend], s: Settings, bar) -> dict:
-    """This rank's cells at one size: ``{name: {"rounds": [{variant: cell}, ...]}}`` per backend,
-    or ``{name: {"error": text}}`` for one that raised (it sits out the remaining rounds)."""
+    """This rank's cells at one size, per backend.
+
+    ``{name: {"rounds": [{variant: cell}, ...]}}``, or ``{name: {"error": text}}`` for a backend
+    that raised (it sits out the remaining rounds).
+    """
     results: dict[str, dict] = {b.name: {"rounds": []} for b in backends}
     for k in range(s.rounds):
         for backend in round_order(backends, k):
@@ -208,8 +211,10 @@ def _run_collective(
     seed: int,
     not_run: list[dict],
 ) -> list[dict]:
-    """Every size of one collective on every started backend; rank 0's tables (empty list elsewhere),
-    in the order of ``s.backends``, with a table saying why for each peer in ``not_run``."""
+    """Every size of one collective on every started backend; rank 0's tables (empty elsewhere).
+
+    In the order of ``s.backends``, with a table saying why for each peer in ``not_run``.
+    """
     spec = SPECS[coll]
     dtype = DTYPES[s.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
@@ -262,8 +267,10 @@ def _run_collective(
 
 
 def _add_ratios(tables: list[dict]) -> None:
-    """Rank 0: on each cell of the first backend's table, ``ratio``: its time over each peer's at the
-    same size and variant, where both ran (below 1: the first backend is faster)."""
+    """Rank 0: give each cell of the first backend's table its time over each peer's, as ``ratio``.
+
+    Where both ran at that size and variant; below 1, the first backend is faster.
+    """
     first, peers = tables[0], [t for t in tables[1:] if t["rows"]]
     for row in first["rows"]:
         for variant in VARIANTS:
@@ -315,8 +322,7 @@ def _cores_text(cores: list[int]) -> str:
 
 
 def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -> tuple[list[str], list[dict]]:
-    """The backends that can run here, and the peers that cannot with the reason; raises for the
-    backend under test."""
+    """The backends that can run here, and the peers that cannot with why; raises for the one under test."""
     runnable, skipped = [], []
     for i, name in enumerate(s.backends):
         reason = why_unavailable(name, device, world, local_world)
@@ -414,8 +420,10 @@ def run_rank(s: Settings) -> int:
 
 
 def _gpucomm_line(served: dict, device: torch.device) -> str:
-    """``# gpucomm: cpu tensors -> workspace transport=shm kernels=torch (transport=auto ...)``:
-    the path that served this run's tensors, then the knobs as gpucomm resolved them."""
+    """The path that served this run's tensors, then the knobs as gpucomm resolved them.
+
+    ``# gpucomm: cpu tensors -> workspace transport=shm kernels=torch (transport=auto ...)``
+    """
     config = served["config"]
     knobs = " ".join(f"{k}={config[k]}" for k in ("transport", "kernels", "algo", "check"))
     return f"# gpucomm: {device.type} tensors -> {served['paths'][device.type]} ({knobs})"

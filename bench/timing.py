@@ -95,8 +95,11 @@ def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iter
 
 
 def slowest_rank(per_rank: Sequence[Sequence[float]]) -> float:
-    """The figure of one measurement from ``per_rank[rank][iteration]``: each iteration's slowest
-    rank, then the median over iterations. Every rank must give the same number of iterations."""
+    """The figure of one measurement from ``per_rank[rank][iteration]``.
+
+    Each iteration's slowest rank, then the median over iterations. Every rank must give the same
+    number of iterations.
+    """
     counts = {len(samples) for samples in per_rank}
     if not per_rank or len(counts) != 1 or 0 in counts:
         raise ValueError(
@@ -114,8 +117,10 @@ def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
 
 
 def check_after(reset: Callable[[], None], call: Callable[[], object], device: torch.device) -> object:
-    """Made after the timed calls: ``reset()`` (inputs restored, outputs poisoned), one ``call()``,
-    its end awaited; returns what the call returned, for the caller to compare."""
+    """Reset, make one ``call()`` after the timed ones and await its end; what the call returned.
+
+    ``reset()`` restores the inputs and poisons the outputs; the caller compares the result.
+    """
     reset()
     result = call()
     if device.type == "cuda":
