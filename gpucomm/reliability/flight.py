@@ -136,8 +136,8 @@ class RankRecord:
 
 
 class PyRecorder:
-    """The Python twin of ``kernels/host/flight_record.c``'s ``Recorder``: the same methods, the
-    same bytes in the segment, for hosts where the C file cannot be built (or ``GPUCOMM_NATIVE=0``).
+    """The Python twin of ``kernels/host/flight_record.c``'s ``Recorder``: same methods, same bytes.
+    For hosts where the C file cannot be built (or ``GPUCOMM_NATIVE=0``).
 
     Args:
         segment: the rank's own segment, writable.
@@ -163,9 +163,8 @@ class PyRecorder:
         self._sites: dict[tuple[int, int], int] = {}
 
     def enter(self, seq: int, call: tuple[int, int, int, int, int, int]) -> int:
-        """Write the slot of call ``seq`` (``call``: collective, dtype, count, op, root, group) entered now,
-        with the first frame outside gpucomm above the caller as its call site; its byte offset.
-        """
+        """Write the slot of call ``seq``, entered now; its byte offset. ``call``: collective, dtype,
+        count, op, root, group; the call site is the first frame outside gpucomm above the caller."""
         if len(call) != 6:
             raise TypeError(f"PyRecorder.enter: call must be (collective, dtype, count, op, root, group), got {call!r}")
         frame = sys._getframe(1)
@@ -469,8 +468,8 @@ class FlightLog:
         self._pending = still
 
     def failed(self, seq: int) -> None:
-        """Call ``seq`` of this communicator ended in an error (called where the error is
-        translated, which for an asynchronous call may be after later calls were entered)."""
+        """Stamp call ``seq`` of this communicator as failed now, if its slot still runs it.
+        Called where the error is translated: for an asynchronous call, maybe after later calls."""
         at = self.record.slot_of(seq, self._group_id)
         if at is not None and self.record.running(at):
             self.record.end(at, ok=False)
