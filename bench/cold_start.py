@@ -1,5 +1,6 @@
-"""Cold start: what a fresh machine pays before its first all_reduce returns, its kernels compiled
-for sm_90 on this host with an empty kernel cache.
+"""Cold start: what a fresh machine pays before its first all_reduce returns.
+
+Its kernels are compiled for sm_90 on this host, with an empty kernel cache.
 
 Two measurements:
 

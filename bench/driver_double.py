@@ -1,5 +1,7 @@
-"""The tests' CUDA driver double (tests/support/cuda_double) for benchmarks that time the host's side of a
-launch without a GPU: its library, and the host-only Triton kernels bound on it.
+"""The tests' CUDA driver double (tests/support/cuda_double), for benchmarks without a GPU.
+
+Benchmarks that time the host's side of a launch use its library, and the host-only Triton
+kernels bound on it.
 
 Benchmark-only and explicit: a rank calls :func:`install_host_only_kernels` before
 ``init_process_group``; nothing in gpucomm chooses it. The double runs no kernel, so a collective

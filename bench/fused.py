@@ -1,5 +1,6 @@
-"""gpucomm.fused against the unfused sequence of calls, side by side (and the one-shot all_reduce
-written with gpucomm.language against the program kernel's).
+"""gpucomm.fused against the unfused sequence of calls, side by side.
+
+Also the one-shot all_reduce written with gpucomm.language against the program kernel's.
 
 Three pairs, measured in alternating order round after round, each checked:
 

@@ -1,5 +1,6 @@
-"""What the JSON and the headers say about the machine and the run: device name, core count,
-versions, and the settings every benchmark's JSON starts with.
+"""What the JSON and the headers say about the machine and the run.
+
+The device name, core count, versions, and the settings every benchmark's JSON starts with.
 
 torch is imported where it is used, not here: a benchmark's ranks import their module before
 they set what must be set before torch or triton is imported.

@@ -1,5 +1,6 @@
-"""``gpucomm-bench kernels``: copy and k-input reduce of each kernel implementation, against the
-bandwidth of torch's own ``copy_`` measured in the same run (the roofline).
+"""``gpucomm-bench kernels``: copy and k-input reduce of each kernel implementation.
+
+Measured against the bandwidth of torch's own ``copy_`` in the same run (the roofline).
 
 Bytes counted are bytes moved: a copy reads and writes ``size`` (2 × size); a k-input reduce
 reads k × size and writes size ((k + 1) × size). ``%roof`` is a kernel's GB/s over ``copy_``'s at

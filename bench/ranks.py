@@ -1,5 +1,7 @@
-"""Spawning the ranks of a benchmark that measures one thing per rank (the CLI's runner has its
-own, with rounds and tables): fresh processes, a free port, each rank's result back."""
+"""Spawning the ranks of a benchmark that measures one thing per rank.
+
+Fresh processes, a free port, each rank's result back. The CLI's runner has its own, with rounds
+and tables."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``StreamOrder``: the programs of one communicator run on the device in call order, whatever
-streams they are launched on.
+"""``StreamOrder``: one communicator's programs run on the device in call order, on any streams.
 
 A blocking call launches on the caller's current stream (as torch's symmetric memory and vLLM's
 custom all-reduce do); an asynchronous one on the communicator's own stream, after the caller's.
