@@ -1,15 +1,16 @@
 """The symmetric heap: memory that every local rank has mapped, handed out as ordinary tensors.
 
 Each rank of a node owns one heap of ``nbytes`` bytes, and every rank maps every peer's heap
-into its own address space (on a GPU: the driver's virtual-memory API, or a CUDA IPC allocation
-where that is missing; on the CPU: a shared-memory segment; each of its own, opened at the first
-call that needs the heap: gpucomm.transport.heap_open). An allocation is collective and
-symmetric: every rank calls :meth:`SymmetricHeap.empty` with the same size, in the same order,
-and gets a tensor at the same offset of its own heap, checked through the store (ranks that
-ask for different sizes get :class:`CommMismatchError` naming them). So a tensor of rank
-r at heap offset o has a copy on every rank p at ``bases[p] + o``: a collective on it reads the
-peers' copies in place, and a kernel (gpucomm.language) can name any peer's element from the
-table of bases alone.
+into its own address space. The memory is the heap's own, opened at the first call that needs
+it (gpucomm.transport.heap_open): on a GPU from the driver's virtual-memory API, or a CUDA IPC
+allocation where that is missing; on the CPU a shared-memory segment.
+
+An allocation is collective and symmetric: every rank calls :meth:`SymmetricHeap.empty` with the
+same size, in the same order, and gets a tensor at the same offset of its own heap, checked
+through the store (ranks that ask for different sizes get :class:`CommMismatchError` naming
+them). So a tensor of rank r at heap offset o has a copy on every rank p at ``bases[p] + o``: a
+collective on it reads the peers' copies in place, and a kernel (gpucomm.language) can name any
+peer's element from the table of bases alone.
 
 What a device kernel or another layer needs is small and stays stable:
 

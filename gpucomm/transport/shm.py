@@ -1,9 +1,9 @@
 """The ``shm`` transport: every rank's workspace buffer in POSIX shared memory (/dev/shm).
 
-Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid space>_<pid>_<random>_r<rank>`` (mode 0600), maps it,
-and publishes ``{"name": ..., "size": ...}`` as JSON. Peers accept a name only if it matches
-exactly the pattern expected for that rank under this prefix and the file is a regular file
-owned by this user with no group/other permissions; nothing from the store is unpickled.
+Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid space>_<pid>_<random>_r<rank>`` (mode
+0600), maps it, and publishes ``{"name": ..., "size": ...}`` as JSON. Peers accept a name only if
+it matches exactly the pattern expected for that rank under this prefix and the file is a regular
+file owned by this user with no group/other permissions; nothing from the store is unpickled.
 
 Once every rank has mapped every peer (the "opened" barrier) each rank unlinks its own name:
 the mappings keep the memory alive, and nothing is left in /dev/shm even if a process is later
@@ -11,14 +11,14 @@ SIGKILLed. A process killed inside the handshake window (SIGKILL, or SIGTERM's d
 leaves its segment, pages reserved. Every open, and every open that fails, removes this user's
 segments whose creating process is dead (:func:`reap_dead`), whatever job made them: a crashed
 job's prefix is never drawn again. The name carries where its creator's pid means that process
-(this boot and pid namespace, :func:`gpucomm.transport.processes.pid_space`): a segment made in another pid
-namespace (a container sharing this /dev/shm) is never judged, let alone removed.
+(this boot and pid namespace, :func:`gpucomm.transport.processes.pid_space`): a segment made in
+another pid namespace (a container sharing this /dev/shm) is never judged, let alone removed.
 
 **Space first, then memory.** A segment reserves every page when it is created
 (:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it
-is an error at open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error, and a peer
-segment this rank cannot open (ranks that share a host name but not /dev/shm: containers with
-their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
+is an error at open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error,
+and a peer segment this rank cannot open (ranks that share a host name but not /dev/shm:
+containers with their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
 rank of the open raises together (:class:`~gpucomm.transport.workspace.Handshake`).
 """
 
