@@ -83,7 +83,10 @@ class Config:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
-        """Read ``GPUCOMM_<NAME>`` for every field, then apply keyword overrides (None = unset)."""
+        """Read ``GPUCOMM_<NAME>`` for every field, then apply keyword overrides (None = unset).
+
+        Raises TypeError for an unknown keyword, ValueError for a value a knob does not take.
+        """
         env = os.environ if env is None else env
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)

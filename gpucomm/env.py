@@ -80,7 +80,7 @@ class EnvReport:
         return "\n".join(lines)
 
     def get(self, section: str, name: str) -> str:
-        """One value: ``report.get("transports", "shm")``."""
+        """One value: ``report.get("transports", "shm")``; KeyError where the section has no such row."""
         for title, rows in self.sections:
             if title == section:
                 for row, value in rows:

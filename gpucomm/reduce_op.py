@@ -68,7 +68,10 @@ ReduceOp.PREMUL_SUM = PremulSum  # type: ignore[attr-defined]
 
 
 def premul_factor(op: object, fn: str) -> float | None:
-    """The factor of a ``ReduceOp.PREMUL_SUM(factor)``; None for any other operator."""
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)``; None for any other operator.
+
+    Raises TypeError for ``ReduceOp.PREMUL_SUM`` given without its factor.
+    """
     if op is PremulSum or (isinstance(op, dist.ReduceOp.RedOpType) and op == dist.ReduceOp.PREMUL_SUM):
         raise TypeError(f"gpucomm.{fn}: PREMUL_SUM needs its factor: pass op=gpucomm.ReduceOp.PREMUL_SUM(factor)")
     return op.factor if isinstance(op, PremulSum) else None

@@ -156,7 +156,7 @@ ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 
 
 def oneshot_max_bytes(world_size: int, topology: str) -> int:
-    """The largest all_reduce that ``auto`` runs one-shot (the thresholds above)."""
+    """The largest all_reduce that ``auto`` runs one-shot on ``topology`` (the thresholds above)."""
     if topology == "cuda_ipc":
         return ONESHOT_MAX_BYTES_GPU.get(world_size, ONESHOT_MAX_BYTES_GPU_MANY if world_size > 8 else 1 << 30)
     return ONESHOT_MAX_BYTES
@@ -194,7 +194,7 @@ _CONTRACT_KEEPERS = {
 
 
 def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
-    """The algorithm GPUCOMM_ALGO names for ``family``, or "auto"."""
+    """The algorithm GPUCOMM_ALGO names for ``family``, or "auto"; ValueError as :func:`forced_algo`."""
     default, pairs = "auto", {}
     for item in knob.split(","):
         name, eq, algo = item.partition("=")
@@ -220,7 +220,11 @@ def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
 
 
 def forced_algo(fn: str, knob: str) -> str:
-    """The algorithm GPUCOMM_ALGO (``knob``) names for ``fn``'s family, or "auto"."""
+    """The algorithm GPUCOMM_ALGO (``knob``) names for ``fn``'s family, or "auto".
+
+    Raises ValueError where ``knob`` names no collective, or an algorithm that does not serve the
+    family.
+    """
     family = family_of(fn)
     return "auto" if family is None else _forced(family, ALGORITHMS[family], knob)
 
@@ -229,7 +233,8 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
     """The algorithm for one call, or None when the workspace path does not serve it.
 
     ``topology`` is the transport (``shm``, ``cuda_ipc``) or ``hierarchical`` when the ranks
-    span nodes; ``knob`` is GPUCOMM_ALGO.
+    span nodes; ``knob`` is GPUCOMM_ALGO. Raises ValueError as :func:`forced_algo`; warns once
+    where ``knob`` forces an algorithm outside the determinism contract (:data:`ORDER_CHANGING`).
 
     Example::
 

@@ -232,7 +232,11 @@ class _Buffers:
 
 
 def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device) -> Workspace:
-    """Allocate, publish and open the cuda_ipc workspace (see the module docstring)."""
+    """Allocate, publish and open the cuda_ipc workspace (module docstring).
+
+    Raises ValueError for a device that is not CUDA; otherwise as
+    :func:`gpucomm.transport.open_workspace`.
+    """
     if device.type != "cuda":
         raise ValueError(f"open_workspace: the cuda_ipc transport needs a cuda device, got {device}")
     rank, world_size = handshake.rank, handshake.world_size

@@ -242,7 +242,11 @@ class SymmetricHeap:
 
     # -- allocation ---------------------------------------------------------------------------
     def empty(self, size: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        """A contiguous tensor of ``size`` and ``dtype`` in this rank's heap (collective)."""
+        """A contiguous tensor of ``size`` and ``dtype`` in this rank's heap (collective).
+
+        Raises GpucommError once the heap is closed, UnsupportedError where the heap has no free block
+        that large (the same on every rank), and CommMismatchError where ranks ask for other sizes.
+        """
         if self._closed:
             raise GpucommError("gpucomm.empty: the symmetric heap is closed (its communicator was destroyed)")
         numel = 1
@@ -288,7 +292,10 @@ class SymmetricHeap:
         return base <= start and last + tensor.element_size() <= base + self.nbytes
 
     def peer(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
-        """Rank ``peer``'s copy of the symmetric ``tensor``: same shape, strides and dtype."""
+        """Rank ``peer``'s copy of the symmetric ``tensor``: same shape, strides and dtype.
+
+        Raises ValueError for a peer out of range or a tensor outside this rank's heap.
+        """
         if not 0 <= peer < self.world_size:
             raise ValueError(f"SymmetricHeap.peer: peer must be in [0, {self.world_size}), got {peer}")
         offset = self.offset(tensor)

@@ -33,7 +33,10 @@ __all__ = ["agree", "heap_kind", "heap_of_its_own", "vmm_heap", "open_vmm_parts"
 
 
 def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list[str]:
-    """Every local rank's ``mine`` (this one's included), once all have set theirs."""
+    """Every local rank's ``mine`` (this one's included), once all have set theirs.
+
+    Raises CommTimeoutError naming the ranks that did not set theirs within ``timeout``.
+    """
     keys = [f"{prefix}{r}" for r in range(world_size)]
     store.set(keys[rank], mine.encode())
     try:

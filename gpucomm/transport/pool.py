@@ -59,7 +59,10 @@ class SymmetricPool:
         _configured.append(self)
 
     def mem_pool(self) -> object:
-        """The ``torch.cuda.MemPool`` whose allocations come from this pool's block."""
+        """The ``torch.cuda.MemPool`` whose allocations come from this pool's block (made once).
+
+        Raises UnsupportedError where the heap is not on a CUDA device.
+        """
         if self._pool is not None:
             return self._pool
         if self.heap.device.type != "cuda" or not torch.cuda.is_available():

@@ -306,7 +306,8 @@ def open_shm(
 ) -> Workspace:
     """Create, publish and map the shm workspace (module docstring).
 
-    ``size_knob`` as :func:`create_segment`'s ``knob``.
+    ``size_knob`` as :func:`create_segment`'s ``knob``. Raises ValueError for a device other than
+    the CPU; otherwise as :func:`gpucomm.transport.open_workspace`.
     """
     if device.type != "cpu":
         raise ValueError(f"open_workspace: the shm transport needs device cpu, got {device}")
