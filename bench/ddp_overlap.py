@@ -7,8 +7,8 @@ several gradient buckets) on CPU tensors, under DDP on a gloo process group, in 
 - ``gloo``: DDP's own all-reduce on gloo (torch overlaps it with the backward pass);
 - ``hook``: gpucomm's ``allreduce_hook`` on gpucomm's gloo path (asynchronous: the hook returns
   the Future of an all-reduce still in flight);
-- ``hook-blocking``: the same hook waiting for its all-reduce before returning (no overlap), the
-  behaviour before gpucomm's Works completed in the background;
+- ``hook-blocking``: the same hook waiting for its all-reduce before returning: no overlap, the
+  baseline that ``hook`` is measured against;
 - ``hook-shm``: gpucomm's hook on the default path of one host, the shared-memory workspace,
   where the all-reduce runs on the communicator's progress thread;
 - ``hook-shm-blocking``: the same hook waiting for its all-reduce before returning.

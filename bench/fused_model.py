@@ -19,18 +19,23 @@
    out and the new residual). Eager adds the host's Python per call: one call against two.
 
 2. all_gather_matmul of shards [m, k] (bf16) times [k, N]: the fraction of the gather the fused
-   launches hide. Unfused: gpucomm's all_gather (every shard over NVLink at link_bw, a launch
-   and a sync) then the matmul (2 M k N flops at ``mma_tflops``, M = P m). Fused, two launches
-   on one stream (kernels/triton/fused_matmul.py): the push launch, where G of the SMs push
-   this rank's shard to the 7 peers, one after another, at G / saturating_grid of the link,
-   while the others compute the own shard's tiles at (SMs - G) / SMs of the rate; it ends when
-   both are done. Then the matmul launch (a launch more), the other shards' tiles at the full
-   rate: the shard of rank me - i arrived after i pushes (plus a sync), and its tiles start
-   then or when the previous shard's end, whichever is later (every rank in step: all have
-   arrived by the time this rank's push launch ends). Only the own shard's tiles overlap this
-   rank's pushes: the tiles of a shard that waits cannot share a launch with the pushes
-   (progress would depend on which blocks a GPU runs first). Hidden fraction = (unfused -
-   fused) / the unfused gather's time.
+   launches hide, (unfused - fused) / the unfused gather's time.
+
+   Unfused: gpucomm's all_gather (every shard over NVLink at link_bw, a launch and a sync), then
+   the matmul (2 M k N flops at ``mma_tflops``, M = P m).
+
+   Fused: two launches on one stream (kernels/triton/fused_matmul.py).
+
+   - The push launch: G of the SMs push this rank's shard to the 7 peers, one after another, at
+     G / saturating_grid of the link, while the others compute the own shard's tiles at
+     (SMs - G) / SMs of the rate; it ends when both are done.
+   - The matmul launch (a launch more): the other shards' tiles at the full rate. The shard of
+     rank me - i arrived after i pushes (plus a sync); its tiles start then or when the previous
+     shard's end, whichever is later (every rank in step: all have arrived by the time this
+     rank's push launch ends).
+
+   Only the own shard's tiles overlap this rank's pushes: the tiles of a shard that waits cannot
+   share a launch with the pushes (progress would depend on which blocks a GPU runs first).
 
 Every parameter is bench/model.py's (assumed or published, none measured on a GPU), plus the
 H100's published dense bf16 peak and an assumed fraction of it that a Triton matmul reaches.

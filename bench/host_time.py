@@ -11,15 +11,15 @@ costs the host. ``--launch`` says how the kernel is launched:
 - ``jit``: through Triton's JIT dispatch. It needs a CUDA device (the dispatch asks torch for the
   current device and stream), so on a host without one the entry says so and quotes the published
   figures instead of a measurement;
-- ``recorder``: the Triton interpreter's launch replaced by a recorder (how the figures before the
-  bound launch were taken): gpucomm's Python up to the launch, the recorder's own cost timed too.
+- ``recorder``: the Triton interpreter's launch replaced by a recorder: gpucomm's Python up to
+  the launch, the recorder's own cost timed too.
 
 On the shared-memory path (the torch kernels) the collective runs for real: 8 bytes between two
 ranks, waits included. Each call is timed alone; the median and p90 in microseconds, and the
 Python function calls per call (``sys.setprofile``: every call event inside one collective).
 
-``--record-rounds N`` also times what the flight record (:mod:`gpucomm.reliability.flight`) costs on each
-path: N rounds of ``--calls`` calls alternating the communicator's own flight log and one whose
+``--record-rounds N`` also times what the flight record (:mod:`gpucomm.reliability.flight`) costs
+on each path: N rounds of ``--calls`` calls alternating the communicator's own flight log and one whose
 hooks do nothing (both ranks swap together), the median call of each round, and the median over
 rounds of each pair's ratio.
 
