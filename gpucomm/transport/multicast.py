@@ -52,7 +52,7 @@ _TAG_MULTICAST = 2  # the fd exchange's tag for the object's descriptor (the hea
 def multicast_unavailable(device: int, identities: list[str]) -> str:
     """Why this rank's GPU (``device``) cannot join the node's multicast object, in one line; "" if it can.
 
-    ``identities``: every local rank's :func:`gpu_identity`, in rank order.
+    ``identities``: every local rank's :func:`gpucomm.transport.vmm.gpu_identity`, in rank order.
     """
     if "" in identities:
         return f"the driver did not say which GPU rank {identities.index('')} has (cuDeviceGetUuid)"
