@@ -5,14 +5,16 @@ caching allocator: an IPC handle covers a whole allocation, and the caching allo
 several tensors into one), zeroes it, and publishes a JSON header (pid, PCI bus id, size), a
 newline and the 64-byte ``cudaIpcMemHandle_t``. Peers open the handle with lazy peer access.
 Several ranks may share one GPU; a process never opens its own handle (CUDA refuses that).
-A rank that cannot take part (no CuPy, no device memory, a peer's GPU it cannot see or reach, a
-handle ``cudaIpcOpenMemHandle`` refuses: containers without a shared IPC namespace) says so
-through the handshake, and every rank raises
-:class:`~gpucomm.errors.WorkspaceUnavailableError` at the same step.
+
+A rank that cannot take part says so through the handshake, and every rank raises
+:class:`~gpucomm.errors.WorkspaceUnavailableError` at the same step: no CuPy, no device memory, a
+peer's GPU it cannot see or reach, or a handle ``cudaIpcOpenMemHandle`` refuses (containers
+without a shared IPC namespace).
+
 ``close()`` is collective: every rank unmaps its peers, then waits at a store barrier before
 freeing its own buffer, so that no peer still maps memory that is freed. A peer whose process
 has ended (judged by the pid its header published, where that pid means it: same pid namespace)
-mapped nothing any more, and is not waited for. Every step of the close is tried, past a refused
+maps nothing any more, and is not waited for. Every step of the close is tried, past a refused
 one (after a kernel fault the device's synchronize raises, and every call after it): the barrier
 is still met and the rest still released, and the first error is raised at the end.
 

@@ -9,8 +9,8 @@ underneath.
 The handshake runs over a ``torch.distributed.Store``, every key under ``prefix``: each rank sets
 ``{prefix}ws/{rank}`` to its handle, waits for every peer's handle, opens them, sets
 ``{prefix}ws_opened/{rank}`` and waits for everyone's (``cuda_ipc`` adds a ``ws_closed`` barrier
-at close). The prefix must be unique per open (per
-group and generation): a reused prefix would read the handles of an earlier open.
+at close). The prefix must be unique per open (per group and generation): a reused prefix would
+read the handles of an earlier open.
 
 **Every rank takes the same decision.** A rank that cannot make its buffer (a full /dev/shm, no
 device memory) publishes why in place of its handle; one that cannot open a peer's (no shared
