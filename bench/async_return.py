@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for k in keys:
         print(
-            f"{k:>13}  {med[k] * 1e3:9.3f}  [{min(slowest[k]) * 1e3:.3f}-{max(slowest[k]) * 1e3:.3f}]  x{med[k] / med['blocking']:.3f} of blocking"
+            f"{k:>13}  {med[k] * 1e3:9.3f}  [{min(slowest[k]) * 1e3:.3f}-{max(slowest[k]) * 1e3:.3f}]  "
+            f"x{med[k] / med['blocking']:.3f} of blocking"
         )
     ok = all(v[1] for v in per_rank.values())
     print("every call's result, and the future holding the reduced tensor: " + ("PASS" if ok else "FAIL"))

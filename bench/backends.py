@@ -87,8 +87,11 @@ def _version_text(version: tuple[int, ...] | None) -> str:
 
 
 def nccl_shares_gpus(version: tuple[int, ...] | None, gpus: int, local_world_size: int) -> bool:
-    """Whether NCCL runs here with several ranks on one GPU: more local ranks than GPUs, and an
-    NCCL that accepts that (2.30 and later, with :data:`NCCL_MULTI_RANK_ENV` set)."""
+    """Whether NCCL runs here with several ranks on one GPU.
+
+    True where there are more local ranks than GPUs and an NCCL that accepts that (2.30 and later,
+    with :data:`NCCL_MULTI_RANK_ENV` set).
+    """
     return local_world_size > gpus >= 1 and version is not None and version[:2] >= NCCL_MULTI_RANK_SINCE
 
 
@@ -100,8 +103,10 @@ def nccl_refusal(
     local_world_size: int,
     env_value: str | None,
 ) -> str | None:
-    """Why NCCL cannot run in this layout, in words (None: it can). ``version`` is the installed
-    NCCL's, ``env_value`` this rank's :data:`NCCL_MULTI_RANK_ENV`."""
+    """Why NCCL cannot run in this layout, in words; None where it can.
+
+    ``version`` is the installed NCCL's, ``env_value`` this rank's :data:`NCCL_MULTI_RANK_ENV`.
+    """
     if device_type != "cuda":
         return "nccl needs CUDA tensors and this run is on CPU"
     if not nccl_built:
@@ -125,10 +130,12 @@ def nccl_refusal(
 
 
 def nccl_spawn_env(backends: list[str], device_kind: str, nproc: int) -> dict[str, str]:
-    """The variables ``nproc`` ranks about to be spawned need in their environment for NCCL: on a
-    host with fewer GPUs than ranks, :data:`NCCL_MULTI_RANK_ENV` where the installed NCCL accepts
-    it. Set at spawn, not mid-run: NCCL reads it when it initialises. ``{}`` where NCCL is not
-    asked for, runs on a GPU per rank, or cannot share one (the ranks then say why)."""
+    """The environment NCCL needs in the ``nproc`` ranks about to be spawned; ``{}`` where none.
+
+    On a host with fewer GPUs than ranks: :data:`NCCL_MULTI_RANK_ENV`, where the installed NCCL
+    accepts it. ``{}`` where NCCL is not asked for, runs on a GPU per rank, or cannot share one (the
+    ranks then say why). Set at spawn, not mid-run: NCCL reads it when it initialises.
+    """
     if "nccl" not in backends or device_kind == "cpu" or not torch.cuda.is_available():
         return {}
     return {NCCL_MULTI_RANK_ENV: "1"} if nccl_shares_gpus(nccl_version(), torch.cuda.device_count(), nproc) else {}
@@ -194,8 +201,10 @@ def make_backend(
 
 
 def describe_gpucomm(backend: Backend) -> dict:
-    """What serves gpucomm's calls, read from its started default communicator:
-    ``{"paths": {"cpu": "workspace transport=shm kernels=torch"}, "config": {"transport": "auto", ...}}``
-    (``paths`` as ``Communicator.paths()`` words it, ``config`` the knobs as gpucomm resolved them)."""
+    """What serves gpucomm's calls, read from its started default communicator.
+
+    ``{"paths": {"cpu": "workspace transport=shm kernels=torch"}, "config": {"transport": "auto", ...}}``:
+    ``paths`` as ``Communicator.paths()`` words it, ``config`` the knobs as gpucomm resolved them.
+    """
     comm = backend.mod.get_default_communicator()
     return {"paths": comm.paths(), "config": dataclasses.asdict(comm.config)}

@@ -1,5 +1,6 @@
-"""Cold start: what a fresh machine pays before its first all_reduce returns, its kernels compiled
-for sm_90 on this host with an empty kernel cache.
+"""Cold start: what a fresh machine pays before its first all_reduce returns.
+
+Its kernels are compiled for sm_90 on this host, with an empty kernel cache.
 
 Two measurements:
 
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<24} {seconds:6.2f}")
     rows = []
     print(
-        f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   (init_process_group to the first all_reduce's return, slowest rank, "
+        f"{'ranks':>5} {'no-lock s':>10} {'lock s':>8}   "
+        "(init_process_group to the first all_reduce's return, slowest rank, "
         f"median of {args.rounds} rounds alternating; empty caches)"
     )
     for nproc in args.nproc:
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(
             f"{nproc:>5} {row['no_lock']['median_s']:>10.2f} {row['lock']['median_s']:>8.2f}   "
-            f"rounds: {[round(x, 1) for x in row['no_lock']['rounds_max_s']]} / {[round(x, 1) for x in row['lock']['rounds_max_s']]}"
+            f"rounds: {[round(x, 1) for x in row['no_lock']['rounds_max_s']]} / "
+            f"{[round(x, 1) for x in row['lock']['rounds_max_s']]}"
         )
     if args.json:
         write_json(args.json, run_settings(args), compile_s=compiles, first_call=rows)

@@ -7,8 +7,8 @@ several gradient buckets) on CPU tensors, under DDP on a gloo process group, in 
 - ``gloo``: DDP's own all-reduce on gloo (torch overlaps it with the backward pass);
 - ``hook``: gpucomm's ``allreduce_hook`` on gpucomm's gloo path (asynchronous: the hook returns
   the Future of an all-reduce still in flight);
-- ``hook-blocking``: the same hook waiting for its all-reduce before returning (no overlap), the
-  behaviour before gpucomm's Works completed in the background;
+- ``hook-blocking``: the same hook waiting for its all-reduce before returning: no overlap, the
+  baseline that ``hook`` is measured against;
 - ``hook-shm``: gpucomm's hook on the default path of one host, the shared-memory workspace,
   where the all-reduce runs on the communicator's progress thread;
 - ``hook-shm-blocking``: the same hook waiting for its all-reduce before returning.
@@ -148,15 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     threads = os.environ.get("OMP_NUM_THREADS", f"not set: torch's default, {os.cpu_count()} cores")
     print(
-        f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, batch {args.batch},"
-        f" buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; median [min-max] over {args.rounds} rounds, ms"
+        f"# DDP step (forward + backward) on CPU, {args.nproc} ranks, MLP {args.layers} x {args.width}, "
+        f"batch {args.batch}, buckets of {args.bucket_mb:g} MB, OMP_NUM_THREADS {threads}; "
+        f"median [min-max] over {args.rounds} rounds, ms"
     )
     base = statistics.median(rounds["gloo"])
     for mode in args.modes:
         values = rounds[mode]
         med = statistics.median(values)
         print(
-            f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  x{med / base:.2f} of gloo"
+            f"{mode:>14}  {med * 1e3:8.2f}  [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]  "
+            f"x{med / base:.2f} of gloo"
         )
     if args.json:
         write_json(args.json, run_settings(args), rounds_s=rounds)

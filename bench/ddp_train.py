@@ -53,8 +53,10 @@ def make_model(seed: int, hidden: int = HIDDEN) -> torch.nn.Module:
 
 
 def make_batch(seed: int, rank: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s samples (the same at every step, so the loss falls steadily): inputs and
-    the targets of a fixed random teacher."""
+    """Rank ``rank``'s samples: inputs and the targets of a fixed random teacher.
+
+    The same at every step, so the loss falls steadily.
+    """
     teacher = torch.Generator().manual_seed(seed + 1)
     w = torch.randn(IN_FEATURES, OUT_FEATURES, generator=teacher)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)

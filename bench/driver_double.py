@@ -1,5 +1,7 @@
-"""The tests' CUDA driver double (tests/support/cuda_double) for benchmarks that time the host's side of a
-launch without a GPU: its library, and the host-only Triton kernels bound on it.
+"""The tests' CUDA driver double (tests/support/cuda_double), for benchmarks without a GPU.
+
+Benchmarks that time the host's side of a launch use its library, and the host-only Triton
+kernels bound on it.
 
 Benchmark-only and explicit: a rank calls :func:`install_host_only_kernels` before
 ``init_process_group``; nothing in gpucomm chooses it. The double runs no kernel, so a collective
@@ -24,8 +26,10 @@ _DOUBLE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "support" /
 
 
 def library() -> str:
-    """The path of the double's libcuda.so.1, built on first use (needs a checkout: the double's
-    sources live in tests/, which a wheel does not ship)."""
+    """The path of the double's libcuda.so.1, built on first use.
+
+    Needs a checkout: the double's sources live in tests/, which a wheel does not ship.
+    """
     if not (_DOUBLE / "__init__.py").exists():
         raise SystemExit(
             f"the CUDA driver double's sources are not at {_DOUBLE}: run this benchmark from a gpucomm checkout"
@@ -38,8 +42,11 @@ def library() -> str:
 
 
 def install_host_only_kernels(double: str) -> None:
-    """This process's Triton kernels on CPU tensors: the program kernel compiled for sm_90 and bound
-    through gpucomm's launcher on the double at ``double`` (TRITON_INTERPRET must be unset)."""
+    """Install this process's Triton kernels on CPU tensors, bound on the double at ``double``.
+
+    The program kernel is compiled for sm_90 and bound through gpucomm's launcher. TRITON_INTERPRET
+    must be unset.
+    """
     from triton.backends.compiler import GPUTarget
 
     from gpucomm.ops import registry
@@ -56,9 +63,11 @@ def launches(double: str) -> int:
 
 
 def wait_for_peers(folder: str, step: str, rank: int, world: int, timeout: float = 300.0) -> None:
-    """Wait until every rank has reached ``step`` (a file per rank in ``folder``). On the double the
-    collectives wait for nobody (no kernel runs), so a rank that finished would otherwise tear its
-    workspace down while a peer still opens it."""
+    """Wait until every rank has reached ``step`` (a file per rank in ``folder``).
+
+    On the double the collectives wait for nobody (no kernel runs), so a rank that finished would
+    otherwise tear its workspace down while a peer still opens it.
+    """
     pathlib.Path(folder, f"{step}.{rank}").touch()
     deadline = time.monotonic() + timeout
     while not all(os.path.exists(os.path.join(folder, f"{step}.{r}")) for r in range(world)):

@@ -1,5 +1,6 @@
-"""gpucomm.fused against the unfused sequence of calls, side by side (and the one-shot all_reduce
-written with gpucomm.language against the program kernel's).
+"""gpucomm.fused against the unfused sequence of calls, side by side.
+
+Also the one-shot all_reduce written with gpucomm.language against the program kernel's.
 
 Three pairs, measured in alternating order round after round, each checked:
 
@@ -45,8 +46,11 @@ __all__ = ["main"]
 
 
 def _rank_tensor(q: int, tag: int, shape: tuple[int, ...], integers: bool) -> torch.Tensor:
-    """Rank ``q``'s input ``tag`` on the host, which every rank can rebuild: small integers (their
-    sums exact in bf16 at any rank count up to 8, so a reduction's reference is exact) or normals."""
+    """Rank ``q``'s input ``tag`` on the host, which every rank can rebuild.
+
+    Small integers (their sums exact in bf16 at any rank count up to 8, so a reduction's reference
+    is exact) or normals.
+    """
     gen = torch.Generator(device="cpu").manual_seed(1234 + 7919 * q + tag)
     values = torch.randint(-4, 5, shape, generator=gen).float() if integers else torch.randn(shape, generator=gen)
     return values.to(torch.bfloat16)
@@ -216,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         row["fused/unfused"] = round(row["fused_us"] / row["unfused_us"], 3)
         rows.append(row)
     print(
-        f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   (oneshot: language / program kernel; slowest rank)"
+        f"{'pair':>16} {'fused us':>10} {'unfused us':>11} {'ratio':>7}   "
+        "(oneshot: language / program kernel; slowest rank)"
     )
     for row in rows:
         print(

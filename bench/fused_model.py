@@ -19,18 +19,23 @@
    out and the new residual). Eager adds the host's Python per call: one call against two.
 
 2. all_gather_matmul of shards [m, k] (bf16) times [k, N]: the fraction of the gather the fused
-   launches hide. Unfused: gpucomm's all_gather (every shard over NVLink at link_bw, a launch
-   and a sync) then the matmul (2 M k N flops at ``mma_tflops``, M = P m). Fused, two launches
-   on one stream (kernels/triton/fused_matmul.py): the push launch, where G of the SMs push
-   this rank's shard to the 7 peers, one after another, at G / saturating_grid of the link,
-   while the others compute the own shard's tiles at (SMs - G) / SMs of the rate; it ends when
-   both are done. Then the matmul launch (a launch more), the other shards' tiles at the full
-   rate: the shard of rank me - i arrived after i pushes (plus a sync), and its tiles start
-   then or when the previous shard's end, whichever is later (every rank in step: all have
-   arrived by the time this rank's push launch ends). Only the own shard's tiles overlap this
-   rank's pushes: the tiles of a shard that waits cannot share a launch with the pushes
-   (progress would depend on which blocks a GPU runs first). Hidden fraction = (unfused -
-   fused) / the unfused gather's time.
+   launches hide, (unfused - fused) / the unfused gather's time.
+
+   Unfused: gpucomm's all_gather (every shard over NVLink at link_bw, a launch and a sync), then
+   the matmul (2 M k N flops at ``mma_tflops``, M = P m).
+
+   Fused: two launches on one stream (kernels/triton/fused_matmul.py).
+
+   - The push launch: G of the SMs push this rank's shard to the 7 peers, one after another, at
+     G / saturating_grid of the link, while the others compute the own shard's tiles at
+     (SMs - G) / SMs of the rate; it ends when both are done.
+   - The matmul launch (a launch more): the other shards' tiles at the full rate. The shard of
+     rank me - i arrived after i pushes (plus a sync); its tiles start then or when the previous
+     shard's end, whichever is later (every rank in step: all have arrived by the time this
+     rank's push launch ends).
+
+   Only the own shard's tiles overlap this rank's pushes: the tiles of a shard that waits cannot
+   share a launch with the pushes (progress would depend on which blocks a GPU runs first).
 
 Every parameter is bench/model.py's (assumed or published, none measured on a GPU), plus the
 H100's published dense bf16 peak and an assumed fraction of it that a Triton matmul reaches.
@@ -77,7 +82,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--multimem-gbs", type=float, default=309.0, help="bench/model.py's (unused here)")
     parser.add_argument("--hbm-gbs", type=float, default=3000.0, help="published anchor: one H100's copy bandwidth")
     parser.add_argument("--saturating-grid", type=int, default=16, help="assumed: channels that saturate NVLink")
-    parser.add_argument("--host-us", type=float, default=10.0, help="host Python per eager call (issue 22's goal)")
+    parser.add_argument("--host-us", type=float, default=10.0, help="host Python per eager call (the goal)")
     parser.add_argument("--mma-tflops", type=float, default=989.0, help="published: H100 SXM dense bf16 peak")
     parser.add_argument(
         "--mma-fraction", type=float, default=0.7, help="assumed: the share of the peak a Triton matmul reaches"
@@ -157,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     norm = rmsnorm_rows(args)
     print(f"all_reduce_residual_rmsnorm, hidden {HIDDEN}, bf16, {args.world} ranks (predicted, us)")
     print(
-        f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} {'fused eager':>12} {'unfused eager':>14}"
+        f"{'tokens':>7} {'pieces':>6} {'fused 1-shot':>12} {'fused 2-shot':>12} {'fused auto':>10} {'unfused':>8} "
+        f"{'fused eager':>12} {'unfused eager':>14}"
     )
     for r in norm:
         print(
-            f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} {r['fused_auto_us']:10.1f} "
-            f"{r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} {r['unfused_eager_us']:14.1f}"
+            f"{r['tokens']:>7} {r['pieces']:>6} {r['fused_us']:12.1f} {r['fused_twoshot_us']:12.1f} "
+            f"{r['fused_auto_us']:10.1f} {r['unfused_us']:8.1f} {r['fused_eager_us']:12.1f} "
+            f"{r['unfused_eager_us']:14.1f}"
         )
     sweep = rmsnorm_rows(args, tokens=tuple(2**i for i in range(10)))
     # From a row per rank on, where two-shot stays ahead at every larger count.
@@ -175,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"two-shot ahead of one-shot from {crossover} tokens of {HIDDEN} (predicted)")
     ag = ag_matmul(args, **LLAMA70B_AG)
     print(
-        f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, times {ag['k']} x {ag['n']} (predicted):"
+        f"all_gather_matmul {ag['tokens']} x {ag['k']} gathered from {ag['world']} ranks, "
+        f"times {ag['k']} x {ag['n']} (predicted):"
     )
     print(
-        f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; fused {ag['fused_us']} us; "
-        f"hidden fraction of the gather {ag['hidden_fraction']:.0%}"
+        f"  gather {ag['gather_us']} us + matmul {ag['matmul_us']} us = {ag['unfused_us']} us unfused; "
+        f"fused {ag['fused_us']} us; hidden fraction of the gather {ag['hidden_fraction']:.0%}"
     )
     if args.json:
         write_json(

@@ -15,8 +15,8 @@ repeats a blocking all_reduce of ``--bytes`` of fp32 on the workspace path (CUDA
   launch through torch; and, with ``--launch bound``, ``launcher_host_us``, the host time per call
   of ``--iters`` bare launches through gpucomm's launcher (a prepared 16-byte CUDA C++ copy on the
   caller's stream: the driver's ``cuLaunchKernel`` and one C call). The eager call's host time
-  less ``launcher_host_us`` is gpucomm's own part (an H100 host, 2026-11-25: 9.6 us per eager
-  call against 2.7 us with the driver double, not yet broken down).
+  less ``launcher_host_us`` is gpucomm's own part (docs/performance.md has it measured on an
+  H100 host).
 
 ``--launch`` picks how the program kernel is launched: ``bound`` (gpucomm's launcher: one
 ``cuLaunchKernel`` per call, :mod:`gpucomm.ops.launcher`) or ``jit`` (Triton's JIT dispatch for
@@ -28,8 +28,8 @@ The figure of a round is the slowest rank's, the result the median over rounds w
 The calls timed are not checked one by one (they sum into one tensor over and over); after the
 last round, and so after every graph replay, the tensor is refilled with rank + 1 and one more
 eager call is checked on every rank, exactly (:func:`timing.check_after`); a wrong one marks
-every figure of the JSON and fails the run. The
-issue's goals at 8 bytes and 2 ranks on one GPU with MPS: eager at most 15 us, captured at most 8.
+every figure of the JSON and fails the run. The goals at 8 bytes and 2 ranks on one GPU with MPS:
+eager at most 15 us, captured at most 8.
 
 Needs CUDA (and CuPy for the CUDA IPC workspace); ``bench/gpu_check.sh`` runs it on a lent GPU.
 
@@ -56,8 +56,10 @@ __all__ = ["main"]
 
 
 def _bare_launch(device):  # noqa: ANN001, ANN202
-    """A prepared 16-byte copy through gpucomm's launcher on ``device``, with the tensors it copies;
-    None where the launcher or the CUDA C++ kernels cannot be had (the reason printed)."""
+    """A prepared 16-byte copy through gpucomm's launcher on ``device``, with the tensors it copies.
+
+    None where the launcher or the CUDA C++ kernels cannot be had (the reason printed).
+    """
     import torch
 
     from gpucomm.errors import UnsupportedError
@@ -117,8 +119,10 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: m
         return start.elapsed_time(end) * 1e3 / args.iters, host * 1e6 / args.iters
 
     def torch_launch() -> float:
-        """Host time per call of a plain torch launch on the same tensor (``add_(0)``): what this
-        host's CPU, driver and MPS ask of any launch, beside which gpucomm's eager call is read."""
+        """Host time per call of a plain torch launch on the same tensor (``add_(0)``).
+
+        What this host's CPU, driver and MPS ask of any launch, beside which gpucomm's eager call is read.
+        """
         stream.synchronize()
         wall = time.perf_counter()
         for _ in range(args.iters):
@@ -234,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     checks = all(per_rank[r]["check"] for r in per_rank)
     print(
-        f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, {torch.cuda.get_device_name()}; "
+        f"# all_reduce of {args.bytes} B, {args.nproc} ranks, kernels {args.kernels}, launch {args.launch}, "
+        f"{torch.cuda.get_device_name()}; "
         f"median [min-max] over {args.rounds} rounds, slowest rank, us per call"
     )
     for name, values in figures.items():

@@ -11,15 +11,15 @@ costs the host. ``--launch`` says how the kernel is launched:
 - ``jit``: through Triton's JIT dispatch. It needs a CUDA device (the dispatch asks torch for the
   current device and stream), so on a host without one the entry says so and quotes the published
   figures instead of a measurement;
-- ``recorder``: the Triton interpreter's launch replaced by a recorder (how the figures before the
-  bound launch were taken): gpucomm's Python up to the launch, the recorder's own cost timed too.
+- ``recorder``: the Triton interpreter's launch replaced by a recorder: gpucomm's Python up to
+  the launch, the recorder's own cost timed too.
 
 On the shared-memory path (the torch kernels) the collective runs for real: 8 bytes between two
 ranks, waits included. Each call is timed alone; the median and p90 in microseconds, and the
 Python function calls per call (``sys.setprofile``: every call event inside one collective).
 
-``--record-rounds N`` also times what the flight record (:mod:`gpucomm.reliability.flight`) costs on each
-path: N rounds of ``--calls`` calls alternating the communicator's own flight log and one whose
+``--record-rounds N`` also times what the flight record (:mod:`gpucomm.reliability.flight`) costs
+on each path: N rounds of ``--calls`` calls alternating the communicator's own flight log and one whose
 hooks do nothing (both ranks swap together), the median call of each round, and the median over
 rounds of each pair's ratio.
 
@@ -45,8 +45,8 @@ from .samples import each_call, median_p90_us
 
 __all__ = ["main", "JIT_PUBLISHED_US"]
 
-# Published host time of one launch through Triton's JIT dispatch, where it cannot run here
-# (issue 32 quotes them): triton-lang/triton PR #7771 (27 us before it, 13-17 us after, ~19
+# Published host time of one launch through Triton's JIT dispatch, where it cannot run here:
+# triton-lang/triton PR #7771 (27 us before it, 13-17 us after, ~19
 # arguments, H100 host); tritonbench PR #669 (13.2 us with 19 arguments, 3.6 us calling the compiled
 # kernel directly); vLLM PR #34838 (8.7 us through the JIT, 4.5 us through a cached compiled kernel).
 JIT_PUBLISHED_US = {
@@ -175,8 +175,10 @@ def _record_cost(comm, call, calls: int, rounds: int) -> dict:  # noqa: ANN001
 
 
 def measure(path: str, calls: int, record_rounds: int = 0, launch: str = "bound") -> dict:
-    """Rank 0's figures for ``path`` ("device" or "shm"), the device path's kernel launched as
-    ``launch`` ("bound", "jit" or "recorder")."""
+    """Rank 0's figures for ``path`` ("device" or "shm").
+
+    The device path's kernel is launched as ``launch`` ("bound", "jit" or "recorder").
+    """
     if path == "device" and launch == "jit":
         return _jit_here()
     double = None
@@ -190,8 +192,11 @@ def measure(path: str, calls: int, record_rounds: int = 0, launch: str = "bound"
 
 
 def _jit_here() -> dict:
-    """The JIT dispatch's entry: not measured where no CUDA device can run it (the driver double
-    cannot stand in: the dispatch asks torch, built without CUDA here, for the device and stream)."""
+    """The JIT dispatch's entry: not measured where no CUDA device can run it.
+
+    The driver double cannot stand in: the dispatch asks torch, built without CUDA here, for the
+    device and stream.
+    """
     import torch
 
     if not torch.cuda.is_available():
@@ -201,11 +206,13 @@ def _jit_here() -> dict:
             "median_us": None,
             "p90_us": None,
             "python_calls": None,
-            "not_measured": "Triton's JIT dispatch needs a CUDA device (torch.cuda is unavailable here); published figures per launch instead",
+            "not_measured": "Triton's JIT dispatch needs a CUDA device (torch.cuda is unavailable here); "
+            "published figures per launch instead",
             "published_us": JIT_PUBLISHED_US,
         }
     raise SystemExit(
-        "--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU (bench/gpu_check.sh's latency part)"
+        "--launch jit with a CUDA device: bench/gpu_latency.py measures it on the GPU "
+        "(bench/gpu_check.sh's latency part)"
     )
 
 
@@ -230,18 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(path, launch) for path in args.paths for launch in (args.launch if path == "device" else ["shm"])]
     rows = [measure(path, args.calls, args.record_rounds, launch) for path, launch in runs]
     print(
-        f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   (2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
+        f"{'path':<8} {'launch':<9} {'median us':>10} {'p90 us':>8} {'py calls':>9}   "
+        f"(2 ranks, 8-byte all_reduce, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
     )
     for row in rows:
         if row["median_us"] is None:
             print(
-                f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   {row['not_measured']}: {row['published_us']}"
+                f"{row['path']:<8} {row['launch']:<9} {'-':>10} {'-':>8} {'-':>9}   "
+                f"{row['not_measured']}: {row['published_us']}"
             )
             continue
         extra = f"   recorder {row['recorder_us']:.2f} us," if "recorder_us" in row else ""
         extra += f"   {row['launches_per_call']} launch per call" if "launches_per_call" in row else ""
         print(
-            f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} {row['python_calls']:>9}{extra}"
+            f"{row['path']:<8} {row['launch']:<9} {row['median_us']:>10.1f} {row['p90_us']:>8.1f} "
+            f"{row['python_calls']:>9}{extra}"
         )
     for row in rows:
         if "record" in row:

@@ -1,5 +1,6 @@
-"""What the JSON and the headers say about the machine and the run: device name, core count,
-versions, and the settings every benchmark's JSON starts with.
+"""What the JSON and the headers say about the machine and the run.
+
+The device name, core count, versions, and the settings every benchmark's JSON starts with.
 
 torch is imported where it is used, not here: a benchmark's ranks import their module before
 they set what must be set before torch or triton is imported.
@@ -61,9 +62,11 @@ def versions() -> dict[str, str | None]:
 
 
 def run_settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    """A run's settings as its JSON keeps them: the options, the command line, the thread count
-    the ranks were started with (None: torch's default, one thread per core), the host, its
-    cores, the versions and the date; then ``extra``."""
+    """A run's settings as its JSON keeps them, then ``extra``.
+
+    The options, the command line, the thread count the ranks were started with (None: torch's
+    default, one thread per core), the host, its cores, the versions and the date.
+    """
     return {
         **vars(args),
         "argv": sys.argv[1:],

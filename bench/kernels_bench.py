@@ -1,5 +1,6 @@
-"""``gpucomm-bench kernels``: copy and k-input reduce of each kernel implementation, against the
-bandwidth of torch's own ``copy_`` measured in the same run (the roofline).
+"""``gpucomm-bench kernels``: copy and k-input reduce of each kernel implementation.
+
+Measured against the bandwidth of torch's own ``copy_`` in the same run (the roofline).
 
 Bytes counted are bytes moved: a copy reads and writes ``size`` (2 × size); a k-input reduce
 reads k × size and writes size ((k + 1) × size). ``%roof`` is a kernel's GB/s over ``copy_``'s at
@@ -57,7 +58,8 @@ def _header(device: torch.device, dtype: str, op: str, impls: list[str], notes: 
         "# GB/s counts bytes read + written: copy 2 x size, k-input reduce (k+1) x size",
         *[f"# {note}" for note in notes],
         "#",
-        f"# {'size':>10}  {'count':>10}  {'impl':>6}  {'kernel':>8}  {'time':>9}  {'GB/s':>8}  {'%roof':>6}  {'#wrong':>6}",
+        f"# {'size':>10}  {'count':>10}  {'impl':>6}  {'kernel':>8}  {'time':>9}  {'GB/s':>8}  "
+        f"{'%roof':>6}  {'#wrong':>6}",
         f"# {'(B)':>10}  {'(elements)':>10}  {'':>6}  {'':>8}  {'(us)':>9}  {'':>8}  {'':>6}  {'':>6}",
     ]
     return "\n".join(lines)
@@ -74,8 +76,11 @@ def _line(row: dict) -> str:
 def run_kernels(
     sizes, dtype_name, op_name, iters, warmup, check, device_kind, json_path, plot_path, argv, graph_launches: int = 0
 ) -> int:
-    """Measure every available implementation; 0 if no check found a wrong value. ``graph_launches``
-    > 0 times each kernel's calls captured into a CUDA graph (:func:`timing.time_graph`)."""
+    """Measure every available implementation; 0 if no check found a wrong value.
+
+    ``graph_launches`` > 0 times each kernel's calls captured into a CUDA graph
+    (:func:`timing.time_graph`).
+    """
     if device_kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("gpucomm-bench kernels: --device cuda asked for, but torch sees no CUDA device")
     on_gpu = device_kind != "cpu" and torch.cuda.is_available()
@@ -151,7 +156,7 @@ def run_kernels(
                 if check:
                     expected = _reference(ins, op_name).to(dtype)
 
-                    def reset(typed=typed, ins=ins) -> None:
+                    def reset(typed=typed, ins=ins, out=out) -> None:
                         for t, x in zip(typed, ins):
                             t.copy_(x.to(dtype))
                         out.fill_(poison_value(dtype))

@@ -1,5 +1,7 @@
-"""Start the ranks: ``--nproc P`` local processes (spawn, a free port, env://), or, when RANK
-and WORLD_SIZE are already set (torchrun), this process is one rank.
+"""Start the ranks of a benchmark run.
+
+``--nproc P`` local processes (spawn, a free port, env://), or, when RANK and WORLD_SIZE are
+already set (torchrun), this process is one rank.
 
 Spawned ranks are bound to one core each when there are enough (``--bind auto``, as ``mpirun``
 binds its ranks): unbound, the scheduler sometimes wakes two ranks on one core after a gloo

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     per_rank = spawn_ranks(_count, args.nproc, args.numel, args.algo, timeout=1200)
     counts = per_rank[0]
     print(
-        f"{'collective':<24} {'launches':>8} {'host reads':>10}   ({args.nproc} ranks, {args.numel} fp32, algo={args.algo})"
+        f"{'collective':<24} {'launches':>8} {'host reads':>10}   "
+        f"({args.nproc} ranks, {args.numel} fp32, algo={args.algo})"
     )
     for name, c in counts.items():
         print(f"{name:<24} {c['launches']:>8} {c['host_reads']:>10}")

@@ -88,8 +88,11 @@ def _half_bytes(workspace_bytes: int) -> int:
 
 
 def _heap(tensor: torch.Tensor, rank: int, world: int) -> list[int]:
-    """Every rank's heap base as rank ``rank`` sees it, its own at ``tensor``: the peers' at
-    addresses nothing else uses (nothing is launched: they only tell its operands from theirs)."""
+    """Every rank's heap base as rank ``rank`` sees it, its own at ``tensor``.
+
+    The peers' are at addresses nothing else uses: nothing is launched, they only tell its operands
+    from theirs.
+    """
     span = -(-tensor.numel() * tensor.element_size() // (1 << 30)) * (4 << 30)
     return [tensor.data_ptr() + (p - rank) * span for p in range(world)]
 
@@ -97,8 +100,10 @@ def _heap(tensor: torch.Tensor, rank: int, world: int) -> list[int]:
 def build(
     algo: str, nbytes: int, world: int, rank: int, half_bytes: int, inplace: bool = False
 ) -> tuple[Program, list[int] | None]:
-    """Rank ``rank``'s program of an all_reduce of ``nbytes`` (float32, SUM) and, ``inplace``
-    (two-shot on a symmetric tensor), the heap bases it was built with."""
+    """Rank ``rank``'s program of an all_reduce of ``nbytes`` (float32, SUM), and its heap bases.
+
+    The heap bases are those it was built with where ``inplace`` (two-shot on a symmetric tensor).
+    """
     tensor = torch.empty(max(1, nbytes // 4), dtype=torch.float32)  # never touched: no memory used
     heap = _heap(tensor, rank, world) if inplace else None
     b = Builder(rank, world, half_bytes, "all_reduce", (algo, nbytes), args=[Region.of(tensor)], heap=heap)
@@ -134,8 +139,11 @@ def _kind(ins: tuple, rank: int, heap: Sequence[int] | None) -> str:
 def walk(
     program: Program, world: int, rank: int, heap: Sequence[int] | None = None, channels: int = MAX_CHANNELS
 ) -> tuple[int, list[dict]]:
-    """(grid, rounds) of ``program`` on rank ``rank``: each round's name (the kinds of its
-    instructions), each channel's link and local bytes, and whether a SYNC ends it."""
+    """(grid, rounds) of ``program`` on rank ``rank``.
+
+    Each round's name (the kinds of its instructions), each channel's link and local bytes, and
+    whether a SYNC ends it.
+    """
     grid, granule = channel_layout(program, world, channels)
     rounds = [{"kinds": [], "link": [0] * grid, "local": [0] * grid, "sync": False, "steps": []}]
     for ins in program.instructions:
@@ -166,8 +174,11 @@ def _channel_us(steps: list[list[tuple[int, int]]], grid: int, c: int, p: argpar
 
 
 def critical_path(walks: Sequence[tuple[int, list[dict]]], p: argparse.Namespace) -> tuple[float, list[dict]]:
-    """(device us, phases) of one call from every rank's :func:`walk`: each round as long as its
-    slowest channel on its slowest rank, plus its SYNC; phases as the module docstring says."""
+    """(device us, phases) of one call from every rank's :func:`walk`.
+
+    Each round is as long as its slowest channel on its slowest rank, plus its SYNC; phases as the
+    module docstring says.
+    """
     grid, first = walks[0]
     us = p.launch_us
     phases: dict[str, dict] = {}
@@ -186,9 +197,11 @@ def critical_path(walks: Sequence[tuple[int, list[dict]]], p: argparse.Namespace
 def count(
     algo: str, nbytes: int, world: int, half_bytes: int, symmetric: bool = False, p: argparse.Namespace | None = None
 ) -> dict:
-    """What one all_reduce of ``nbytes`` costs: its SYNCs, rank 0's NVLink and local bytes, the
-    grid, and (``p`` given) the device us and phases of its critical path. ``symmetric``: two-shot
-    in place on a symmetric tensor."""
+    """What one all_reduce of ``nbytes`` costs, by the model.
+
+    Its SYNCs, rank 0's NVLink and local bytes, the grid, and (``p`` given) the device us and phases
+    of its critical path. ``symmetric``: two-shot in place on a symmetric tensor.
+    """
     walks = []
     for rank in range(world if p is not None else 1):
         program, heap = build(algo, nbytes, world, rank, half_bytes, inplace=symmetric and algo == "twoshot")
@@ -209,11 +222,13 @@ def count(
 
 
 def count_multimem(nbytes: int, world: int) -> dict:
-    """What the multimem all_reduce (kernels/triton/multimem.py) on a symmetric tensor costs
-    rank 0, by construction: a barrier, then ``multimem.ld_reduce`` and ``multimem.st`` of its
-    1/P of the tensor, then a barrier. Each GPU's NVLink carries, in its busier direction, the
-    switch's reads of its copy for every rank's load-reduce (n) plus its own 1/P stored once
-    (the switch fans it out): (1 + 1/P) n, against 2 (P-1)/P n for two-shot."""
+    """What the multimem all_reduce (kernels/triton/multimem.py) on a symmetric tensor costs rank 0.
+
+    By construction: a barrier, then ``multimem.ld_reduce`` and ``multimem.st`` of its 1/P of the
+    tensor, then a barrier. Each GPU's NVLink carries, in its busier direction, the switch's reads of
+    its copy for every rank's load-reduce (n) plus its own 1/P stored once (the switch fans it out):
+    (1 + 1/P) n, against 2 (P-1)/P n for two-shot.
+    """
     grid = launch_channels(max(1, nbytes // world), MAX_CHANNELS)
     link = nbytes + nbytes // world
     return {
@@ -259,9 +274,12 @@ def _row(nbytes: int, world: int, tensor: str, algo: str, auto: bool, c: dict, p
 
 
 def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
-    """Every size's rows: each algorithm on an ordinary tensor; on a symmetric one the in-place
-    two-shot and what the halves serve; multimem. ``auto`` on the row of what gpucomm picks for a
-    float32 SUM (the engine runs two-shot in place on a symmetric tensor above one half)."""
+    """Every size's rows of the model's table.
+
+    Each algorithm on an ordinary tensor; on a symmetric one the in-place two-shot and what the
+    halves serve; multimem. ``auto`` marks the row of what gpucomm picks for a float32 SUM (the
+    engine runs two-shot in place on a symmetric tensor above one half).
+    """
     half = _half_bytes(p.workspace_bytes)
     P = p.world
     out = []
@@ -287,8 +305,10 @@ def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
 
 
 def crossover(p: argparse.Namespace, worlds: Sequence[int] = range(2, 9), sizes: Sequence[int] = SIZES) -> list[dict]:
-    """One-shot against two-shot on ordinary tensors, device us, at every world size in
-    ``worlds``: where gpucomm.algorithms.select's GPU thresholds come from."""
+    """One-shot against two-shot on ordinary tensors, device us, at every world size in ``worlds``.
+
+    Where gpucomm.algorithms.select's GPU thresholds come from.
+    """
     half = _half_bytes(p.workspace_bytes)
     out = []
     for world in worlds:
@@ -300,8 +320,10 @@ def crossover(p: argparse.Namespace, worlds: Sequence[int] = range(2, 9), sizes:
 
 
 def sync_share(workspace_bytes: int, p: argparse.Namespace, nbytes: int = 1 << 30) -> float:
-    """The share of a two-shot all_reduce of ``nbytes`` on an ordinary tensor that its SYNCs
-    take, with a workspace of ``workspace_bytes`` (how the default workspace size is chosen)."""
+    """The share of a two-shot all_reduce of ``nbytes`` on an ordinary tensor that its SYNCs take.
+
+    With a workspace of ``workspace_bytes``: how the default workspace size is chosen.
+    """
     c = count("twoshot", nbytes, p.world, _half_bytes(workspace_bytes), p=p)
     return c["syncs"] * p.sync_us / c["device_us"]
 
@@ -324,8 +346,11 @@ TABLE_SIZES = sorted({8 << (2 * i) for i in range(14)} | set(PUBLISHED))
 
 
 def markdown(rows_: Sequence[dict]) -> str:
-    """docs/performance.md's table from the rows of a ``--json`` file: what ``auto`` runs on an
-    ordinary and on a symmetric tensor, the multimem path, and the published figures."""
+    """docs/performance.md's table from the rows of a ``--json`` file.
+
+    What ``auto`` runs on an ordinary and on a symmetric tensor, the multimem path, and the
+    published figures.
+    """
 
     def cell(tensor: str, size: int, auto: bool = True) -> str:
         found = [r for r in rows_ if r["size_bytes"] == size and r["tensor"] == tensor and (r["auto"] or not auto)]
@@ -351,7 +376,8 @@ def markdown(rows_: Sequence[dict]) -> str:
             else f"{size} B"
         )
         lines.append(
-            f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | {cell('multimem', size, auto=False)} | {nccl} | {others} |"
+            f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | "
+            f"{cell('multimem', size, auto=False)} | {nccl} | {others} |"
         )
     return "\n".join(lines)
 
@@ -396,12 +422,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = rows(args)
     print(
-        f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  phases (name: busiest channel bytes, syncs)"
+        f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  "
+        "phases (name: busiest channel bytes, syncs)"
     )
     for r in table:
         phases = "; ".join(f"{ph['name']}: {max(ph['channel_bytes'], default=0)}, {ph['syncs']}" for ph in r["phases"])
         print(
-            f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} {r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
+            f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} "
+            f"{r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
         )
     shares_ = {ws: round(sync_share(ws, args), 3) for ws in WORKSPACE_SIZES}
     print("share of a 1 GiB two-shot all_reduce (ordinary tensor) spent in SYNCs, by GPUCOMM_WORKSPACE_BYTES:")

@@ -1,5 +1,7 @@
-"""Spawning the ranks of a benchmark that measures one thing per rank (the CLI's runner has its
-own, with rounds and tables): fresh processes, a free port, each rank's result back."""
+"""Spawning the ranks of a benchmark that measures one thing per rank.
+
+Fresh processes, a free port, each rank's result back. The CLI's runner has its own, with rounds
+and tables."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ __all__ = ["spawn_ranks"]
 
 
 def spawn_ranks(target: Callable[..., None], nproc: int, *args: object, timeout: float = 3600) -> dict[int, object]:
-    """Run ``target(rank, nproc, port, *args, results)`` in ``nproc`` spawned processes; each
-    puts ``(rank, value)`` on ``results``. Returns ``{rank: value}``; raises ``queue.Empty`` if a
-    rank gives nothing within ``timeout`` seconds."""
+    """Run ``target(rank, nproc, port, *args, results)`` in ``nproc`` spawned processes; ``{rank: value}``.
+
+    Each rank puts ``(rank, value)`` on ``results``. Raises ``queue.Empty`` if a rank gives nothing
+    within ``timeout`` seconds.
+    """
     ctx = multiprocessing.get_context("spawn")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -83,8 +83,11 @@ def _ratio(first: dict | None, other: dict | None, width: int) -> str:
 
 
 def comparison_table(collective: str, tables: Sequence[dict], rounds: int) -> str:
-    """Backends side by side for one collective: each one's median time with its spread over
-    rounds, and the first backend's time over each other's (below 1: the first is faster)."""
+    """Backends side by side for one collective.
+
+    Each one's median time with its spread over rounds, and the first backend's time over each
+    other's (below 1: the first is faster).
+    """
     names = [t["backend"] for t in tables]
     labels = [f"{names[0]}/{n}" for n in names[1:]]
     widths = [max(len(label), 6) for label in labels]

@@ -24,13 +24,12 @@ def round_order(items: Sequence[T], k: int) -> list[T]:
 
 
 def combine_rounds(size: int, factor: float, cells: Sequence[Sequence[dict | None]]) -> dict | None:
-    """One variant's table cell from ``cells[rank][round] = {"samples", "wrong"}`` (None: no such
-    variant), ``samples`` the seconds of each timed iteration.
+    """One variant's table cell from ``cells[rank][round] = {"samples", "wrong"}``.
 
-    A round's time is :func:`timing.slowest_rank` of its samples (per iteration the slowest rank,
-    then the median over iterations); the cell's time is the median of the rounds' times.
-    ``wrong`` sums over ranks and rounds (every round is checked after its timed calls), None where
-    the check was off.
+    None where a cell is None (no such variant). ``samples`` are the seconds of each timed iteration. A round's time is
+    :func:`timing.slowest_rank` of its samples (per iteration the slowest rank, then the median over
+    iterations); the cell's time is the median of the rounds' times. ``wrong`` sums over ranks and
+    rounds (every round is checked after its timed calls), None where the check was off.
     """
     if any(c is None for per_rank in cells for c in per_rank):
         return None

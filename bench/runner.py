@@ -14,7 +14,6 @@ import json
 import os
 import random
 import socket
-import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -33,6 +32,7 @@ from .backends import (
 )
 from .collectives import SPECS, Case, poison_value
 from .hostinfo import device_name, versions
+from .progress import emit, progress_bar, show_bar
 from .report import VARIANTS, avg_busbw, comparison_table, table_footer, table_header, table_row
 from .rounds import combine_rounds, round_order
 from .timing import check_after, count_wrong, time_calls, time_graph
@@ -152,8 +152,11 @@ def _measure(spec, case: Case, backend, inplace: bool, s: Settings) -> dict | No
 
 
 def _measure_rounds(spec, case: Case, backends: list[Backend], s: Settings, bar) -> dict:
-    """This rank's cells at one size: ``{name: {"rounds": [{variant: cell}, ...]}}`` per backend,
-    or ``{name: {"error": text}}`` for one that raised (it sits out the remaining rounds)."""
+    """This rank's cells at one size, per backend.
+
+    ``{name: {"rounds": [{variant: cell}, ...]}}``, or ``{name: {"error": text}}`` for a backend
+    that raised (it sits out the remaining rounds).
+    """
     results: dict[str, dict] = {b.name: {"rounds": []} for b in backends}
     for k in range(s.rounds):
         for backend in round_order(backends, k):
@@ -196,44 +199,6 @@ def _record(spec, case: Case, size: int, per_rank: list[dict], tables: dict[str,
             tables[name]["rows"].append(_row(spec, case, size, [p[name] for p in per_rank], s))
 
 
-def _show_bar() -> bool:
-    # Only where stdout and stderr are both terminals: where either goes to a log (CI, `2>&1`,
-    # `| tee`), the bar's redraws would land between the table rows.
-    return sys.stdout.isatty() and sys.stderr.isatty()
-
-
-class _NoBar:
-    """What the report needs of a progress bar, where none is shown."""
-
-    disable = True
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    # tqdm is optional (the `bench` extra): a GPU machine that installs gpucomm with --no-deps and
-    # has no network may lack it, and a bar that is off needs nothing of it.
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, file=sys.stderr, leave=False, unit="round")
-
-
-def _emit(bar, text: str) -> None:
-    """Print a report line; through the bar where it is shown, so that the bar stays whole."""
-    if bar.disable:
-        print(text, flush=True)
-    else:
-        bar.write(text, file=sys.stdout)
-
-
 def _run_collective(
     coll: str,
     backends: list[Backend],
@@ -246,8 +211,10 @@ def _run_collective(
     seed: int,
     not_run: list[dict],
 ) -> list[dict]:
-    """Every size of one collective on every started backend; rank 0's tables (empty list elsewhere),
-    in the order of ``s.backends``, with a table saying why for each peer in ``not_run``."""
+    """Every size of one collective on every started backend; rank 0's tables (empty elsewhere).
+
+    In the order of ``s.backends``, with a table saying why for each peer in ``not_run``.
+    """
     spec = SPECS[coll]
     dtype = DTYPES[s.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
@@ -300,8 +267,10 @@ def _run_collective(
 
 
 def _add_ratios(tables: list[dict]) -> None:
-    """Rank 0: on each cell of the first backend's table, ``ratio``: its time over each peer's at the
-    same size and variant, where both ran (below 1: the first backend is faster)."""
+    """Rank 0: give each cell of the first backend's table its time over each peer's, as ``ratio``.
+
+    Where both ran at that size and variant; below 1, the first backend is faster.
+    """
     first, peers = tables[0], [t for t in tables[1:] if t["rows"]]
     for row in first["rows"]:
         for variant in VARIANTS:
@@ -317,7 +286,10 @@ def _add_ratios(tables: list[dict]) -> None:
 
 def _table_text(table: dict) -> str:
     if table["skipped"]:
-        return f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n# skipped: {table['skipped']}\n#"
+        return (
+            f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n"
+            f"# skipped: {table['skipped']}\n#"
+        )
     lines = [f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n#", table_header()]
     lines += [table_row(row) for row in table["rows"]]
     if table["error"]:
@@ -329,10 +301,10 @@ def _table_text(table: dict) -> str:
 def _print_collective(tables: list[dict], s: Settings, bar) -> None:
     """Rank 0: each backend's nccl-tests table, then the backends side by side."""
     for table in tables:
-        _emit(bar, _table_text(table))
+        emit(bar, _table_text(table))
     measured = [t for t in tables if t["rows"]]
     if len(measured) >= 2:
-        _emit(bar, comparison_table(measured[0]["collective"], measured, s.rounds))
+        emit(bar, comparison_table(measured[0]["collective"], measured, s.rounds))
 
 
 def _rank_info(device: torch.device) -> dict:
@@ -350,8 +322,7 @@ def _cores_text(cores: list[int]) -> str:
 
 
 def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -> tuple[list[str], list[dict]]:
-    """The backends that can run here, and the peers that cannot with the reason; raises for the
-    backend under test."""
+    """The backends that can run here, and the peers that cannot with why; raises for the one under test."""
     runnable, skipped = [], []
     for i, name in enumerate(s.backends):
         reason = why_unavailable(name, device, world, local_world)
@@ -405,9 +376,9 @@ def run_rank(s: Settings) -> int:
     try:
         # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
         served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
-        bar = _progress(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and _show_bar())
+        bar = progress_bar(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and show_bar())
         if rank == 0:
-            _emit(bar, _header(s, world, seed, served, device, infos, skipped, nccl))
+            emit(bar, _header(s, world, seed, served, device, infos, skipped, nccl))
         by_backend: dict[str, list[dict]] = {name: [] for name in s.backends}
         for coll in s.collectives:
             tables = _run_collective(coll, backends, rank, world, device, s, ex, bar, seed, skipped)
@@ -449,8 +420,10 @@ def run_rank(s: Settings) -> int:
 
 
 def _gpucomm_line(served: dict, device: torch.device) -> str:
-    """``# gpucomm: cpu tensors -> workspace transport=shm kernels=torch (transport=auto ...)``:
-    the path that served this run's tensors, then the knobs as gpucomm resolved them."""
+    """The path that served this run's tensors, then the knobs as gpucomm resolved them.
+
+    ``# gpucomm: cpu tensors -> workspace transport=shm kernels=torch (transport=auto ...)``
+    """
     config = served["config"]
     knobs = " ".join(f"{k}={config[k]}" for k in ("transport", "kernels", "algo", "check"))
     return f"# gpucomm: {device.type} tensors -> {served['paths'][device.type]} ({knobs})"
@@ -467,8 +440,9 @@ def _header(s: Settings, world, seed, served, device, infos, skipped, nccl) -> s
         timing += f", median over {s.rounds} rounds (backends in alternating order)"
     lines = [
         f"# gpucomm-bench {' '.join(s.argv)}",
-        f"# world {world}  minBytes {s.sizes[0]}  maxBytes {s.max_bytes or s.sizes[-1]}  step: {s.step_factor:g}(factor)"
-        f"  warmup iters: {s.warmup}  iters: {s.iters}  validation: {int(s.check)}  seed: {seed}",
+        f"# world {world}  minBytes {s.sizes[0]}  maxBytes {s.max_bytes or s.sizes[-1]}  "
+        f"step: {s.step_factor:g}(factor)  warmup iters: {s.warmup}  iters: {s.iters}  "
+        f"validation: {int(s.check)}  seed: {seed}",
         f"# dtype {s.dtype}  op {s.op}  root {s.root}  backends: {', '.join(s.backends)}",
         f"{timing} ({'CUDA events' if device.type == 'cuda' else 'wall clock'})",
     ]

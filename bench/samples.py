@@ -1,5 +1,7 @@
-"""Per-call samples on the host's clock, and their summary (no torch here: a rank may import this
-before it sets what must be set before torch or triton is imported)."""
+"""Per-call samples on the host's clock, and their summary.
+
+No torch here: a rank may import this before it sets what must be set before torch or triton is
+imported."""
 
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def table(data: dict, peer: str) -> str:
             continue
         lines += [
             f"**{collective}**, {settings['world_size']} ranks, {settings['dtype']}{_op(ours)}, "
-            f"{len(ours['rows'][0]['out_of_place'].get('round_time_us', [0]))} rounds (us: median [min-max] over rounds)",
+            f"{len(ours['rows'][0]['out_of_place'].get('round_time_us', [0]))} rounds "
+            "(us: median [min-max] over rounds)",
             "",
             f"| size | gpucomm | {peer} | ratio | gpucomm in-place | {peer} in-place | ratio |",
             "|---|---|---|---|---|---|---|",

@@ -55,14 +55,16 @@ def _time_cuda(call: Callable[[], None], iters: int) -> list[float]:
 
 
 def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iters: int, launches: int) -> list[float]:
-    """Seconds of one ``call`` on the device, one sample per replay: ``iters`` calls captured into
-    one CUDA graph, each of ``launches`` replays between two events of its own, its time divided
-    by the calls it holds (as nccl-tests' ``-G``). The ``warmup`` calls (at least one) run first on
-    a side stream, as a capture asks: kernels compiled, launches bound, memory allocated before it.
+    """Seconds of one ``call`` on the device, one sample per replay of a CUDA graph (nccl-tests' ``-G``).
+
+    ``iters`` calls are captured into one graph; each of ``launches`` replays runs between two events
+    of its own, its time divided by the calls it holds. The ``warmup`` calls (at least one) run first
+    on a side stream, as a capture asks: kernels compiled, launches bound, memory allocated before it.
 
     On a GPU whose host enqueues slower than the device runs (per-call times of small messages),
     this is the device's time per call, which :func:`time_calls` cannot see: its events then hold
-    the host's enqueue."""
+    the host's enqueue.
+    """
     if device.type != "cuda":
         raise ValueError(f"time_graph: CUDA graphs need a CUDA device, got {device}")
     if iters < 1 or launches < 1 or warmup < 0:
@@ -93,8 +95,11 @@ def time_graph(call: Callable[[], None], device: torch.device, warmup: int, iter
 
 
 def slowest_rank(per_rank: Sequence[Sequence[float]]) -> float:
-    """The figure of one measurement from ``per_rank[rank][iteration]``: each iteration's slowest
-    rank, then the median over iterations. Every rank must give the same number of iterations."""
+    """The figure of one measurement from ``per_rank[rank][iteration]``.
+
+    Each iteration's slowest rank, then the median over iterations. Every rank must give the same
+    number of iterations.
+    """
     counts = {len(samples) for samples in per_rank}
     if not per_rank or len(counts) != 1 or 0 in counts:
         raise ValueError(
@@ -112,8 +117,10 @@ def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
 
 
 def check_after(reset: Callable[[], None], call: Callable[[], object], device: torch.device) -> object:
-    """Made after the timed calls: ``reset()`` (inputs restored, outputs poisoned), one ``call()``,
-    its end awaited; returns what the call returned, for the caller to compare."""
+    """Reset, make one ``call()`` after the timed ones and await its end; what the call returned.
+
+    ``reset()`` restores the inputs and poisons the outputs; the caller compares the result.
+    """
     reset()
     result = call()
     if device.type == "cuda":

@@ -1,5 +1,4 @@
-"""CUDA graph capture, seen from gpucomm: whether the caller is capturing, and how a background
-thread asks about events without breaking another thread's capture.
+"""CUDA graph capture, seen from gpucomm: whether the caller is capturing, and safe event queries.
 
 - A collective captured into a graph must find everything it launches with on the device already
   (tables built by an eager call of the same shape on the same tensors), and what it uses must
@@ -33,9 +32,11 @@ def capturing(device: torch.device) -> bool:
 
 
 def capturing_on(index: int) -> Callable[[], bool]:
-    """Whether this thread's current stream on GPU ``index`` captures a CUDA graph, asked: torch
-    answers for the current device's stream, and the caller's current device may be another GPU
-    than the communicator's (two C calls where it is ``index``; a device switch where not)."""
+    """Whether this thread's current stream on GPU ``index`` captures a CUDA graph.
+
+    torch answers for the current device's stream, and the caller's current device may be another
+    GPU than the communicator's: two C calls where it is ``index``, a device switch where not.
+    """
     C = torch._C
 
     def asked() -> bool:
@@ -67,6 +68,8 @@ def _exchange_mode(mode: int) -> int | None:
 
 
 def enter_thread_local_capture_mode() -> bool:
-    """Put the calling thread in thread-local capture mode for good; False where the CUDA driver
-    cannot (no driver: then there is no capture to break either)."""
+    """Put the calling thread in thread-local capture mode for good; False where the driver cannot.
+
+    Without a CUDA driver there is no capture to break either.
+    """
     return _exchange_mode(CAPTURE_MODE_THREAD_LOCAL) is not None

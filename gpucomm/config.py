@@ -71,8 +71,10 @@ class Config:
     status_signal: str = ""  # a signal name (SIGUSR1, ...) that makes a rank print gpucomm.status(); "" = off
 
     def workspace_bytes_for(self, device_type: str) -> int:
-        """Data bytes of a workspace on ``device_type`` ("cpu", "cuda"): the knob, or the device's
-        default where it is unset (``workspace_bytes`` is -1)."""
+        """Data bytes of a workspace on ``device_type`` ("cpu", "cuda"): the knob, or the device's default.
+
+        The default applies where the knob is unset (``workspace_bytes`` is -1).
+        """
         return self.workspace_bytes if self.workspace_bytes >= 0 else DEFAULT_WORKSPACE_BYTES[device_type]
 
     def heap_bytes_for(self, device_type: str) -> int:
@@ -81,7 +83,10 @@ class Config:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
-        """Read ``GPUCOMM_<NAME>`` for every field, then apply keyword overrides (None = unset)."""
+        """Read ``GPUCOMM_<NAME>`` for every field, then apply keyword overrides (None = unset).
+
+        Raises TypeError for an unknown keyword, ValueError for a value a knob does not take.
+        """
         env = os.environ if env is None else env
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)

@@ -45,9 +45,11 @@ REFERENCES = {
 
 
 def _paths(gpu: bool) -> list[tuple[str, dict[str, str], str, bool]]:
-    """(label, knobs, tensor device, interpreted) for every path this host can run; "gloo" is
-    gpucomm's own gloo path (gpucomm's Communicator over a gloo group), not torch.distributed's
-    gloo backend."""
+    """(label, knobs, tensor device, interpreted) for every path this host can run.
+
+    "gloo" is gpucomm's own gloo path (gpucomm's Communicator over a gloo group), not
+    torch.distributed's gloo backend.
+    """
     paths = [
         ("gloo", {"transport": "gloo"}, "cpu", False),
         ("shm+torch", {"transport": "shm", "kernels": "torch"}, "cpu", False),
@@ -223,13 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("each row: one gpucomm collective on float32 inputs, checked on every rank with torch.equal against the")
     print(
-        "reference named; path 'gloo' is gpucomm's gloo path, 'shm+torch' its shared-memory workspace with torch kernels,"
+        "reference named; path 'gloo' is gpucomm's gloo path, "
+        "'shm+torch' its shared-memory workspace with torch kernels,"
     )
     if gpu:
         print("'cuda+triton' its CUDA IPC workspace with the Triton program kernel")
     else:
         print(
-            "'shm+triton' the Triton program kernel (gpucomm's GPU kernel) on the shared-memory workspace under Triton's"
+            "'shm+triton' the Triton program kernel (gpucomm's GPU kernel) "
+            "on the shared-memory workspace under Triton's"
         )
         print("interpreter (TRITON_INTERPRET=1): each collective once, its time the interpreter's, not a GPU's")
     print(f"{'path':<12} {'collective':<16} {'dtype':<8} {'time (us)':>12}  {'check':<6} reference")
@@ -238,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         ok = all(i < len(results[r][0]) and results[r][0][i][2] for r in results)
         all_ok &= ok
         mark = " (interpreted)" if interpreted else ""
-        print(
-            f"{label:<12} {name:<16} {'-' if name == 'barrier' else 'float32':<8} {micros:>12.1f}  {'OK' if ok else 'WRONG':<6} {REFERENCES[name]}{mark}"
-        )
+        dtype = "-" if name == "barrier" else "float32"
+        check = "OK" if ok else "WRONG"
+        print(f"{label:<12} {name:<16} {dtype:<8} {micros:>12.1f}  {check:<6} {REFERENCES[name]}{mark}")
     for r, e in sorted(errors.items()):
         print(f"rank {r} failed:\n{e}", file=sys.stderr)
     if missing:

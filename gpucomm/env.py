@@ -1,5 +1,6 @@
-"""``python -m gpucomm.env`` / ``gpucomm.collect_env()``: what this host gives gpucomm, in one
-report to paste into an issue.
+"""``python -m gpucomm.env`` / ``gpucomm.collect_env()``: a report of what this host gives gpucomm.
+
+It is made to be pasted into a bug report.
 
 Versions (gpucomm, torch, Triton, CuPy, the CUDA runtime and driver), each transport and whether
 this host can use it (and why not), what ``auto`` picks for CPU and CUDA tensors, and the knobs
@@ -79,7 +80,7 @@ class EnvReport:
         return "\n".join(lines)
 
     def get(self, section: str, name: str) -> str:
-        """One value: ``report.get("transports", "shm")``."""
+        """One value: ``report.get("transports", "shm")``; KeyError where the section has no such row."""
         for title, rows in self.sections:
             if title == section:
                 for row, value in rows:
@@ -135,7 +136,8 @@ def _versions(gpus: int) -> list[tuple[str, str]]:
         ("platform", f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs"),
         (
             "torch",
-            f"{torch.__version__} (CUDA build: {cuda_build or 'no'}; gloo: {'yes' if dist.is_gloo_available() else 'no'})",
+            f"{torch.__version__} (CUDA build: {cuda_build or 'no'}; "
+            f"gloo: {'yes' if dist.is_gloo_available() else 'no'})",
         ),
         ("triton", _version("triton")),
         ("cupy", _cupy_version()),
@@ -190,7 +192,8 @@ def _gpus(gpus: int) -> list[tuple[str, str]]:
         rows.append(
             (
                 f"cuda:{i}",
-                f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs",
+                f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, "
+                f"{props.multi_processor_count} SMs",
             )
         )
     if gpus > 1:
@@ -249,7 +252,10 @@ def _shm(config: Config | None) -> str:
 
     fits = _ranks_that_fit(free, per_rank)
     verdict = "yes" if fits >= 2 else "NO"
-    line = f"{verdict}: {SHM_DIR} {size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free: room for {fits} ranks' workspaces of {per_rank(2) / 2**20:.1f} MiB"
+    line = (
+        f"{verdict}: {SHM_DIR} {size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free: "
+        f"room for {fits} ranks' workspaces of {per_rank(2) / 2**20:.1f} MiB"
+    )
     if heap:
         with_heap = _ranks_that_fit(free, lambda ranks: per_rank(ranks) + heap)
         line += f", {with_heap} with a symmetric heap of {heap / 2**20:.1f} MiB each (gpucomm.empty opens it)"
@@ -319,8 +325,10 @@ def _config() -> tuple[Config | None, str]:
 
 
 def _auto(config: Config | None, error: str, gpus: int, cupy_ok: bool, cupy_why: str) -> list[tuple[str, str]]:
-    """What a communicator made now would serve each device's tensors with: the rule of
-    Communicator._workspace_plan (tests/test_env.py checks the two agree)."""
+    """What a communicator made now would serve each device's tensors with.
+
+    The rule of Communicator._workspace_plan (tests/test_env.py checks that the two agree).
+    """
     if config is None:
         return [("CPU tensors", f"init would fail: {error}"), ("CUDA tensors", f"init would fail: {error}")]
     cpu_kernels = resolved_name(config.kernels if kernels_run_on_cpu(config.kernels) else "auto", "cpu")

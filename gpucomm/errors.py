@@ -45,9 +45,11 @@ class UnsupportedError(GpucommError):
 
 
 class WorkspaceUnavailableError(UnsupportedError):
-    """The symmetric workspace cannot be made for these ranks on this host: a /dev/shm too small
-    for it, ranks that cannot open each other's segments (no shared /dev/shm), CUDA IPC handles
-    that cannot be opened (no shared IPC namespace, no peer access).
+    """The symmetric workspace cannot be made for these ranks on this host.
+
+    For example: a /dev/shm too small for it, ranks that cannot open each other's segments (no
+    shared /dev/shm), CUDA IPC handles that cannot be opened (no shared IPC namespace, no peer
+    access).
 
     Every rank of the open raises it at the same step (they agree through the store), before any
     rank uses the workspace. ``transport`` names the workspace ("shm", "cuda_ipc"), ``reasons``
@@ -64,8 +66,10 @@ class WorkspaceUnavailableError(UnsupportedError):
 
 
 class _Story:
-    """An error that can carry the story of the hang: what every rank involved was doing
-    (gpucomm.reliability.story builds it from the node's flight records)."""
+    """An error that can carry the story of the hang: what every rank involved was doing.
+
+    gpucomm.reliability.story builds it from the node's flight records.
+    """
 
     story: str = ""
 

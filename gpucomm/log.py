@@ -13,7 +13,10 @@ logger = logging.getLogger("gpucomm")
 
 
 def enable(level: str) -> None:
-    """Send gpucomm's records at ``level`` (INFO, DEBUG, ...) to stderr, once per process."""
+    """Send gpucomm's records at ``level`` (INFO, DEBUG, ...) to stderr, once per process.
+
+    Raises ValueError where ``level`` is not a logging level.
+    """
     if not level:
         return
     numeric = logging.getLevelName(level)

@@ -46,11 +46,11 @@ def as_reduce_op(op: object, fn: str) -> ReduceOp:
 
 
 class PremulSum:
-    """``ReduceOp.PREMUL_SUM(factor)``: the SUM of every rank's tensor multiplied by ``factor``
-    (torch.distributed builds the same operator with ``_make_nccl_premul_sum(factor)``).
+    """``ReduceOp.PREMUL_SUM(factor)``: the SUM of every rank's tensor multiplied by ``factor``.
 
-    The multiplication happens in the tensor's dtype on a copy, as NCCL's premultiplied sum
-    does; the caller's tensor is only written with the result.
+    torch.distributed builds the same operator with ``_make_nccl_premul_sum(factor)``. The
+    multiplication happens in the tensor's dtype on a copy, as NCCL's premultiplied sum does; the
+    caller's tensor is only written with the result.
     """
 
     def __init__(self, factor: float) -> None:
@@ -68,7 +68,10 @@ ReduceOp.PREMUL_SUM = PremulSum  # type: ignore[attr-defined]
 
 
 def premul_factor(op: object, fn: str) -> float | None:
-    """The factor of a ``ReduceOp.PREMUL_SUM(factor)``; None for any other operator."""
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)``; None for any other operator.
+
+    Raises TypeError for ``ReduceOp.PREMUL_SUM`` given without its factor.
+    """
     if op is PremulSum or (isinstance(op, dist.ReduceOp.RedOpType) and op == dist.ReduceOp.PREMUL_SUM):
         raise TypeError(f"gpucomm.{fn}: PREMUL_SUM needs its factor: pass op=gpucomm.ReduceOp.PREMUL_SUM(factor)")
     return op.factor if isinstance(op, PremulSum) else None

@@ -28,11 +28,13 @@ def itemsize(dtype: torch.dtype) -> int:
 
 
 def _bounds(total: int, cap: int) -> list[int]:
-    """Boundaries of ``total`` units cut into ``ceil(total / cap)`` pieces (one for 0), each at
-    most ``cap``: all but the last of one size, a multiple of the largest of 1, 2, 4, 8, 16
-    units that divides ``cap``, and the last short of it by less than one such unit per piece.
-    Equal pieces cut their slices alike, so that an instruction of one piece can share a
-    position with one of the next (two-shot's paired copies, gpucomm.algorithms.allreduce)."""
+    """Boundaries of ``total`` units cut into ``ceil(total / cap)`` pieces (one for 0), each <= ``cap``.
+
+    All but the last piece are of one size, a multiple of the largest of 1, 2, 4, 8, 16 units that
+    divides ``cap``; the last is short of it by less than one such unit per piece. Equal pieces cut
+    their slices alike, so that an instruction of one piece can share a position with one of the
+    next (two-shot's paired copies, gpucomm.algorithms.allreduce).
+    """
     cap = max(1, cap)
     k = max(1, -(-total // cap))
     align = math.gcd(cap, _ALIGN)
@@ -41,8 +43,10 @@ def _bounds(total: int, cap: int) -> list[int]:
 
 
 def ranges(numel: int, cap: int) -> list[tuple[int, int]]:
-    """(first element, count) of each piece of at most ``cap`` elements, even (module
-    docstring); one empty piece for 0."""
+    """(first element, count) of each even piece of at most ``cap`` elements (module docstring).
+
+    One empty piece for 0.
+    """
     bounds = _bounds(numel, cap)
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
@@ -54,8 +58,10 @@ def count(sizes: Sequence[int], cap: int) -> int:
 
 
 def piece(region: Region, index: int, cap: int, unit: int = 1) -> Region:
-    """Piece ``index`` of ``region`` cut into even pieces of at most ``cap`` units of ``unit``
-    bytes (module docstring); empty past its last piece."""
+    """Piece ``index`` of ``region`` cut into even pieces of at most ``cap`` units of ``unit`` bytes.
+
+    Empty past its last piece (module docstring).
+    """
     bounds = _bounds(region.nbytes // unit, cap)
     if index >= len(bounds) - 1:
         return region.sub(region.nbytes, 0)

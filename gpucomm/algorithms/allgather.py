@@ -33,8 +33,11 @@ def run(algo: str, b: Builder, mine: Region, outs: Sequence[Region]) -> None:
 
 
 def _own(b: Builder, mine: Region, outs: Sequence[Region]) -> None:
-    """My own input into my slot of the output, last: ranks whose calls differ raise at a sync,
-    and so before anything is written into the caller's tensors."""
+    """My own input into my slot of the output, last.
+
+    Ranks whose calls differ raise at a sync, and so before anything is written into the caller's
+    tensors.
+    """
     own = outs[b.rank]
     if own.addr != mine.addr:
         b.copy(own, mine)

@@ -54,8 +54,10 @@ def _sub_slot(half_bytes: int, world_size: int, op_name: str) -> int:
 
 
 def announce(b: Builder, outs: Sequence[Region], ins: Sequence[Region], sizes: Region) -> None:
-    """Program 1: the header (``sizes``: 2P int64, my sends then my receives) and the first
-    pieces, then a sync with everyone."""
+    """Program 1: the header and the first pieces, then a sync with everyone.
+
+    The header is ``sizes``: 2P int64, my sends then my receives.
+    """
     me, P = b.rank, b.world_size
     sub = _sub_slot(b.half_bytes, P, b.op_name)
     base = b.write_offset()
@@ -71,8 +73,10 @@ def announce(b: Builder, outs: Sequence[Region], ins: Sequence[Region], sizes: R
 
 
 def rounds(matrix: list[list[int]], half_bytes: int, members: Sequence[int], op_name: str) -> int:
-    """Check the headers of every rank (``matrix[p]``: rank p's 2P sizes) and return the number
-    of rounds; every rank checks every pair, so that all raise together."""
+    """The number of rounds, from the headers of every rank (``matrix[p]``: rank p's 2P sizes).
+
+    Every rank checks every pair, so that all raise together.
+    """
     P = len(matrix)
     for sender in range(P):
         for receiver in range(P):

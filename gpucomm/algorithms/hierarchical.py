@@ -4,13 +4,17 @@ Ranks are laid out node-major (node = rank // local_world_size, the layout torch
 ``GPUCOMM_LOCAL_WORLD_SIZE`` smaller than the world pretends to have several nodes on one
 machine. The engine's workspace then spans only its node's ranks, and:
 
-- all_reduce = intra-node reduce-scatter on the workspace (rank l of the node gets shard l of
-  the tensor, folded over the node's ranks in rank order) + inter-node all-gather of that shard
-  through torch.distributed among the ranks with the same local rank (NCCL for CUDA tensors
-  where torch has it, gloo otherwise; groups built here on gpucomm's store, never torch's
-  default group), folded locally in node order + intra-node all-gather of the shards on the
-  workspace. Each rank moves 2·(L-1)/L·n bytes inside its node and receives (N-1)/L·n bytes
-  across N nodes (the same as a ring all-reduce's 2(N-1)/N/L·n at N = 2, N/2 times more beyond).
+- all_reduce, in three stages:
+
+  1. intra-node reduce-scatter on the workspace: rank l of the node gets shard l of the tensor,
+     folded over the node's ranks in rank order;
+  2. inter-node all-gather of that shard through torch.distributed among the ranks with the
+     same local rank, folded locally in node order (NCCL for CUDA tensors where torch has it,
+     gloo otherwise; groups built here on gpucomm's store, never torch's default group);
+  3. intra-node all-gather of the shards on the workspace.
+
+  Each rank moves 2·(L-1)/L·n bytes inside its node and receives (N-1)/L·n bytes across N nodes
+  (the same as a ring all-reduce's 2(N-1)/N/L·n at N = 2, N/2 times more beyond).
 - every other collective goes through torch.distributed directly (the communicator's gloo
   group): the selector returns no workspace algorithm for them (gpucomm.algorithms.select).
 
@@ -21,9 +25,11 @@ move twice their bytes inside the node), so an element's result is
 in rank order, the nodes are folded in node order, AVG divides once by the world size W at the
 end and the one rounding to the dtype comes last. It depends on the layout (ranks per node),
 never on the size, the algorithm of the node's stages (save a forced ring, which warns) or the
-nodes' arrival order. Why not torch.distributed's all-reduce across nodes: gloo's ring (and
-NCCL's ring or tree) folds each chunk starting at another rank, so the bits of an element would
-depend on where it falls in the message.
+nodes' arrival order.
+
+Why not torch.distributed's all-reduce across nodes: gloo's ring (and NCCL's ring or tree) folds
+each chunk starting at another rank, so the bits of an element would depend on where it falls in
+the message.
 """
 
 from __future__ import annotations
@@ -95,8 +101,10 @@ class InterNode:
         return buffer
 
     def all_reduce(self, shard: torch.Tensor, op: ReduceOp) -> None:
-        """Reduce ``shard`` (in its accumulation type) in place across nodes, in node order;
-        AVG divides once by the whole world size."""
+        """Reduce ``shard`` (in its accumulation type) in place across nodes, in node order.
+
+        AVG divides once by the whole world size.
+        """
         gathered = [torch.empty_like(shard) for _ in range(self.size)]
         self._group(shard).allgather([gathered], [shard]).wait()
         fold_into(shard, gathered, op, self.world_size, None)
@@ -112,8 +120,10 @@ class InterNode:
 
 @runtime_checkable
 class NodeEngine(Protocol):
-    """What the hierarchical all_reduce drives (:class:`gpucomm.workspace.engine.Engine`): the node's
-    flat algorithms on its workspace, and the inter-node group."""
+    """What the hierarchical all_reduce drives (:class:`gpucomm.workspace.engine.Engine`).
+
+    The node's flat algorithms on its workspace, and the inter-node group.
+    """
 
     rank: int  # this rank's index on the node
     world_size: int  # ranks on the node

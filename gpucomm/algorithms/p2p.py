@@ -17,13 +17,15 @@ up to SLOTS pieces per pair are in flight.
 
 Messages larger than a payload go as consecutive pieces of the pair's stream. The receiver
 matches a message to the oldest posted recv with the same source (or any source) and tag when
-its first piece arrives; a message nobody waits for yet is drained into a private buffer (the
-"unexpected" queue) so that it never blocks the messages behind it: different tags are kept
+its first piece arrives. A message nobody waits for yet is drained into a private buffer (the
+"unexpected" queue), so that it never blocks the messages behind it: different tags are kept
 apart and may be received in any order, while messages with the same (source, tag) arrive in
-the order they were sent. Nothing runs in the background: pieces move whenever this rank is in
-any gpucomm wait (a recv, a send's ``wait()``, a collective's sync), so a ring of isend + recv
-completes. Every blocking wait has the communicator's timeout, counted from the last piece
-that moved, and raises :class:`CommTimeoutError` naming the peer(s) it waited for.
+the order they were sent.
+
+Nothing runs in the background: pieces move whenever this rank is in any gpucomm wait (a recv, a
+send's ``wait()``, a collective's sync), so a ring of isend + recv completes. Every blocking
+wait has the communicator's timeout, counted from the last piece that moved, and raises
+:class:`CommTimeoutError` naming the peer(s) it waited for.
 """
 
 from __future__ import annotations
@@ -103,8 +105,10 @@ class _Request:
 
 @runtime_checkable
 class MailEngine(NodeWorkspace, Protocol):
-    """What the mailboxes read of their engine (:class:`gpucomm.workspace.engine.Engine`): the node's
-    workspace and where each rank's send/recv area lies in it."""
+    """What the mailboxes read of their engine (:class:`gpucomm.workspace.engine.Engine`).
+
+    The node's workspace, and where each rank's send/recv area lies in it.
+    """
 
     def mailbox(self, peer: int, offset: int, nbytes: int) -> Region: ...
 
@@ -184,8 +188,7 @@ class Mailboxes:
 
     # -- moving pieces --------------------------------------------------------------------------
     def progress(self) -> bool:
-        """Post what the slots allow and take what has arrived, without blocking; True if a
-        piece moved."""
+        """Post what the slots allow and take what has arrived, without blocking; True if a piece moved."""
         with self._lock:
             return self._progress()
 

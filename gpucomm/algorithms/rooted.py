@@ -1,5 +1,7 @@
-"""Rooted collectives on the workspace: broadcast and reduce (direct or tree), gather and
-scatter (direct). Roots are communicator ranks; on the flat workspace they are local ranks too.
+"""Rooted collectives on the workspace: broadcast, reduce, gather and scatter.
+
+Broadcast and reduce are direct or tree, gather and scatter direct. Roots are communicator ranks;
+on the flat workspace they are local ranks too.
 
 direct broadcast (per piece of one half): the root copies its piece into its half; one sync
 (root: ``readers`` = everyone; others: ``sources`` = [root]); every other rank copies the piece

@@ -103,7 +103,7 @@ FAMILIES: dict[str, str] = {
 }
 
 # all_reduce, one-shot vs two-shot, on the shared-memory workspace (the default path of CPU
-# tensors on one host): 2-core VM, 2026-11-22, nothing else running, `gpucomm-bench all_reduce
+# tensors on one host): 2-core VM, nothing else running, `gpucomm-bench all_reduce
 # --nproc P --algo A --rounds 3|5 -n 10|20` (docs/results/2026-11-22-cpu-2core/, the
 # all_reduce_{oneshot,twoshot}*.json files), medians in us, out-of-place / in-place. P=4: one-shot
 # ahead at 64 KiB (158/146 vs 174/240), two-shot ahead at 128 KiB (211/200 vs 237/213) and beyond
@@ -130,8 +130,8 @@ ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
 # Above 8 ranks (no model row): 8 ranks' value, the lowest; the crossover falls as P grows to 8.
 ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 # What the deterministic choice costs against the fastest of all four algorithms, size by size
-# at 4 ranks on this path: docs/algorithms.md, "What the contract costs" (2026-11-23, a 2-core VM
-# under heavy load from other work: 1.1-3.6x behind tree or ring at most sizes with
+# at 4 ranks on this path: docs/algorithms.md, "What the contract costs" (a 2-core VM under
+# heavy load from other work: 1.1-3.6x behind tree or ring at most sizes with
 # OMP_NUM_THREADS=1; the α-β model of an NVSwitch GPU node has it the fastest at every size).
 # Every number from here on is older: the host-driven emulation (shm transport, torch kernels,
 # waits that slept 1 ms) on a 2-core VM shared with other jobs, `gpucomm-bench <collective>
@@ -141,9 +141,9 @@ ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 #
 # all_reduce, two-shot vs ring: at 16 MiB ring was ahead at P=8 (802 vs 1831 ms) and P=4
 # (110/159 vs 273/296 ms); at 1 MiB it was behind at P=8 (443 vs 171 ms). Tree was the fastest
-# of all from 1 MiB at P=4 and P=8 in this emulation (P=8, 16 MiB: 508 ms). The table picked
-# ring from 8 ranks and 16 MiB until issue 24; it no longer picks ring or tree at all, since
-# neither folds in rank order (ORDER_CHANGING), whatever they gain in time.
+# of all from 1 MiB at P=4 and P=8 in this emulation (P=8, 16 MiB: 508 ms). The table picks
+# neither ring nor tree, since neither folds in rank order (ORDER_CHANGING), whatever they gain
+# in time.
 # broadcast and reduce: direct (one step) vs tree (log2 P steps). Broadcast: direct was ahead
 # at every size from 4 KiB to 16 MiB at P=4 and P=8 (P=8, 16 MiB: 214 vs 237 ms). Reduce, P=8:
 # mixed (4 KiB: 2.7 vs 3.2 ms direct ahead; 64 KiB: 28 vs 15 ms and 16 MiB: 333 vs 259 ms,
@@ -156,7 +156,7 @@ ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 
 
 def oneshot_max_bytes(world_size: int, topology: str) -> int:
-    """The largest all_reduce that ``auto`` runs one-shot (the thresholds above)."""
+    """The largest all_reduce that ``auto`` runs one-shot on ``topology`` (the thresholds above)."""
     if topology == "cuda_ipc":
         return ONESHOT_MAX_BYTES_GPU.get(world_size, ONESHOT_MAX_BYTES_GPU_MANY if world_size > 8 else 1 << 30)
     return ONESHOT_MAX_BYTES
@@ -194,7 +194,7 @@ _CONTRACT_KEEPERS = {
 
 
 def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
-    """The algorithm GPUCOMM_ALGO names for ``family``, or "auto"."""
+    """The algorithm GPUCOMM_ALGO names for ``family``, or "auto"; ValueError as :func:`forced_algo`."""
     default, pairs = "auto", {}
     for item in knob.split(","):
         name, eq, algo = item.partition("=")
@@ -220,7 +220,11 @@ def _forced(family: str, served: tuple[str, ...], knob: str) -> str:
 
 
 def forced_algo(fn: str, knob: str) -> str:
-    """The algorithm GPUCOMM_ALGO (``knob``) names for ``fn``'s family, or "auto"."""
+    """The algorithm GPUCOMM_ALGO (``knob``) names for ``fn``'s family, or "auto".
+
+    Raises ValueError where ``knob`` names no collective, or an algorithm that does not serve the
+    family.
+    """
     family = family_of(fn)
     return "auto" if family is None else _forced(family, ALGORITHMS[family], knob)
 
@@ -229,7 +233,8 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
     """The algorithm for one call, or None when the workspace path does not serve it.
 
     ``topology`` is the transport (``shm``, ``cuda_ipc``) or ``hierarchical`` when the ranks
-    span nodes; ``knob`` is GPUCOMM_ALGO.
+    span nodes; ``knob`` is GPUCOMM_ALGO. Raises ValueError as :func:`forced_algo`; warns once
+    where ``knob`` forces an algorithm outside the determinism contract (:data:`ORDER_CHANGING`).
 
     Example::
 

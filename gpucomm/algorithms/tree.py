@@ -3,7 +3,8 @@
 The tree is a heap on ranks renumbered from the root, v = (rank - root) mod P: v's children are
 2v+1 and 2v+2, its depth floor(log2(v+1)), the tree's height D = depth(P-1). Any P works.
 
-Both schedules cut the data into pieces of one half and run P-independent rounds (gpucomm.ops.program: data written in round k is read in round k+1):
+Both schedules cut the data into pieces of one half and run P-independent rounds
+(gpucomm.ops.program: data written in round k is read in round k+1):
 
 - ``reduce_up``: a node at depth d produces its partial of piece p in round p + D - d: a leaf
   copies its piece into its half, an inner node reduces ``[mine, child 1, child 2]`` (the
@@ -48,8 +49,10 @@ class Heap:
 
 
 def reduce_up(b: Builder, src: Region, out: Region | None, dtype: torch.dtype, op: ReduceOp, root: int) -> None:
-    """Reduce every rank's ``src`` into the root's ``out`` (``out`` may be ``src``); other
-    ranks' ``out`` is not touched."""
+    """Reduce every rank's ``src`` into the root's ``out`` (``out`` may be ``src``).
+
+    Other ranks' ``out`` is not touched.
+    """
     me, P = b.rank, b.world_size
     heap = Heap(P, root, me)
     size = itemsize(dtype)

@@ -1,10 +1,9 @@
 """The node-local flight record: each rank's last calls, in memory the ranks of its node can read.
 
-Every rank of a node keeps a small POSIX shared-memory segment, opened with the communicator
-like the shared-memory workspace (gpucomm.transport.shm: names published through the store
-under the communicator's prefix, checked by the peers, unlinked once every peer has mapped
-them), whatever path serves the calls. A waiting rank reads what its peers are doing without
-sending anything; :mod:`gpucomm.reliability.story` turns the records into words.
+Every rank of a node keeps a small POSIX shared-memory segment, opened with the communicator as
+the shared-memory workspace is (gpucomm.transport.shm), whatever path serves the calls. A waiting
+rank reads what its peers are doing without sending anything; :mod:`gpucomm.reliability.story`
+turns the records into words.
 
 Layout of one segment (little-endian int64 words, then a string table)::
 
@@ -14,28 +13,27 @@ Layout of one segment (little-endian int64 words, then a string table)::
     strings STRINGS entries of STRING_BYTES, NUL-padded UTF-8; id 0 is the empty string
 
 Collective, dtype, op, group and call site are ids into the string table, interned once per
-process. Times are ``time.monotonic_ns()`` (CLOCK_MONOTONIC, one clock for every process of a
-host). "ended at" is 0 while the call runs, the time it completed, or minus the time it failed.
-``entry`` counts this rank's calls from 1 (0: a slot never written); a reader copies the segment
-and orders the slots by it. A call is one write of its slot and one store of its end time: a
-reader racing the writer may see a torn slot for one reading, which a diagnosis can afford and
-which keeps the hot path free of any ordering.
+process. Times are ``time.monotonic_ns()`` (one clock for every process of a host). "ended at"
+is 0 while the call runs, the time it completed, or minus the time it failed. ``entry`` counts
+this rank's calls from 1 (0: never written); a reader copies the segment and orders the slots by
+it. A call is one write of its slot and one store of its end time: a reader racing the writer
+may see a torn slot once, which a diagnosis can afford and which keeps the hot path unordered.
 
 One record per process and root communicator: subgroups write into their parent's record, with
 their own group id, so that a rank of the world group can see that a peer waits in a subgroup.
-Ranks are ranks of the node: all ranks on one host (split by ``GPUCOMM_LOCAL_WORLD_SIZE``
-where it pretends smaller nodes); where ranks span hosts each rank keeps a record of its own,
-and its peers are named by what the store tells (:mod:`gpucomm.reliability.liveness`). The job never dies
-for its flight record: where the node's segments cannot be made or opened (a full /dev/shm,
-ranks that share a host name but not /dev/shm), every rank of the node agrees on it and keeps
-a record of its own in private memory (:attr:`FlightRecord.unshared` says why).
+Ranks are ranks of the node: all ranks on one host (split by ``GPUCOMM_LOCAL_WORLD_SIZE`` where
+it pretends smaller nodes); where ranks span hosts, each rank keeps a record of its own and names
+its peers by what the store tells (:mod:`gpucomm.reliability.liveness`). The job never dies for
+its flight record: where the node's segments cannot be made or opened (a full /dev/shm, ranks
+that share a host name but not /dev/shm), every rank of the node agrees to keep a record of its
+own in private memory (:attr:`FlightRecord.unshared` says why).
 
-The caller's file:line is the first frame outside gpucomm and torch.distributed. The writer
-(the slot writes, the clock, the walk up the frames) is C (``kernels/host/flight_record.c``,
-built by :mod:`gpucomm.toolchain.native`), with :class:`PyRecorder`, its Python twin, where it cannot be
-built: the record is written on every call, and in Python it cost a seventh of an 8-byte
-all_reduce. The verdicts the walk needs (is a code object gpucomm's own, which interned call
-site is this instruction) are Python's; :class:`FlightLog` teaches them to the writer once each.
+The writer (the slot writes, the clock, the walk up the frames to the caller's file:line) is C,
+``kernels/host/flight_record.c`` built by :mod:`gpucomm.toolchain.native`, since the record is
+written on every call and in Python it cost a seventh of an 8-byte all_reduce; :class:`PyRecorder`
+is its Python twin where it cannot be built. The verdicts the walk needs (is a code object
+gpucomm's own, which interned call site is this instruction) are Python's; :class:`FlightLog`
+teaches them to the writer once each.
 """
 
 from __future__ import annotations
@@ -77,9 +75,10 @@ _STRING_TABLE_AT = _RING_AT + RING * _SLOT.size
 SEGMENT_BYTES = _STRING_TABLE_AT + STRINGS * STRING_BYTES
 _ENDED_AT = 10 * 8  # byte offset of "ended at" in a slot
 
-# Frames in these directories are gpucomm's or torch.distributed's own, not the caller's.
+# Frames in these directories are gpucomm's or torch.distributed's own, not the caller's: the
+# gpucomm package (this file is in gpucomm/reliability/) and torch.distributed.
 _INTERNAL_DIRS = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # gpucomm/, from reliability/
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.path.dirname(os.path.abspath(torch.distributed.__file__)) + os.sep,
 )
 
@@ -137,8 +136,8 @@ class RankRecord:
 
 
 class PyRecorder:
-    """The Python twin of ``kernels/host/flight_record.c``'s ``Recorder``: the same methods, the
-    same bytes in the segment, for hosts where the C file cannot be built (or ``GPUCOMM_NATIVE=0``).
+    """The Python twin of ``kernels/host/flight_record.c``'s ``Recorder``: same methods, same bytes.
+    For hosts where the C file cannot be built (or ``GPUCOMM_NATIVE=0``).
 
     Args:
         segment: the rank's own segment, writable.
@@ -164,9 +163,8 @@ class PyRecorder:
         self._sites: dict[tuple[int, int], int] = {}
 
     def enter(self, seq: int, call: tuple[int, int, int, int, int, int]) -> int:
-        """Write the slot of call number ``seq`` (``call``: collective, dtype, count, op, root,
-        group), entered now, with the call site of the first frame outside gpucomm above the
-        caller; its byte offset."""
+        """Write the slot of call ``seq``, entered now; its byte offset. ``call``: collective, dtype,
+        count, op, root, group; the call site is the first frame outside gpucomm above the caller."""
         if len(call) != 6:
             raise TypeError(f"PyRecorder.enter: call must be (collective, dtype, count, op, root, group), got {call!r}")
         frame = sys._getframe(1)
@@ -229,9 +227,11 @@ def recorder(
 
 
 def teach(writer: object, intern: Callable[[str], int], frame: types.FrameType | None) -> int:
-    """The call site at or above ``frame``, ``file.py:line in function`` interned, found by
-    walking up to the first frame outside gpucomm and torch.distributed (0: none); ``writer`` is
-    taught each verdict on the way and the site, so that its own walk finds them next time."""
+    """The interned call site ``file.py:line in function`` at or above ``frame`` (0: none).
+
+    The site is the first frame outside gpucomm and torch.distributed; ``writer`` is taught each
+    verdict on the way, and the site, so that its own walk finds them next time.
+    """
     while frame is not None:
         code = frame.f_code
         internal = code.co_filename.startswith(_INTERNAL_DIRS)
@@ -258,9 +258,7 @@ def _teacher(record: weakref.ref[FlightRecord]) -> Callable[[types.FrameType], i
 class FlightRecord:
     """The segments of one root communicator's node: this rank's to write, its peers' to read.
 
-    Collective: every rank of the root communicator opens it, with the communicator's store,
-    prefix, global ranks, its own rank in it, ranks per node, whether every rank is on this host
-    and the timeout of the handshake.
+    Collective: every rank of the root communicator opens it (a shared-memory handshake).
     """
 
     def __init__(
@@ -344,8 +342,7 @@ class FlightRecord:
             self.writer.fail(at)
 
     def slot_of(self, seq: int, group: int) -> int | None:
-        """Byte offset of this rank's newest slot holding call ``seq`` of group id ``group``, or
-        None once the ring has moved past it."""
+        """Byte offset of this rank's newest slot of call ``seq`` of group ``group``; None once overwritten."""
         found, newest = None, 0
         for k in range(RING):
             at = _RING_AT + k * _SLOT.size
@@ -448,10 +445,12 @@ class FlightLog:
         return self.enter(seq, call)
 
     def completes_with(self, at: int, work: Work) -> None:
-        """An asynchronous call returned ``work``. The host paths have run it already (stamped
-        now); a GPU call is stamped when the host has queued it, as a blocking one is (its end
-        event belongs to the watchdog); a gloo or send/recv one is stamped when a later call of
-        this communicator finds it complete (an upper bound of its end)."""
+        """Stamp the end of the asynchronous call at slot ``at`` that returned ``work``, now or later.
+
+        A host path has run it already, and a GPU call is stamped once queued, as a blocking one is (its
+        end event is the watchdog's): both now. A gloo or send/recv call is stamped when a later call of
+        this communicator finds it complete (an upper bound of its end).
+        """
         if work.side_stream is not None or work.is_completed():
             self.completed(at)
         else:
@@ -469,8 +468,8 @@ class FlightLog:
         self._pending = still
 
     def failed(self, seq: int) -> None:
-        """Call ``seq`` of this communicator ended in an error (called where the error is
-        translated, which for an asynchronous call may be after later calls were entered)."""
+        """Stamp call ``seq`` of this communicator as failed now, if its slot still runs it.
+        Called where the error is translated: for an asynchronous call, maybe after later calls."""
         at = self.record.slot_of(seq, self._group_id)
         if at is not None and self.record.running(at):
             self.record.end(at, ok=False)

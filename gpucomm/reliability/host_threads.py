@@ -49,8 +49,10 @@ class ThreadFit:
         self.share = max(1, cores // max(1, ranks_here))
 
     def serial(self) -> bool:
-        """True while torch's pool (in the calling thread) is wider than this rank's cores; asked
-        at every call, since the caller may change its threads between calls."""
+        """True while torch's pool (in the calling thread) is wider than this rank's cores.
+
+        Asked at every call, since the caller may change its threads between calls.
+        """
         return torch.get_num_threads() > self.share
 
 

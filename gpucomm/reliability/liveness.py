@@ -12,9 +12,9 @@ grace period, watches for:
 
 A rank that exits after its own failure is never named for it: it failed a call first (the
 node's flight record says so, in memory that outlives the process), and it checked in before
-it could exit. Without that, a survivor slower than the others named every rank that had
-already failed and exited (rank 0 among them, whose exit also takes the store with it) instead
-of the rank that was killed. Peers that neither died nor checked in within the grace are named
+it could exit. Without that check, a survivor slower than the others would name every rank
+that had already failed and exited (rank 0 among them, whose exit also takes the store with it)
+instead of the rank that was killed. Peers that neither died nor checked in within the grace are named
 as missing.
 """
 
@@ -55,8 +55,11 @@ class Liveness:
         return all(host == self.host for host, _, _ in self._procs())
 
     def _procs(self) -> list[tuple[str, str, str]]:
-        """Every rank's (host, pid, pid space), read from the store once: after a failure the
-        store may be gone with rank 0, which serves it, while the pids still tell who died."""
+        """Every rank's (host, pid, pid space), read from the store once.
+
+        After a failure the store may be gone with rank 0, which serves it, while the pids still tell who
+        died.
+        """
         if self._known is None:
             keys = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
             self.store.wait(keys)
@@ -91,7 +94,7 @@ class Liveness:
             if store_alive:
                 waiting = [r for r in others if r not in checked_in]
                 store_alive = self._store_call(
-                    lambda: checked_in.update(r for r in waiting if self.store.check([key + str(r)]))
+                    lambda waiting=waiting: checked_in.update(r for r in waiting if self.store.check([key + str(r)]))
                 )
             if checked_in | left_after_failing >= set(others) or time.monotonic() >= deadline:
                 break

@@ -27,8 +27,10 @@ def _ago(ns: int, now: int) -> str:
 
 
 def describe_call(call: Call) -> str:
-    """``all_reduce #6 (float32 x 4, op SUM) of the world group, called at train.py:41 in step``
-    (a subgroup reads ``of group [2, 3]``, its global ranks)."""
+    """``all_reduce #6 (float32 x 4, op SUM) of the world group, called at train.py:41 in step``.
+
+    A subgroup reads ``of group [2, 3]``, its global ranks.
+    """
     parts = []
     if call.dtype:
         parts.append(f"{call.dtype} x {call.count}")
@@ -58,15 +60,18 @@ def _doing(record: RankRecord, now: int) -> str:
     if current is not None:
         state = f"is in {describe_call(current)}, for {_ago(current.entered_ns, now)}"
     elif record.calls and record.calls[-1].ended_ns < 0:
-        state = f"is in no collective (its {describe_call(record.calls[-1])} failed {_ago(record.calls[-1].ended_ns, now)} ago)"
+        failed = record.calls[-1]
+        state = f"is in no collective (its {describe_call(failed)} failed {_ago(failed.ended_ns, now)} ago)"
     else:
         state = "is in no collective"
     return f"{state}{gone}; {_last(record, now)}"
 
 
 def timeout_story(flight: FlightLog, comm: Ranks, missing: Sequence[int]) -> str:
-    """For each missing rank (ranks of ``comm``): what it is doing, from its flight record where
-    it is on this node; then what the waiting rank itself is in."""
+    """What each missing rank (ranks of ``comm``) is doing, then what the waiting rank itself is in.
+
+    A missing rank's line comes from its flight record where it is on this node.
+    """
     record, now = flight.record, time.monotonic_ns()
     lines = []
     for r in missing:
@@ -141,8 +146,11 @@ class RankStatus:
 
 @dataclasses.dataclass(frozen=True)
 class NodeStatus:
-    """What :func:`gpucomm.status` returns: every rank of the caller's node. ``str()`` is the
-    table the status signal prints: one row per rank, columns separated by two spaces or more."""
+    """What :func:`gpucomm.status` returns: every rank of the caller's node.
+
+    ``str()`` is the table the status signal prints: one row per rank, columns separated by two
+    spaces or more.
+    """
 
     rank: int  # the global rank that read it
     at_ns: int  # time.monotonic_ns() of the reading

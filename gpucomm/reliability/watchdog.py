@@ -13,8 +13,8 @@ asynchronous error handling does.
 
 Works are watched in queues, one per order in which they complete (a communicator's CUDA stream;
 its gloo group), oldest first. A poll looks at the oldest work of each queue and moves on only
-once it has ended, so its cost does not grow with the works in flight (it used to compare every
-pending work with every ended one: 131 ms of each 50 ms poll at 1,200 works). The oldest work of
+once it has ended, so its cost does not grow with the works in flight (comparing every pending
+work with every ended one took 131 ms of each 50 ms poll at 1,200 works). The oldest work of
 a queue also has its earliest deadline, since a queue's works share their communicator's timeout.
 
 The watchdog holds the pending Works, and so the buffers their kernels use, until they end. It
@@ -88,12 +88,12 @@ class _Watchdog:
             return sum(len(q) for q in self._queues.values())
 
     def stop(self) -> None:
-        """End the thread and forget what it watched (no communicator is open any more, or the
-        process exits); a later :meth:`watch` starts a new one.
+        """End the thread and forget what it watched; a later :meth:`watch` starts a new one.
 
-        Why at exit: a daemon thread still running when the interpreter finalises is ended where
-        it next takes the GIL; inside a torch call (a gloo work's ``wait``) that is a C++
-        destructor, and the process aborts with "terminate called without an active exception".
+        Called when no communicator is open any more, or the process exits. Why at exit: a daemon thread
+        still running when the interpreter finalises is ended where it next takes the GIL; inside a torch
+        call (a gloo work's ``wait``) that is a C++ destructor, and the process aborts with "terminate
+        called without an active exception".
         """
         with self._lock:
             thread, self._thread = self._thread, None

@@ -12,8 +12,9 @@ for the twin everywhere.
 
 Ranks that build the same file take turns (:func:`build_lock`, a file lock per built file): the
 first compiles, the others wait and load what it built instead of compiling the same file at once
-on the same cores; ranks building different files do not wait for each other. Each build writes its own temporary file and renames it into place, so a reader
-never sees half a library (and a rank that stopped waiting cannot spoil one).
+on the same cores; ranks building different files do not wait for each other. Each build writes
+its own temporary file and renames it into place, so a reader never sees half a library (and a
+rank that stopped waiting cannot spoil one).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from gpucomm.toolchain import trusted_cache
 
 __all__ = ["load", "cache_dir", "build_lock"]
 
-_SOURCES = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "host"
+_SOURCES = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "host"  # this file: gpucomm/toolchain/
 _logger = logging.getLogger("gpucomm")
 # One compile of a 300-line file takes about 0.4 s on the 2-core CI VM; a minute means a
 # compiler that hangs.
@@ -62,16 +63,20 @@ def _source_dir() -> pathlib.Path:
 
 
 def cache_dir() -> pathlib.Path:
-    """Where compiled libraries are kept, as configured (:func:`gpucomm.toolchain.trusted_cache.folder`
-    says whether this process uses it)."""
+    """Where compiled libraries are kept, as configured.
+
+    :func:`gpucomm.toolchain.trusted_cache.folder` says whether this process uses it.
+    """
     return trusted_cache.cache_root() / "native"
 
 
 @functools.cache
 def load(name: str, defines: tuple[str, ...] = ()) -> types.ModuleType | None:
-    """The extension module built from ``kernels/host/<name>.c`` (module ``gpucomm_<name>``), or
-    None where it cannot be built here or ``GPUCOMM_NATIVE=0``. Once per process and
-    ``defines`` (macros the file knows, for tests of its other branches)."""
+    """The extension module built from ``kernels/host/<name>.c`` (module ``gpucomm_<name>``), or None.
+
+    None where it cannot be built here or ``GPUCOMM_NATIVE=0``. Built once per process and
+    ``defines`` (macros the file knows, for tests of its other branches).
+    """
     if os.environ.get("GPUCOMM_NATIVE", "1") == "0":
         return None
     source = _source_dir() / f"{name}.c"
@@ -133,15 +138,20 @@ def _compile(compiler: list[str], flags: list[str], source: pathlib.Path, target
 
 @contextlib.contextmanager
 def build_lock(target: pathlib.Path | str) -> Iterator[None]:
-    """Held while this process builds ``target`` (a file in a folder of
-    :func:`gpucomm.toolchain.trusted_cache.folder`: host code here, program kernels in
-    gpucomm.ops.triton_launch): the processes building the same target (ranks of a node) take
-    turns, so it is built once and the others load it; processes building different targets do not
-    wait for each other. Waits at most BUILD_WAIT_S; where the lock cannot be taken (a file system
-    without locks, a lock file that is a symlink or another user's), or the wait runs out, the
-    process builds without it. The lock is the file ``<target's name>.lock`` in ``<folder>.locks``
-    beside the target's folder, which holds only what was built; it is opened with O_NOFOLLOW
-    (a symlink planted there is refused, never followed) and created 0600."""
+    """Hold a lock while this process builds ``target``, so that the ranks of a node build it once.
+
+    ``target`` is a file in a folder of :func:`gpucomm.toolchain.trusted_cache.folder` (host code
+    here, program kernels in gpucomm.ops.triton_launch). Processes building the same target take
+    turns, so one builds it and the others load it; processes building different targets do not wait
+    for each other.
+
+    Waits at most BUILD_WAIT_S. Where the lock cannot be taken (a file system without locks, a lock
+    file that is a symlink or another user's) or the wait runs out, the process builds without it.
+
+    The lock is the file ``<target's name>.lock`` in ``<folder>.locks`` beside the target's folder,
+    which holds only what was built. It is opened with O_NOFOLLOW (a symlink planted there is refused,
+    never followed) and created 0600.
+    """
     target = pathlib.Path(target)
     path = f"{os.path.normpath(target.parent)}.locks/{target.name}.lock"
     try:

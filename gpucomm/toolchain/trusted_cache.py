@@ -37,7 +37,9 @@ _logger = logging.getLogger("gpucomm")
 
 class UntrustedCache(Exception):
     """A path of the cache another user could have written (the message says which and why).
-    Never raised out of gpucomm: it sends the build to the private folder."""
+
+    Never raised out of gpucomm: it sends the build to the private folder.
+    """
 
 
 def cache_root() -> pathlib.Path:
@@ -64,13 +66,17 @@ def _check_one(path: pathlib.Path, st: os.stat_result, *, below_root: bool) -> N
             )
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             raise UntrustedCache(
-                f"{path} (above the cache) has mode {stat.S_IMODE(st.st_mode):o}: writable by group or others, without the sticky bit"
+                f"{path} (above the cache) has mode {stat.S_IMODE(st.st_mode):o}: "
+                "writable by group or others, without the sticky bit"
             )
 
 
 def check(root: pathlib.Path, path: pathlib.Path) -> None:
-    """Raise :class:`UntrustedCache` unless ``path`` (``root`` or below it, existing) and every
-    folder from ``root`` down to it, and every folder above ``root``, pass the module's rule."""
+    """Raise :class:`UntrustedCache` unless ``path`` and the folders around it pass the module's rule.
+
+    Checked: ``path`` (``root`` or below it, existing), every folder from ``root`` down to it, and
+    every folder above ``root``.
+    """
     relative = path.relative_to(root)  # ValueError for a path outside the root: a caller's bug
     above = pathlib.Path(os.path.realpath(root.parent))
     for parent in (above, *above.parents):
@@ -80,9 +86,11 @@ def check(root: pathlib.Path, path: pathlib.Path) -> None:
 
 
 def folder(name: str) -> pathlib.Path:
-    """The checked folder ``name`` of the cache (``native``, ``kernels``), created 0700 where
-    missing; this process's private folder instead where the cache fails the check (or failed
-    it before in this process)."""
+    """The checked folder ``name`` of the cache (``native``, ``kernels``), created 0700 where missing.
+
+    Where the cache fails the check (now or before in this process), this process's private folder
+    instead.
+    """
     if _distrust:
         return private(name, _distrust[0])
     root = cache_root()
@@ -105,9 +113,11 @@ def folder(name: str) -> pathlib.Path:
 
 
 def file_ok(folder_path: pathlib.Path, path: pathlib.Path) -> bool:
-    """Whether ``path`` (in ``folder_path``, from :func:`folder`) may be read: True where it
-    passes the check, False where it does not exist; where it exists and fails, False after the
-    one warning (and from then on :func:`folder` would not hand out this cache either)."""
+    """Whether ``path`` (in ``folder_path``, from :func:`folder`) may be read.
+
+    True where it passes the check; False where it does not exist; False after one warning where it
+    exists and fails (and from then on :func:`folder` does not hand out this cache either).
+    """
     root = cache_root()
     if not _is_below(folder_path, root):
         return _private_file_ok(path)
@@ -138,8 +148,11 @@ def _is_below(path: pathlib.Path, root: pathlib.Path) -> bool:
 
 
 def private(name: str, reason: str) -> pathlib.Path:
-    """This process's private folder ``name``; the first time, the one warning that says why the
-    cache is not used (and from then on this process does not use it)."""
+    """This process's private folder ``name``.
+
+    The first time, it gives the one warning that says why the cache is not used; from then on this
+    process does not use it.
+    """
     if not _distrust:
         _distrust.append(reason)
         _logger.warning(

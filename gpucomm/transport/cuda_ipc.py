@@ -5,14 +5,16 @@ caching allocator: an IPC handle covers a whole allocation, and the caching allo
 several tensors into one), zeroes it, and publishes a JSON header (pid, PCI bus id, size), a
 newline and the 64-byte ``cudaIpcMemHandle_t``. Peers open the handle with lazy peer access.
 Several ranks may share one GPU; a process never opens its own handle (CUDA refuses that).
-A rank that cannot take part (no CuPy, no device memory, a peer's GPU it cannot see or reach, a
-handle ``cudaIpcOpenMemHandle`` refuses: containers without a shared IPC namespace) says so
-through the handshake, and every rank raises
-:class:`~gpucomm.errors.WorkspaceUnavailableError` at the same step.
+
+A rank that cannot take part says so through the handshake, and every rank raises
+:class:`~gpucomm.errors.WorkspaceUnavailableError` at the same step: no CuPy, no device memory, a
+peer's GPU it cannot see or reach, or a handle ``cudaIpcOpenMemHandle`` refuses (containers
+without a shared IPC namespace).
+
 ``close()`` is collective: every rank unmaps its peers, then waits at a store barrier before
 freeing its own buffer, so that no peer still maps memory that is freed. A peer whose process
 has ended (judged by the pid its header published, where that pid means it: same pid namespace)
-mapped nothing any more, and is not waited for. Every step of the close is tried, past a refused
+maps nothing any more, and is not waited for. Every step of the close is tried, past a refused
 one (after a kernel fault the device's synchronize raises, and every call after it): the barrier
 is still met and the rest still released, and the first error is raised at the end.
 
@@ -112,7 +114,12 @@ def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus
             return
         raise UnsupportedError(
             f"gpucomm cuda_ipc: rank {peer}'s GPU {peer_bus} is not visible to this process (GPU {bus}), and NVML "
-            f"{'says the two cannot reach each other peer to peer' if nvml is False else 'cannot say whether they reach each other'}; "
+            + (
+                "says the two cannot reach each other peer to peer"
+                if nvml is False
+                else "cannot say whether they reach each other"
+            )
+            + "; "
             "check CUDA_VISIBLE_DEVICES, or use GPUCOMM_TRANSPORT=gloo"
         ) from exc
     if peer_dev == dev:
@@ -187,8 +194,10 @@ class _Buffers:
         return pid is not None and not alive(pid)
 
     def release(self) -> None:
-        """Unmap the peers, meet the close barrier, free this rank's buffer: every step tried,
-        the first error raised after the last (module docstring)."""
+        """Unmap the peers, meet the close barrier, free this rank's buffer (module docstring).
+
+        Every step is tried; the first error is raised after the last.
+        """
         runtime = self.cupy.cuda.runtime
         errors: list[BaseException] = []
 
@@ -225,7 +234,11 @@ class _Buffers:
 
 
 def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, device: torch.device) -> Workspace:
-    """Allocate, publish and open the cuda_ipc workspace (see the module docstring)."""
+    """Allocate, publish and open the cuda_ipc workspace (module docstring).
+
+    Raises ValueError for a device that is not CUDA; otherwise as
+    :func:`gpucomm.transport.open_workspace`.
+    """
     if device.type != "cuda":
         raise ValueError(f"open_workspace: the cuda_ipc transport needs a cuda device, got {device}")
     rank, world_size = handshake.rank, handshake.world_size

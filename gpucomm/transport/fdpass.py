@@ -56,9 +56,11 @@ _OP = "symmetric heap open"
 
 
 class FdExchangeRefused(GpucommError):
-    """A rank cannot take part in the descriptor exchange safely (its socket's name is held by
-    another process; the process listening under a peer's name is not that peer): every rank of
-    the exchange raises it, naming that rank and why."""
+    """A rank cannot take part in the descriptor exchange safely; every rank raises it, naming that rank.
+
+    Either its socket's name is held by another process, or the process listening under a peer's
+    name is not that peer.
+    """
 
 
 def _credentials(conn: socket.socket) -> tuple[int, int]:
@@ -134,8 +136,7 @@ class FdExchange:
         self._exchange(peers, fd, tag, [])
 
     def receive(self, senders: list[int], tag: int) -> dict[int, int]:
-        """The descriptor each rank of ``senders`` sends with ``tag``: ``{sender: fd}`` (the caller
-        closes them)."""
+        """``{sender: fd}``: the descriptor each rank of ``senders`` sends with ``tag``; the caller closes them."""
         return self._exchange([], -1, tag, senders)
 
     def share(self, fd: int, tag: int = 0) -> dict[int, int]:
@@ -180,8 +181,10 @@ class FdExchange:
         return got
 
     def _try_send(self, peer: int, fd: int, tag: int, deadline: float) -> bool:
-        """Connect to ``peer`` without blocking and send; False where it cannot take it yet (not
-        listening yet, or a full backlog)."""
+        """Connect to ``peer`` without blocking and send; False where it cannot take it yet.
+
+        It cannot while it is not listening yet, or while its backlog is full.
+        """
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             conn.setblocking(False)
@@ -231,8 +234,7 @@ class FdExchange:
     def _read(
         self, unread: list[tuple[socket.socket, int | None]], tag: int, receive_from: list[int], got: dict[int, int]
     ) -> None:
-        """Take the descriptor of every accepted connection whose message came; drop the rest that
-        sent something else."""
+        """Take the descriptor of every accepted connection whose message came; drop those that sent else."""
         keep = []
         for conn, known in unread:
             try:

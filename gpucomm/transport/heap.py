@@ -1,15 +1,16 @@
 """The symmetric heap: memory that every local rank has mapped, handed out as ordinary tensors.
 
 Each rank of a node owns one heap of ``nbytes`` bytes, and every rank maps every peer's heap
-into its own address space (on a GPU: the driver's virtual-memory API, or a CUDA IPC allocation
-where that is missing; on the CPU: a shared-memory segment; each of its own, opened at the first
-call that needs the heap: gpucomm.transport.heap_open). An allocation is collective and
-symmetric: every rank calls :meth:`SymmetricHeap.empty` with the same size, in the same order,
-and gets a tensor at the same offset of its own heap, checked through the store (ranks that
-ask for different sizes get :class:`CommMismatchError` naming them). So a tensor of rank
-r at heap offset o has a copy on every rank p at ``bases[p] + o``: a collective on it reads the
-peers' copies in place, and a kernel (gpucomm.language) can name any peer's element from the
-table of bases alone.
+into its own address space. The memory is the heap's own, opened at the first call that needs
+it (gpucomm.transport.heap_open): on a GPU from the driver's virtual-memory API, or a CUDA IPC
+allocation where that is missing; on the CPU a shared-memory segment.
+
+An allocation is collective and symmetric: every rank calls :meth:`SymmetricHeap.empty` with the
+same size, in the same order, and gets a tensor at the same offset of its own heap, checked
+through the store (ranks that ask for different sizes get :class:`CommMismatchError` naming
+them). So a tensor of rank r at heap offset o has a copy on every rank p at ``bases[p] + o``: a
+collective on it reads the peers' copies in place, and a kernel (gpucomm.language) can name any
+peer's element from the table of bases alone.
 
 What a device kernel or another layer needs is small and stays stable:
 
@@ -23,9 +24,10 @@ sharing that storage is gone, the owner's finalizer queues its block. Each alloc
 other ranks (through the store) which blocks this rank has dropped, and returns to the free list
 only the blocks that every rank has dropped, before it searches (first fit, in offset order): a
 tensor that lives a little longer on one rank (a reference cycle the garbage collector reaches
-later there) delays the reuse of its block, never the symmetry of the next one. Views and slices are ordinary tensors of the same
-storage: they keep the block alive, and a contiguous slice is itself symmetric (its offset is
-the same on every rank that slices alike, and collectives check that it is).
+later there) delays the reuse of its block, never the symmetry of the next one. Views and slices
+are ordinary tensors of the same storage: they keep the block alive, and a contiguous slice is
+itself symmetric (its offset is the same on every rank that slices alike, and collectives check
+that it is).
 
 Closing: :meth:`SymmetricHeap.close` is part of its communicator's close. Memory that tensors
 still use stays mapped until they are gone: the owners keep the mapping alive (the shared-memory
@@ -60,8 +62,10 @@ def _round_up(n: int, align: int) -> int:
 
 
 class FreeList:
-    """First-fit allocator of ``nbytes`` bytes in ``HEAP_ALIGN`` units; deterministic: the same
-    calls in the same order give the same offsets on every rank."""
+    """First-fit allocator of ``nbytes`` bytes in ``HEAP_ALIGN`` units.
+
+    Deterministic: the same calls in the same order give the same offsets on every rank.
+    """
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
@@ -98,12 +102,16 @@ class FreeList:
 
 
 class StoreAgreement:
-    """One allocation's agreement through the store: rank r sets ``{prefix}heap/{n}/{r}`` to
-    ``nbytes;offsets`` for its n-th allocation (the size it asks for, and the blocks whose
-    tensors it has dropped since they were handed out), waits for every rank's, and returns the
-    blocks dropped on every rank; a rank whose size differs raises CommMismatchError. It deletes
-    its key of the allocation before (every rank has read it by then: a rank sets its n-th key
-    only after it has read all the (n-1)-th ones)."""
+    """One allocation's agreement through the store: the blocks dropped on every rank.
+
+    Rank r sets ``{prefix}heap/{n}/{r}`` to ``nbytes;offsets`` for its n-th allocation (the size it
+    asks for, and the blocks whose tensors it has dropped since they were handed out), waits for
+    every rank's, and returns the blocks dropped on every rank.
+
+    Raises CommMismatchError where a rank asks for another size. Each rank deletes its key of the
+    previous allocation first: every rank has read it by then, since a rank sets its n-th key only
+    after it has read all the (n-1)-th ones.
+    """
 
     def __init__(self, store: object, prefix: str, rank: int, world_size: int, timeout: float) -> None:
         self.store = store
@@ -154,8 +162,10 @@ class StoreAgreement:
 
 
 class _Owner:
-    """What a symmetric tensor's storage holds: the block's address for torch, and whatever
-    keeps the mapping alive (``keep``). Its finalizer frees the block."""
+    """What a symmetric tensor's storage holds; its finalizer frees the block.
+
+    It holds the block's address for torch, and whatever keeps the mapping alive (``keep``).
+    """
 
     def __init__(self, addr: int, nbytes: int, device: torch.device, keep: object) -> None:
         self.keep = keep
@@ -232,7 +242,11 @@ class SymmetricHeap:
 
     # -- allocation ---------------------------------------------------------------------------
     def empty(self, size: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        """A contiguous tensor of ``size`` and ``dtype`` in this rank's heap (collective)."""
+        """A contiguous tensor of ``size`` and ``dtype`` in this rank's heap (collective).
+
+        Raises GpucommError once the heap is closed, UnsupportedError where the heap has no free block
+        that large (the same on every rank), and CommMismatchError where ranks ask for other sizes.
+        """
         if self._closed:
             raise GpucommError("gpucomm.empty: the symmetric heap is closed (its communicator was destroyed)")
         numel = 1
@@ -249,8 +263,8 @@ class SymmetricHeap:
         offset = self._blocks.allocate(nbytes)
         if offset is None:  # the same on every rank: their free lists are the same
             raise UnsupportedError(
-                f"gpucomm.empty: {nbytes} bytes do not fit the symmetric heap ({self.nbytes} bytes per rank, largest free "
-                f"block {self._blocks.largest_free()}); raise GPUCOMM_HEAP_BYTES"
+                f"gpucomm.empty: {nbytes} bytes do not fit the symmetric heap ({self.nbytes} bytes per rank, "
+                f"largest free block {self._blocks.largest_free()}); raise GPUCOMM_HEAP_BYTES"
             )
         owner = _Owner(self.base_addrs[self.rank] + offset, max(nbytes, 1), self.device, self._mapping)
         weakref.finalize(owner, self._freed.append, offset)
@@ -278,7 +292,10 @@ class SymmetricHeap:
         return base <= start and last + tensor.element_size() <= base + self.nbytes
 
     def peer(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
-        """Rank ``peer``'s copy of the symmetric ``tensor``: same shape, strides and dtype."""
+        """Rank ``peer``'s copy of the symmetric ``tensor``: same shape, strides and dtype.
+
+        Raises ValueError for a peer out of range or a tensor outside this rank's heap.
+        """
         if not 0 <= peer < self.world_size:
             raise ValueError(f"SymmetricHeap.peer: peer must be in [0, {self.world_size}), got {peer}")
         offset = self.offset(tensor)
@@ -304,14 +321,17 @@ class SymmetricHeap:
 
     def __repr__(self) -> str:
         return (
-            f"SymmetricHeap(rank={self.rank}, world_size={self.world_size}, device={self.device}, nbytes={self.nbytes}, "
-            f"kind={self.kind!r}, live_blocks={self.live_blocks}{', closed' if self._closed else ''})"
+            f"SymmetricHeap(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
+            f"nbytes={self.nbytes}, kind={self.kind!r}, live_blocks={self.live_blocks}"
+            f"{', closed' if self._closed else ''})"
         )
 
 
 class _Mapping:
-    """Keeps the heap's memory mapped while the heap is open or any of its blocks is live, and
-    releases it once neither is (``release``, once)."""
+    """Keeps the heap's memory mapped while the heap is open or any of its blocks is live.
+
+    It calls ``release`` once neither is, and only once.
+    """
 
     def __init__(self, keep: object, release: Callable[[], None] | None) -> None:
         self.keep = keep

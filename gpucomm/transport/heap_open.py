@@ -8,7 +8,7 @@ communicator's init, and is memory of its own, never part of the workspace:
   never a SIGBUS later) (:func:`heap_of_its_own`).
 - A GPU with the driver's virtual-memory API (and cuda.bindings): its own allocation, shared as a
   file descriptor and mapped by every rank (:func:`vmm_heap`, gpucomm.transport.vmm), bound to
-  a multicast object where every GPU of the node supports one.
+  a multicast object (gpucomm.transport.multicast) where every GPU of the node supports one.
 - A GPU without it: a CUDA IPC allocation of its own (``cudaIpcGetMemHandle``), as on the CPU;
   :func:`heap_kind` returns the one-line reason the engine logs when the heap opens.
 
@@ -33,7 +33,10 @@ __all__ = ["agree", "heap_kind", "heap_of_its_own", "vmm_heap", "open_vmm_parts"
 
 
 def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list[str]:
-    """Every local rank's ``mine`` (this one's included), once all have set theirs."""
+    """Every local rank's ``mine`` (this one's included), once all have set theirs.
+
+    Raises CommTimeoutError naming the ranks that did not set theirs within ``timeout``.
+    """
     keys = [f"{prefix}{r}" for r in range(world_size)]
     store.set(keys[rank], mine.encode())
     try:
@@ -49,8 +52,10 @@ def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float
 
 
 def heap_kind(device: torch.device, agreed: Callable[[str], list[str]]) -> tuple[str, str]:
-    """("vmm", "") where every rank's GPU gives the heap from the virtual-memory API, else
-    ("workspace", why not). ``agreed(mine)`` returns every rank's string (:func:`agree`)."""
+    """("vmm", "") where every rank's GPU gives the heap from the virtual-memory API, else ("workspace", why).
+
+    ``agreed(mine)`` returns every rank's string (:func:`agree`).
+    """
     if device.type != "cuda":
         return "workspace", ""
     from gpucomm.transport.vmm import first_reason, vmm_unavailable
@@ -73,9 +78,10 @@ def heap_of_its_own(
     reserve: int,
     timeout: float,
 ) -> tuple[SymmetricHeap, Workspace]:
-    """The heap as a workspace of its own, ``nbytes`` bytes of data and no flags per rank, over
-    ``transport`` ("shm": /dev/shm segments; "cuda_ipc": cudaMalloc'd buffers), and that
-    workspace (closing it frees the memory: on a GPU its close is collective).
+    """The heap as a workspace of its own, and that workspace (closing it frees the memory).
+
+    The workspace has ``nbytes`` bytes of data and no flags per rank, over ``transport`` ("shm":
+    /dev/shm segments; "cuda_ipc": cudaMalloc'd buffers). On a GPU its close is collective.
 
     Raises:
         WorkspaceUnavailableError: as :func:`gpucomm.transport.open_workspace`, on every rank.
@@ -123,8 +129,11 @@ def vmm_heap(
     reserve: int,
     timeout: float,
 ) -> tuple[SymmetricHeap, int, str]:
-    """The heap from the virtual-memory API, its multicast address (0 without one) and the
-    reason there is none ("" when there is)."""
+    """(heap, multicast address, reason): the heap from the virtual-memory API.
+
+    The multicast address is 0 without a multicast object, and the reason says why there is none
+    ("" when there is).
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     mapping, multicast, release, why = open_vmm_parts(store, prefix, rank, world_size, index, nbytes, timeout)
     try:
@@ -148,14 +157,17 @@ def vmm_heap(
 def open_vmm_parts(
     store: object, prefix: str, rank: int, world_size: int, index: int, nbytes: int, timeout: float
 ) -> tuple[object, object, Callable[[], None], str]:
-    """The driver side of :func:`vmm_heap` (no torch tensor made: the driver double runs it):
-    every rank's heap mapped, the multicast object where every rank's GPU takes one (else None
-    and the first rank's reason), and the release of both.
+    """The driver side of :func:`vmm_heap`: (heap, multicast object or None, release, reason).
+
+    Maps every rank's heap, binds the multicast object where every rank's GPU takes one (else None
+    and the first failing rank's reason), and returns the release of both. It makes no torch
+    tensor, so the driver double runs it.
 
     Raises:
         VmmHeapRefused: the driver refused a rank's part of the heap; every rank raises it at the
             same step, with that rank's reason (the engine then takes a heap of its own).
     """
+    from gpucomm.transport import multicast as mc_object
     from gpucomm.transport import vmm
     from gpucomm.transport.fdpass import FdExchange
 
@@ -165,10 +177,10 @@ def open_vmm_parts(
         # Agreed before any heap is made: whether a multicast object will bind the heaps, and so
         # the multicast granularity their size must be a multiple of.
         identities = agree(store, prefix + "device/", rank, world_size, timeout, vmm.gpu_identity(index))
-        mine, granularity = vmm.multicast_unavailable(index, identities), 1
+        mine, granularity = mc_object.multicast_unavailable(index, identities), 1
         if not mine:
             try:
-                granularity = vmm.multicast_granularity(index, world_size, nbytes)
+                granularity = mc_object.multicast_granularity(index, world_size, nbytes)
             except GpucommError as exc:
                 mine = str(exc)
         verdicts = [
@@ -190,7 +202,7 @@ def open_vmm_parts(
 
         mapping = vmm.open_vmm_heap(exchange, rank, world_size, index, nbytes, align=align, agreed=agreed)
         if not why:
-            multicast, why = vmm.bind_multicast(exchange, agreed, rank, world_size, mapping)
+            multicast, why = mc_object.bind_multicast(exchange, agreed, rank, world_size, mapping)
     except BaseException:
         if mapping is not None:
             mapping.release()

@@ -43,7 +43,8 @@ class SymmetricPool:
         self.lib = native.load("heap_pool")
         if self.lib is None:
             raise UnsupportedError(
-                "gpucomm.mem_pool: kernels/host/heap_pool.c could not be built here (a C compiler and Python's headers are needed)"
+                "gpucomm.mem_pool: kernels/host/heap_pool.c could not be built here "
+                "(a C compiler and Python's headers are needed)"
             )
         if _configured:
             raise UnsupportedError(
@@ -58,7 +59,10 @@ class SymmetricPool:
         _configured.append(self)
 
     def mem_pool(self) -> object:
-        """The ``torch.cuda.MemPool`` whose allocations come from this pool's block."""
+        """The ``torch.cuda.MemPool`` whose allocations come from this pool's block (made once).
+
+        Raises UnsupportedError where the heap is not on a CUDA device.
+        """
         if self._pool is not None:
             return self._pool
         if self.heap.device.type != "cuda" or not torch.cuda.is_available():
@@ -78,7 +82,8 @@ class SymmetricPool:
     def check(self) -> None:
         """Collective: raise CommMismatchError if the ranks' pool calls have differed so far."""
         self._checks += 1
-        mine = "%d,%d,%d" % self.state()
+        segments, nbytes, digest = self.state()
+        mine = f"{segments:d},{nbytes:d},{digest:d}"
         seen = agree(
             self._store,
             f"{self._prefix}pool/{self._checks}/",
@@ -92,7 +97,8 @@ class SymmetricPool:
             raise CommMismatchError(
                 "gpucomm.mem_pool: the ranks' pools differ (live segments, bytes, hash: "
                 + ", ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
-                + "): tensors allocated from it are not at the same offsets on every rank; allocate the same tensors in the same order",
+                + "): tensors allocated from it are not at the same offsets on every rank; "
+                "allocate the same tensors in the same order",
                 op="mem_pool",
                 epoch=None,
                 rank=self.heap.rank,

@@ -23,9 +23,11 @@ def pid_space() -> str:
 
 
 def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited. A killed process stays in the process
-    table as a zombie until its parent reaps it (a launcher may take a while), and signal 0 still
-    reaches it; /proc says it is dead."""
+    """Whether process ``pid`` exists and has not exited.
+
+    A killed process stays in the process table as a zombie until its parent reaps it (a launcher
+    may take a while), and signal 0 still reaches it; /proc says it is dead.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

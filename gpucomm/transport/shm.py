@@ -1,9 +1,9 @@
 """The ``shm`` transport: every rank's workspace buffer in POSIX shared memory (/dev/shm).
 
-Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid space>_<pid>_<random>_r<rank>`` (mode 0600), maps it,
-and publishes ``{"name": ..., "size": ...}`` as JSON. Peers accept a name only if it matches
-exactly the pattern expected for that rank under this prefix and the file is a regular file
-owned by this user with no group/other permissions; nothing from the store is unpickled.
+Each rank creates ``/dev/shm/gpucomm_<prefix hash>_<pid space>_<pid>_<random>_r<rank>`` (mode
+0600), maps it, and publishes ``{"name": ..., "size": ...}`` as JSON. Peers accept a name only if
+it matches exactly the pattern expected for that rank under this prefix and the file is a regular
+file owned by this user with no group/other permissions; nothing from the store is unpickled.
 
 Once every rank has mapped every peer (the "opened" barrier) each rank unlinks its own name:
 the mappings keep the memory alive, and nothing is left in /dev/shm even if a process is later
@@ -11,14 +11,14 @@ SIGKILLed. A process killed inside the handshake window (SIGKILL, or SIGTERM's d
 leaves its segment, pages reserved. Every open, and every open that fails, removes this user's
 segments whose creating process is dead (:func:`reap_dead`), whatever job made them: a crashed
 job's prefix is never drawn again. The name carries where its creator's pid means that process
-(this boot and pid namespace, :func:`gpucomm.transport.processes.pid_space`): a segment made in another pid
-namespace (a container sharing this /dev/shm) is never judged, let alone removed.
+(this boot and pid namespace, :func:`gpucomm.transport.processes.pid_space`): a segment made in
+another pid namespace (a container sharing this /dev/shm) is never judged, let alone removed.
 
 **Space first, then memory.** A segment reserves every page when it is created
 (:func:`create_segment`, :func:`reserve`: ``posix_fallocate``), so a /dev/shm too small for it
-is an error at open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error, and a peer
-segment this rank cannot open (ranks that share a host name but not /dev/shm: containers with
-their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
+is an error at open, never a SIGBUS at the first touch of a page tmpfs cannot give. That error,
+and a peer segment this rank cannot open (ranks that share a host name but not /dev/shm:
+containers with their own IPC namespace), are :class:`~gpucomm.errors.WorkspaceUnavailableError`, which every
 rank of the open raises together (:class:`~gpucomm.transport.workspace.Handshake`).
 """
 
@@ -51,8 +51,10 @@ def _prefix_token(prefix: str) -> str:
 
 
 def _space_token() -> str:
-    """Where this process's pid means it (boot and pid namespace), in 8 hex digits: 32 bits, so
-    two namespaces on one machine collide once in ~4e9 pairs."""
+    """Where this process's pid means it (boot and pid namespace), in 8 hex digits.
+
+    32 bits: two namespaces on one machine collide once in ~4e9 pairs.
+    """
     return hashlib.sha256(pid_space().encode("utf-8")).hexdigest()[:8]
 
 
@@ -68,9 +70,12 @@ _ANY_SEGMENT = re.compile(r"gpucomm_[0-9a-f]{16}_([0-9a-f]{8})_([0-9a-f]{1,8})_[
 
 
 def reap_dead() -> list[str]:
-    """Unlink this user's gpucomm segments whose creating process is dead, judged only where its
-    pid means the same process as here (module docstring); the names unlinked. A live creator's
-    segment is left (its handshake may be under way), and so is every name of another pattern."""
+    """Unlink this user's gpucomm segments whose creating process is dead; the names unlinked.
+
+    A creator counts as dead only where its pid means the same process as here (module docstring).
+    A live creator's segment is left (its handshake may be under way), and so is every name of
+    another pattern.
+    """
     space = _space_token()
     try:
         names = os.listdir(SHM_DIR)
@@ -116,8 +121,10 @@ _NO_SHARED_SHM = (
 
 
 def space_advice(knob: str = "GPUCOMM_WORKSPACE_BYTES") -> str:
-    """What gives a rank room in /dev/shm (containers get 64 MiB unless told otherwise), ``knob``
-    being the size that made the segment."""
+    """What gives a rank room in /dev/shm; ``knob`` is the size that made the segment.
+
+    Containers get 64 MiB unless told otherwise.
+    """
     return (
         "Give the container a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
         f"medium Memory mounted at /dev/shm) or lower {knob}"
@@ -130,10 +137,11 @@ _NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.ENOENT, errno.EACCES
 
 
 def create_segment(path: str, size: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES") -> int:
-    """Create ``path`` (mode 0600, exclusive) holding ``size`` zero bytes, every page reserved
-    now (:func:`reserve`); its fd. ``rank`` is this rank in the open, one of ``ranks`` that each
-    make one; ``knob`` the size a user lowers to fit (named in the error's advice). Every segment
-    gpucomm creates in /dev/shm comes from here.
+    """Create ``path`` (mode 0600, exclusive) of ``size`` zero bytes, every page reserved; its fd.
+
+    Every segment gpucomm creates in /dev/shm comes from here. ``rank`` is this rank in the open,
+    one of ``ranks`` that each make one; ``knob`` is the size a user lowers to fit (named in the
+    error's advice).
 
     Raises:
         WorkspaceUnavailableError: /dev/shm has no room for it (or is missing, or read-only),
@@ -158,9 +166,10 @@ def create_segment(path: str, size: int, rank: int, ranks: int = 1, knob: str = 
 def reserve(
     fd: int, path: str, offset: int, length: int, rank: int, ranks: int = 1, knob: str = "GPUCOMM_WORKSPACE_BYTES"
 ) -> None:
-    """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now,
-    extending it if they lie past its end. ``ftruncate`` alone would only set a size, and tmpfs
-    would look for each page at its first touch, killing the process with SIGBUS when it has
+    """Give bytes ``[offset, offset + length)`` of segment ``fd`` (at ``path``) their pages now.
+
+    Extends the segment if they lie past its end. ``ftruncate`` alone would only set a size, and
+    tmpfs would look for each page at its first touch, killing the process with SIGBUS when it has
     none left: a segment that grows reserves its new pages here too.
 
     Raises:
@@ -240,7 +249,8 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
             raise WorkspaceUnavailableError(
                 "shm",
                 {
-                    rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}"
+                    rank: f"segment {path} of rank {peer} is owned by uid {st.st_uid}, "
+                    f"not by this process's uid {os.getuid()}"
                 },
                 "Run every rank of a node as the same user",
             )
@@ -294,8 +304,11 @@ def open_shm(
     device: torch.device,
     size_knob: str = "GPUCOMM_WORKSPACE_BYTES",
 ) -> Workspace:
-    """Create, publish and map the shm workspace (see the module docstring); ``size_knob`` as
-    :func:`create_segment`'s ``knob``."""
+    """Create, publish and map the shm workspace (module docstring).
+
+    ``size_knob`` as :func:`create_segment`'s ``knob``. Raises ValueError for a device other than
+    the CPU; otherwise as :func:`gpucomm.transport.open_workspace`.
+    """
     if device.type != "cpu":
         raise ValueError(f"open_workspace: the shm transport needs device cpu, got {device}")
     rank, world_size = handshake.rank, handshake.world_size

@@ -9,8 +9,8 @@ underneath.
 The handshake runs over a ``torch.distributed.Store``, every key under ``prefix``: each rank sets
 ``{prefix}ws/{rank}`` to its handle, waits for every peer's handle, opens them, sets
 ``{prefix}ws_opened/{rank}`` and waits for everyone's (``cuda_ipc`` adds a ``ws_closed`` barrier
-at close). The prefix must be unique per open (per
-group and generation): a reused prefix would read the handles of an earlier open.
+at close). The prefix must be unique per open (per group and generation): a reused prefix would
+read the handles of an earlier open.
 
 **Every rank takes the same decision.** A rank that cannot make its buffer (a full /dev/shm, no
 device memory) publishes why in place of its handle; one that cannot open a peer's (no shared
@@ -219,9 +219,12 @@ class Handshake:
         return values
 
     def _all_read(self, stage: str) -> None:
-        """After a failed step, rank 0 stays until every rank has read it: in an env:// job rank
-        0 serves the store, and its process ending (the likely next step after an error) would
-        cut the others' reads short, leaving them a connection error instead of the agreed one."""
+        """After a failed step, rank 0 waits until every rank has read it.
+
+        In an env:// job rank 0 serves the store, and its process ending (the likely next step after an
+        error) would cut the others' reads short, leaving them a connection error instead of the agreed
+        one.
+        """
         self.store.set(f"{self.prefix}{stage}_read/{self.rank}", b"1")
         if self.rank == 0:
             try:
@@ -253,10 +256,12 @@ class Handshake:
         self._gather("ws_opened")
 
     def fail(self, error: GpucommError) -> NoReturn:
-        """Publish that this rank cannot go on, in place of its handle when it has not published
-        one yet, else of its "opened"; wait for every peer's word at that step (so that none is
-        still opening this rank's buffer when it goes) and raise what every rank raises there:
-        the agreed error, or ``error`` itself where it is of the agreed kind (module docstring).
+        """Publish that this rank cannot go on, wait for every peer's word, and raise the agreed error.
+
+        The word goes in place of this rank's handle where it has not published one yet, else of its
+        "opened". Waiting for every peer's word at that step means none is still opening this rank's
+        buffer when it goes. What it raises is what every rank raises there: the agreed error, or
+        ``error`` itself where it is of the agreed kind (module docstring).
         """
         own = _kind(error)
         if own == "unavailable":
@@ -281,9 +286,10 @@ class Handshake:
         raise agreed from error
 
     def closed(self, gone: Callable[[int], bool] | None = None) -> None:
-        """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers, or
-        has ended (``gone(rank)``: its mappings went with its process), never waiting out the
-        timeout for a rank known to be gone."""
+        """Barrier with a fresh ``timeout``: return once every rank has unmapped its peers or has ended.
+
+        A rank known to be gone (``gone(rank)``: its mappings went with its process) is never waited for.
+        """
         self.store.set(f"{self.prefix}ws_closed/{self.rank}", b"1")
         deadline = time.monotonic() + self.timeout
         if gone is None:

@@ -1,16 +1,18 @@
-"""How many channels (thread blocks) the program kernel runs: the flag layout's count, fixed per
-communicator, and each launch's, chosen by the size of its program.
+"""How many channels (thread blocks) the program kernel runs, and which bytes each one moves.
 
 A channel is one block that runs every instruction of a program on its share of the bytes and
-syncs only with the same channel of the other ranks (:mod:`gpucomm.ops.program`). Which share is its
-own is :func:`granule`'s rule: in-half positions are dealt out round-robin in granules (granule
-g to channel g % grid), and a granule is a 1/P share of the half's extent over the grid, so
-that every instruction (a two-shot's 1/P slice as much as a whole piece) spans about grid
-granules or more and every channel gets its share of it. :func:`shares` counts those shares,
-for the tests and the performance model. The flag layout
-has :func:`layout_channels` channels; a launch may run fewer (:func:`launch_channels`): channel
-c then also keeps the epochs of channels c + grid, c + 2 * grid, ... (the kernels store them), so
-every channel counts every SYNC, and every rank derives the grid from the same program.
+syncs only with the same channel of the other ranks (:mod:`gpucomm.ops.program`).
+
+- :func:`layout_channels`: the flag layout's count, fixed per communicator.
+- :func:`launch_channels`: each launch's count, chosen by the size of its program; it may be
+  fewer than the layout's. Channel c then also keeps the epochs of channels c + grid,
+  c + 2 * grid, ... (the kernels store them), so every channel counts every SYNC, and every rank
+  derives the grid from the same program.
+- :func:`granule`: which share is a channel's own. In-half positions are dealt out round-robin
+  in granules (granule g to channel g % grid); a granule is a 1/P share of the half's extent
+  over the grid, so every instruction (a two-shot's 1/P slice as much as a whole piece) spans
+  about grid granules or more, and every channel gets its share of it.
+- :func:`shares`: counts those shares, for the tests and the performance model.
 
 The table below is reasoned, not measured: it awaits a GPU measurement (docs/performance.md
 gives the model; docs/results/ will hold the runs).
@@ -50,9 +52,11 @@ _ALIGN = 16
 
 
 def layout_channels(knob: int, kernels: str, device: torch.device, world_size: int) -> int:
-    """Channels of the flag layout: ``knob`` (GPUCOMM_CHANNELS) when set, 1 for the host
-    executor and under the interpreter (it runs channels one after the other: more buy
-    nothing), else a quarter of the SMs shared by the ranks on this GPU, at most MAX_CHANNELS."""
+    """Channels of the flag layout: ``knob`` (GPUCOMM_CHANNELS) when set, else from the host and GPU.
+
+    1 for the host executor and under the interpreter (they run channels one after the other: more
+    buy nothing); else a quarter of the SMs shared by the ranks on this GPU, at most MAX_CHANNELS.
+    """
     if kernels == "torch":
         return 1
     if knob:
@@ -66,19 +70,22 @@ def layout_channels(knob: int, kernels: str, device: torch.device, world_size: i
 
 
 def launch_channels(extent: int, channels: int) -> int:
-    """The grid of a program that uses ``extent`` bytes of a half, out of ``channels``: one per
-    BYTES_PER_CHANNEL, at least one."""
+    """The grid of a program that uses ``extent`` bytes of a half, out of ``channels``.
+
+    One channel per BYTES_PER_CHANNEL, at least one.
+    """
     return max(1, min(channels, -(-extent // BYTES_PER_CHANNEL)))
 
 
 def granule(extent: int, grid: int, world: int = 1) -> int:
-    """Bytes of the in-half positions a channel owns in turn (granule g belongs to channel
-    g % grid), for a program that uses ``extent`` bytes of a half, on ``grid`` channels, among
-    ``world`` ranks: a 1/world share of the extent over the grid, in whole 16-byte vectors and
-    at least MIN_GRANULE, so that an instruction of a 1/world slice (a two-shot's or a direct
-    reduce-scatter's) spans about ``grid`` granules, a whole piece about ``world`` x ``grid``,
-    and every channel gets its share of each. A program that works outside the halves (in place
-    on a symmetric tensor) passes its largest instruction as ``extent`` and ``world`` 1.
+    """Bytes of the in-half positions a channel owns in turn: granule g belongs to channel g % grid.
+
+    For a program that uses ``extent`` bytes of a half, on ``grid`` channels, among ``world`` ranks:
+    a 1/world share of the extent over the grid, in whole 16-byte vectors and at least MIN_GRANULE.
+    An instruction of a 1/world slice (a two-shot's or a direct reduce-scatter's) then spans about
+    ``grid`` granules, a whole piece about ``world`` x ``grid``, and every channel gets its share of
+    each. A program that works outside the halves (in place on a symmetric tensor) passes its
+    largest instruction as ``extent`` and ``world`` 1.
 
     It depends only on what every rank's program of one call shares (the extent, the grid, the
     world size): a byte at a given in-half position belongs to the same channel on every rank.

@@ -1,27 +1,29 @@
 """``HostExecutor``: runs programs step by step from the host, with the torch reference kernels.
 
-The numerical reference of the program kernels, and the CPU path over shared memory: copies and
-reductions are torch ops on views of the workspace, a SYNC is a release store into each peer's
-flag and a bounded acquire-poll of this rank's flags. The epoch lives on the host (one channel:
-the host is one thread). Waits raise at once, on the rank that waited:
-:class:`CommTimeoutError` naming the ranks still missing at the deadline, or
-:class:`CommMismatchError` when a peer's flag carries this epoch with another call's fingerprint.
-While sends or receives are pending, a wait moves the mailboxes now and then, so that a rank
-blocked in a collective still feeds a peer's recv.
+It is the numerical reference of the program kernels, and the CPU path over shared memory.
+Copies and reductions are torch ops on views of the workspace; a SYNC is a release store into
+each peer's flag and a bounded acquire-poll of this rank's flags. The epoch lives on the host
+(one channel: the host is one thread).
+
+Waits raise at once, on the rank that waited: :class:`CommTimeoutError` naming the ranks still
+missing at the deadline, or :class:`CommMismatchError` when a peer's flag carries this epoch
+with another call's fingerprint. While sends or receives are pending, a wait moves the
+mailboxes now and then, so that a rank blocked in a collective still feeds a peer's recv.
 
 Each program is bound once per half parity: its operands resolved to tensor views, its
 reductions given their accumulation buffers and its flags their addresses, so that a repeated
 call costs no more than the copies, the in-place folds and the flag traffic.
 
-How a wait spends its time (:class:`Backoff`): first it spins, for a few dozen microseconds,
-since a peer on a core of its own arrives that fast and a sleep would cost tens of microseconds
-more (no spinning at all when ranks outnumber the cores); then it yields the core between polls,
-since the peer it waits for may need that very core, whether our ranks or other processes crowd
-it (on the 2-core CI machine, 2 ranks, two-shot all_reduce of 512 KiB, medians of 8 alternating
-rounds: 127 us with yielding and 127 us spinning throughout, quiet; 124 against 127 us with two
-busy processes beside); and once a wait has lasted a while (a peer busy with other work) it sleeps
-in steps that grow with the time waited, so that the latency the sleeps add stays a small share
-of the wait.
+How a wait spends its time (:class:`Backoff`):
+
+1. It spins for a few dozen microseconds: a peer on a core of its own arrives that fast, and a
+   sleep would cost tens of microseconds more. No spinning at all when ranks outnumber the cores.
+2. It yields the core between polls: the peer it waits for may need that very core, whether our
+   ranks or other processes crowd it. On the 2-core CI machine (2 ranks, two-shot all_reduce of
+   512 KiB, medians of 8 alternating rounds): 127 us with yielding and 127 us spinning
+   throughout, quiet; 124 against 127 us with two busy processes beside.
+3. Once a wait has lasted a while (a peer busy with other work), it sleeps in steps that grow
+   with the time waited, so that the latency the sleeps add stays a small share of the wait.
 """
 
 from __future__ import annotations
@@ -88,8 +90,11 @@ class Backoff:
 
 @runtime_checkable
 class Mail(Protocol):
-    """The send/recv mailboxes (:class:`gpucomm.algorithms.p2p.Mailboxes`): a wait moves their
-    pieces while it polls, so that a rank blocked in a collective still feeds a peer's recv."""
+    """The send/recv mailboxes (:class:`gpucomm.algorithms.p2p.Mailboxes`), as a wait drives them.
+
+    A wait moves their pieces while it polls, so that a rank blocked in a collective still feeds a
+    peer's recv.
+    """
 
     def busy(self) -> bool: ...
 
@@ -98,8 +103,10 @@ class Mail(Protocol):
 
 @runtime_checkable
 class HostEngine(NodeWorkspace, Protocol):
-    """What this executor reads of its engine (:class:`gpucomm.workspace.engine.Engine`): the node's
-    workspace, the words of its flag area and its mailboxes."""
+    """What this executor reads of its engine (:class:`gpucomm.workspace.engine.Engine`).
+
+    The node's workspace, the words of its flag area and its mailboxes.
+    """
 
     @property
     def flags(self) -> FlagWords: ...
@@ -200,7 +207,9 @@ class HostExecutor:
     # -- waiting ----------------------------------------------------------------------------------
     def _poll(self, addrs: list[int], target: int, peers: list[int]) -> list[int]:
         """Acquire-poll the flags at ``addrs`` until each is >= ``target``; the values seen.
-        Raises :class:`CommTimeoutError` naming the peers still short at the deadline."""
+
+        Raises :class:`CommTimeoutError` naming the peers still short at the deadline.
+        """
         load = self._load
         seen = [load(addr) for addr in addrs]
         pending = [i for i, value in enumerate(seen) if value - target < 0]

@@ -60,11 +60,14 @@ class FlagLayout:
 
 
 class DataLayout:
-    """The parts of a rank's data area for a workspace knob of ``workspace_bytes``: the send/recv
-    mailboxes (a quarter), two halves that collectives alternate between, and the device API's
-    stage (gpucomm.language.stage), after the halves: its own, so that kernels written with the
-    API never write where a program's peers may still read. The stage's halves are half a
-    program's half, at most STAGE_HALF_MAX: what one-shot kernels serve is small."""
+    """The parts of a rank's data area for a workspace knob of ``workspace_bytes``.
+
+    In order: the send/recv mailboxes (a quarter), two halves that collectives alternate between,
+    and the device API's stage (gpucomm.language.stage). The stage comes after the halves and is its
+    own, so that kernels written with the API never write where a program's peers may still read.
+    The stage's halves are half a program's half, at most STAGE_HALF_MAX: what one-shot kernels
+    serve is small.
+    """
 
     def __init__(self, workspace_bytes: int) -> None:
         self.p2p_bytes = workspace_bytes // _P2P_SHARE // ALIGN * ALIGN
@@ -82,14 +85,18 @@ class DataLayout:
 
 
 def segment_bytes(workspace_bytes: int, world_size: int, channels: int) -> int:
-    """Bytes of one rank's workspace buffer (its /dev/shm segment on the CPU, its cudaMalloc on a
-    GPU): the flag area padded to whole pages, then the data area."""
+    """Bytes of one rank's workspace buffer: the flag area padded to whole pages, then the data area.
+
+    The buffer is its /dev/shm segment on the CPU, its cudaMalloc on a GPU.
+    """
     flags = FlagLayout(world_size, channels)
     return buffer_layout(DataLayout(workspace_bytes).data_bytes, flags.count)[1]
 
 
 def cpu_segment_bytes(workspace_bytes: int, kernels: str, channels_knob: int, world_size: int) -> int:
-    """:func:`segment_bytes` of a CPU (shared-memory) workspace, its channels chosen as the
-    engine chooses them (gpucomm.workspace.channels.layout_channels)."""
+    """:func:`segment_bytes` of a CPU (shared-memory) workspace, its channels chosen as the engine would.
+
+    The engine chooses them with gpucomm.workspace.channels.layout_channels.
+    """
     channels = layout_channels(channels_knob, kernels, torch.device("cpu"), world_size)
     return segment_bytes(workspace_bytes, world_size, channels)

@@ -1,5 +1,4 @@
-"""``StreamOrder``: the programs of one communicator run on the device in call order, whatever
-streams they are launched on.
+"""``StreamOrder``: one communicator's programs run on the device in call order, on any streams.
 
 A blocking call launches on the caller's current stream (as torch's symmetric memory and vLLM's
 custom all-reduce do); an asynchronous one on the communicator's own stream, after the caller's.
@@ -86,8 +85,10 @@ class StreamOrder:
         )
 
     def to_caller(self) -> bool:
-        """Before a launch on the caller's current stream: make it wait for the launches so far
-        where it is not ``last``. False, and nothing done, while it captures a CUDA graph."""
+        """Before a launch on the caller's current stream: make it wait for the launches so far.
+
+        Nothing to wait for where it is ``last``. False, and nothing done, while it captures a CUDA graph.
+        """
         if self._capturing():
             return False
         if self._current_id() != self._last_id:
@@ -95,8 +96,10 @@ class StreamOrder:
         return True
 
     def to_engine(self) -> None:
-        """Before launches on the engine stream: make it wait for the launches so far and for the
-        caller's current stream. In a capture, only the latter (the engine stream joins it)."""
+        """Before launches on the engine stream: make it wait for the launches so far and the caller's stream.
+
+        In a capture, only for the caller's current stream (that is how the engine stream joins it).
+        """
         current = self._current()
         if self._capturing():
             self.engine.wait_stream(current)

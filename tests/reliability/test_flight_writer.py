@@ -86,8 +86,7 @@ outer.__globals__["inner"] = inner
 
 def test_slot_holds_the_call_and_the_first_outside_frame(setup):
     writer, segment, strings = setup
-    at = outer(writer, 7, CALL)
-    line = sys._getframe().f_lineno - 1  # the line above: the call's site
+    at, line = outer(writer, 7, CALL), sys._getframe().f_lineno  # the site's line: this one
     entry, seq, *rest, site, entered, ended = _SLOT.unpack_from(segment, at)
     assert (entry, seq, tuple(rest), ended) == (1, 7, CALL, 0)
     assert strings.text(site) == f"test_flight_writer.py:{line} in test_slot_holds_the_call_and_the_first_outside_frame"

@@ -1,4 +1,4 @@
-"""Ranks that open gpucomm's GPU heap (gpucomm/transport/vmm.py) on the driver double, each a fresh
+"""Ranks that open gpucomm's GPU heap (gpucomm/transport/vmm.py, multicast.py) on the driver double, each a fresh
 process whose ``libcuda.so.1`` is the double (tests/support/cuda_double, with its vmm.c), reached
 through cuda.bindings as on a GPU. Shared by tests/transport/test_vmm.py and
 tests/workspace/test_multi_device.py.
@@ -27,7 +27,7 @@ HEAP = 3 << 20  # rounded up to the double's 2 MiB granularity: 4 MiB per rank
 _RANK = """
 import ctypes, sys, torch
 from gpucomm.transport.fdpass import FdExchange
-from gpucomm.transport import vmm
+from gpucomm.transport import multicast, vmm
 
 rank, world, port, nbytes, order = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 timeout = __import__("datetime").timedelta(seconds=30)
@@ -44,8 +44,8 @@ if order == "engine_refused":  # the engine's path with a refusal the test's env
 assert vmm.vmm_unavailable(0) == "", vmm.vmm_unavailable(0)
 me = vmm.gpu_identity(0)
 assert len(me) == 32, me
-assert vmm.multicast_unavailable(0, [me, me[::-1]]) == ""
-assert "ranks share a GPU" in vmm.multicast_unavailable(0, [me, me])
+assert multicast.multicast_unavailable(0, [me, me[::-1]]) == ""
+assert "ranks share a GPU" in multicast.multicast_unavailable(0, [me, me])
 exchange = FdExchange(store, "test/", rank, world, timeout=30)
 if order == "other_context":  # this thread holds another GPU's context when the heap opens
     from cuda.bindings import driver
@@ -58,7 +58,7 @@ if order == "device_one":  # this thread holds GPU 0's context; the heap and its
     driver.cuCtxSetCurrent(driver.cuDevicePrimaryCtxRetain(0)[1])
     heap = vmm.open_vmm_heap(exchange, rank, world, 1, nbytes)
     agreed = lambda stage, mine: heap_open.agree(store, f"test/{stage}/", rank, world, 30, mine)
-    mc, why = vmm.bind_multicast(exchange, agreed, rank, world, heap)
+    mc, why = multicast.bind_multicast(exchange, agreed, rank, world, heap)
     print("multicast:", "made" if mc else None, "why:", why)
     agreed("used", "")
     if mc:
@@ -101,7 +101,7 @@ if order == "engine":  # the engine's path (gpucomm.transport.heap_open), GPUs a
     exchange.close()
     sys.exit(0)
 if order == "kept":
-    mc, why = vmm.bind_multicast(exchange, agreed, rank, world, heap)
+    mc, why = multicast.bind_multicast(exchange, agreed, rank, world, heap)
     assert why == "", why
     barrier("used")
     mc.release()

@@ -1,4 +1,4 @@
-"""The GPU heap's driver calls (gpucomm/transport/vmm.py) on the driver double, across processes.
+"""The GPU heap's driver calls (gpucomm/transport/vmm.py, multicast.py) on the driver double, across processes.
 
 Each rank is a fresh process whose ``libcuda.so.1`` is the double (tests/support/cuda_double, with its
 vmm.c), reached through cuda.bindings as on a GPU; every rank records into one log, in the
