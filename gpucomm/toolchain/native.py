@@ -42,7 +42,8 @@ from gpucomm.toolchain import trusted_cache
 
 __all__ = ["load", "cache_dir", "build_lock"]
 
-_SOURCES = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "host"
+# gpucomm/toolchain/native.py: the checkout's kernels/host is three levels up.
+_SOURCES = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "host"
 _logger = logging.getLogger("gpucomm")
 # One compile of a 300-line file takes about 0.4 s on the 2-core CI VM; a minute means a
 # compiler that hangs.
@@ -58,7 +59,7 @@ def _source_dir() -> pathlib.Path:
     """Where the ``.c`` files are: kernels/host in a checkout, gpucomm/_kernels/host installed."""
     if _SOURCES.is_dir():
         return _SOURCES
-    return pathlib.Path(__file__).resolve().parent / "_kernels" / "host"
+    return pathlib.Path(__file__).resolve().parents[1] / "_kernels" / "host"
 
 
 def cache_dir() -> pathlib.Path:
