@@ -29,10 +29,11 @@ lives in, counted in syncs from the start of the launch: half ``(epoch at launch
 State on the device: the epoch of every channel and a poison word live in the rank's own flag
 area (``state_addr``: [poison, epoch of channel 0, epoch of channel 1, ...]); a launch loads
 them, advances them and stores them back, so a replayed CUDA graph continues from where the
-last launch left off. Every wait ends at its deadline (``clock_ns_lanes``, decided once per block); a timeout, or a peer's flag
-at this epoch with another fingerprint, writes the channel's error record (``RECORD_WORDS``
-int64 at ``record_addr``: [kind, epoch, instruction, peer mask, value seen, fingerprint]),
-sets the poison word and ends the channel; every later launch sees the poison and does nothing.
+last launch left off. Every wait ends at its deadline (``clock_ns_lanes``, decided once per
+block); a timeout, or a peer's flag at this epoch with another fingerprint, writes the
+channel's error record (``RECORD_WORDS`` int64 at ``record_addr``: [kind, epoch, instruction,
+peer mask, value seen, fingerprint]), sets the poison word and ends the channel; every later
+launch sees the poison and does nothing.
 """
 
 import functools
@@ -44,9 +45,22 @@ import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns_lanes
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 
-# The instruction set is gpucomm.ops.program's; re-exported for the launcher and the tests.
-from gpucomm.ops.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, TIMEOUT, WORDS
+# The instruction set (gpucomm.ops.instruction_set), re-exported for the launcher and the tests.
+from gpucomm.ops.instruction_set import (
+    COPY,
+    FP_BITS,
+    FP_MASK,
+    MISMATCH,
+    OPERAND_WORDS,
+    RECORD_WORDS,
+    REDUCE,
+    SYNC,
+    TIMEOUT,
+    WORDS,
+)
+from gpucomm.ops.launch_args import ProgramArgs
 
 __all__ = [
     "program_kernel",
@@ -71,7 +85,7 @@ _OPERAND_WORDS = tl.constexpr(OPERAND_WORDS)
 _COPY = tl.constexpr(COPY)
 _SYNC = tl.constexpr(SYNC)
 _FP_BITS = tl.constexpr(FP_BITS)
-_FP_MASK = tl.constexpr((1 << FP_BITS) - 1)
+_FP_MASK = tl.constexpr(FP_MASK)
 _RECORD_WORDS = tl.constexpr(RECORD_WORDS)
 _TIMEOUT = tl.constexpr(TIMEOUT)
 _MISMATCH = tl.constexpr(MISMATCH)
@@ -547,73 +561,36 @@ def program_kernel(
         c += channels
 
 
-_COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
+def launch(args: ProgramArgs) -> None:
+    """Launch ``program_kernel`` as ``args`` describe (:func:`prepare`)."""
+    prepare(args)()
 
 
-def launch(prog: torch.Tensor, *args: object, **kwargs: object) -> None:
-    """Launch ``program_kernel`` (the arguments of :func:`prepare`)."""
-    prepare(prog, *args, **kwargs)()
-
-
-def prepare(prog: torch.Tensor, *args: object, **kwargs: object) -> Callable[[], None]:
-    """``program_kernel`` over ``channels`` programs through Triton's own dispatch (the interpreter
-    on CPU), with every argument packed once: calling the result launches it, building nothing (a
-    repeated call of the same program on the same buffers). The arguments are :func:`arguments`'."""
-    grid, values, constexprs, options = arguments(prog, *args, **kwargs)
+def prepare(args: ProgramArgs, num_warps: int = NUM_WARPS) -> Callable[[], None]:
+    """``program_kernel`` as ``args`` describe, through Triton's own dispatch (the interpreter on
+    CPU), with every argument packed once: calling the result launches it, building nothing (a
+    repeated call of the same program on the same buffers)."""
+    grid, values, constexprs, options = arguments(args, num_warps)
     return functools.partial(program_kernel[grid], *values, **constexprs, **options)
 
 
-def arguments(
-    prog: torch.Tensor,
-    operands: torch.Tensor,
-    peers: torch.Tensor,
-    state_addr: int,
-    record_addr: int,
-    *,
-    channels: int,
-    rank: int,
-    world: int,
-    fingerprint: int,
-    half_bytes: int,
-    granule: int,
-    timeout_ns: int,
-    dtype: tl.dtype,
-    op: int,
-    copy_bytes: int,
-    elem_bytes: int,
-    aligned: bool,
-    all_channels: int | None = None,
-    num_warps: int = NUM_WARPS,
-) -> tuple[tuple[int], tuple, dict, dict]:
-    """The launch of ``program_kernel`` over ``channels`` programs (see the module docstring):
-    (grid, the kernel's arguments in order, its constexprs, the compile options).
-    ``all_channels`` (default ``channels``) is the number of channels of the flag layout."""
-    values = (
-        prog,
-        prog.numel() // WORDS,
-        operands,
-        peers,
-        state_addr,
-        record_addr,
-        rank,
-        world,
-        fingerprint,
-        half_bytes,
-        granule,
-        timeout_ns,
-        channels if all_channels is None else all_channels,
-    )
+def arguments(args: ProgramArgs, num_warps: int = NUM_WARPS) -> tuple[tuple[int], tuple, dict, dict]:
+    """The launch of ``program_kernel`` that ``args`` describe (see the module docstring): (grid,
+    the kernel's arguments in order, its constexprs, the compile options)."""
+    # No REDUCE: any type compiles; one keeps the variants few.
+    dtype = torch.int32 if args.dtype is None else args.dtype
     constexprs = {
-        "DTYPE": dtype,
-        "OP": op,
-        "COPY_ELEM": _COPY_ELEMS[copy_bytes],
-        "COPY_BYTES": copy_bytes,
-        "ELEM_BYTES": elem_bytes,
-        "ALIGNED": aligned,
-        "SOURCES": sources(world),
+        "DTYPE": TL_DTYPES[dtype],
+        "OP": args.op,
+        "COPY_ELEM": COPY_ELEMS[args.copy_bytes],
+        "COPY_BYTES": args.copy_bytes,
+        "ELEM_BYTES": dtype.itemsize,
+        "ALIGNED": args.aligned,
+        "SOURCES": sources(args.world),
         "LANES": 32 * num_warps,
     }
-    return (channels,), values, constexprs, {"num_warps": num_warps, "maxnreg": MAX_REGISTERS}
+    options = {"num_warps": num_warps, "maxnreg": MAX_REGISTERS}
+    return (args.channels,), args.kernel_values(), constexprs, options
 
 
 def sources(world: int) -> int:

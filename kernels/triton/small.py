@@ -25,31 +25,32 @@ barrier and the cumulative release order, not data written by earlier kernels.
 """
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import triton
 import triton.language as tl
 
-from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton._common import OP_AVG, as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns_lanes
 from gpucomm._kernels.triton.program import _record, _wait_status
-from gpucomm.ops.program import FP_BITS, MISMATCH, TIMEOUT
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
+from gpucomm.ops.instruction_set import FP_BITS, FP_MASK, MISMATCH, SMALL_SYNC_INSTRUCTION, TIMEOUT
+from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SmallArgs
 
 __all__ = ["small_kernel", "arguments", "prepare", "MAX_WORLD", "NUM_WARPS", "SYNC_INSTRUCTION"]
 
 # Ranks the kernel serves: one parameter per rank's half and flag area.
-MAX_WORLD = 8
+MAX_WORLD = MAX_SMALL_WORLD
 # One block of 4 warps per channel: a step moves 128 16-byte vectors.
 NUM_WARPS = 4
 # The instruction an error record names: the SYNC of the equivalent program (COPY, SYNC, REDUCE).
-SYNC_INSTRUCTION = 1
+SYNC_INSTRUCTION = SMALL_SYNC_INSTRUCTION
 
 _SYNC_INSTRUCTION = tl.constexpr(SYNC_INSTRUCTION)
 _FP_BITS = tl.constexpr(FP_BITS)
-_FP_MASK = tl.constexpr((1 << FP_BITS) - 1)
+_FP_MASK = tl.constexpr(FP_MASK)
 _TIMEOUT = tl.constexpr(TIMEOUT)
 _MISMATCH = tl.constexpr(MISMATCH)
-_COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16}
 
 
 @triton.jit
@@ -110,7 +111,7 @@ def _fold(
     acc = xs[0]
     for p in tl.static_range(1, WORLD):
         acc = combine(acc, xs[p], OP)
-    if OP == 4:
+    if OP == OP_AVG:
         acc = divide(acc, divisor)
     store_rounded(out, offs, acc, mask, DTYPE, ALIGNED)
 
@@ -206,63 +207,40 @@ def small_kernel(
         c += channels
 
 
-def arguments(
-    x_addr: int,
-    n: int,
-    stages: Sequence[int],
-    flags: Sequence[int],
-    *,
-    half_bytes: int,
-    state_addr: int,
-    record_addr: int,
-    rank: int,
-    fingerprint: int,
-    timeout_ns: int,
-    channels: int,
-    all_channels: int,
-    divisor: int,
-    dtype: object,
-    elem_bytes: int,
-    op: int,
-    num_warps: int = NUM_WARPS,
-) -> tuple[tuple[int], tuple, dict, dict]:
-    """The launch of :func:`small_kernel` (see the module docstring): (grid, the kernel's
-    arguments in order, its constexprs, the compile options). ``stages`` and ``flags``: every
-    rank's half 0 and flag area, by rank (``len(stages)`` ranks, at most MAX_WORLD)."""
-    world = len(stages)
-    pad = [0] * (MAX_WORLD - world)
+def arguments(args: SmallArgs, num_warps: int = NUM_WARPS) -> tuple[tuple[int], tuple, dict, dict]:
+    """The launch of :func:`small_kernel` that ``args`` describe (see the module docstring):
+    (grid, the kernel's arguments in order, its constexprs, the compile options)."""
     values = (
-        x_addr,
-        n,
-        *stages,
-        *pad,
-        *flags,
-        *pad,
-        half_bytes,
-        state_addr,
-        record_addr,
-        rank,
-        fingerprint,
-        timeout_ns,
-        all_channels,
-        divisor,
+        args.x,
+        args.n,
+        *args.padded(args.stages),
+        *args.padded(args.flags),
+        args.half_bytes,
+        args.state_addr,
+        args.record_addr,
+        args.rank,
+        args.fingerprint,
+        args.timeout_ns,
+        args.all_channels,
+        args.divisor,
     )
     lanes = 32 * num_warps
+    elem_bytes = args.dtype.itemsize
     constexprs = {
-        "DTYPE": dtype,
-        "OP": op,
-        "COPY": _COPY_ELEMS[elem_bytes],
+        "DTYPE": TL_DTYPES[args.dtype],
+        "OP": int(args.op),
+        "COPY": COPY_ELEMS[elem_bytes],
         "ELEM": elem_bytes,
-        "ALIGNED": x_addr % 16 == 0,
-        "WORLD": world,
+        "ALIGNED": args.x % 16 == 0,
+        "WORLD": args.world,
         "BLOCK": lanes * (16 // elem_bytes),
         "LANES": lanes,
     }
-    return (channels,), values, constexprs, {"num_warps": num_warps}
+    return (args.channels,), values, constexprs, {"num_warps": num_warps}
 
 
-def prepare(*args: object, **kwargs: object) -> Callable[[], None]:
+def prepare(args: SmallArgs, num_warps: int = NUM_WARPS) -> Callable[[], None]:
     """``small_kernel`` through Triton's own dispatch (the interpreter on CPU), every argument
-    packed once: calling the result launches it. The arguments are :func:`arguments`'."""
-    grid, values, constexprs, options = arguments(*args, **kwargs)
+    packed once: calling the result launches it."""
+    grid, values, constexprs, options = arguments(args, num_warps)
     return functools.partial(small_kernel[grid], *values, **constexprs, **options)

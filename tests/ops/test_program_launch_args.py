@@ -29,6 +29,8 @@ import time
 import cuda_double
 import pytest
 
+from gpucomm.ops.launch_args import ProgramArgs
+
 ARCHS = (90, 80)
 # (case, dtype, op, copy_bytes, aligned, world, overrides of the typical values below)
 TRITON_CASES = {
@@ -98,9 +100,8 @@ def mismatches(
     for i, ((offset, size), value) in enumerate(zip(declared, meant)):
         got = int.from_bytes(recorded[offset : offset + size], "little")
         if got != value % (1 << 8 * size):
-            found.append(
-                f"parameter {i} at {offset} ({size} bytes) carries {got:#x}, the call meant {value % (1 << 8 * size):#x}"
-            )
+            meant_value = value % (1 << 8 * size)
+            found.append(f"parameter {i} at {offset} ({size} bytes) carries {got:#x}, the call meant {meant_value:#x}")
     return found
 
 
@@ -133,23 +134,25 @@ def _worker(double: str, log: str, broken: bool) -> dict:
             operands = torch.zeros(3 * 4, dtype=torch.int64)
             peers = torch.zeros(2 * world, dtype=torch.int64)
             bound = kernels.prepare_program(
-                prog,
-                operands,
-                peers,
-                v["state_addr"],
-                v["record_addr"],
-                channels=v["channels"],
-                rank=v["rank"],
-                world=world,
-                fingerprint=v["fingerprint"],
-                half_bytes=v["half_bytes"],
-                granule=v["granule"],
-                timeout_ns=v["timeout_ns"],
-                dtype=dtypes[dtype],
-                op=op,
-                copy_bytes=copy_bytes,
-                aligned=aligned,
-                all_channels=v["all_channels"],
+                ProgramArgs(
+                    prog,
+                    operands,
+                    peers,
+                    v["state_addr"],
+                    v["record_addr"],
+                    channels=v["channels"],
+                    rank=v["rank"],
+                    world=world,
+                    fingerprint=v["fingerprint"],
+                    half_bytes=v["half_bytes"],
+                    granule=v["granule"],
+                    timeout_ns=v["timeout_ns"],
+                    dtype=dtypes[dtype],
+                    op=op,
+                    copy_bytes=copy_bytes,
+                    aligned=aligned,
+                    all_channels=v["all_channels"],
+                )
             )
             stream += 1
             bound.launch(stream)
@@ -182,32 +185,30 @@ def _worker(double: str, log: str, broken: bool) -> dict:
 
 def _ptx_of(kernels, arch, prog, operands, peers, v, world, dtype, op, copy_bytes, aligned) -> str:  # noqa: ANN001
     """The PTX of the kernel the binding above compiled (the same specialisation, from the cache)."""
-    import torch
 
     from gpucomm._kernels.triton import program
-    from gpucomm._kernels.triton import reduce as reduce_kernel
     from gpucomm.ops import triton_launch
 
-    dtype = dtype or torch.int32
     grid, values, constexprs, options = program.arguments(
-        prog,
-        operands,
-        peers,
-        v["state_addr"],
-        v["record_addr"],
-        channels=v["channels"],
-        rank=v["rank"],
-        world=world,
-        fingerprint=v["fingerprint"],
-        half_bytes=v["half_bytes"],
-        granule=v["granule"],
-        timeout_ns=v["timeout_ns"],
-        dtype=reduce_kernel.TL_DTYPES[dtype],
-        op=op,
-        copy_bytes=copy_bytes,
-        elem_bytes=dtype.itemsize,
-        aligned=aligned,
-        all_channels=v["all_channels"],
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            v["state_addr"],
+            v["record_addr"],
+            channels=v["channels"],
+            rank=v["rank"],
+            world=world,
+            fingerprint=v["fingerprint"],
+            half_bytes=v["half_bytes"],
+            granule=v["granule"],
+            timeout_ns=v["timeout_ns"],
+            dtype=dtype,
+            op=op,
+            copy_bytes=copy_bytes,
+            aligned=aligned,
+            all_channels=v["all_channels"],
+        )
     )
     return triton_launch.compile_for(program.program_kernel, kernels._target(), values, constexprs, options).asm["ptx"]
 
@@ -296,10 +297,30 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             torch.zeros(6, dtype=torch.int64),
             torch.zeros(4, dtype=torch.int64),
         )
-        program_values = (
+        args = ProgramArgs(
             prog,
             operands,
             peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=3,
+            rank=1,
+            world=2,
+            fingerprint=0xABCDE,
+            half_bytes=1 << 33,
+            granule=4096,
+            timeout_ns=2**64 - 1,
+            dtype=None,
+            op=0,
+            copy_bytes=1,
+            aligned=False,
+            all_channels=4,
+        )
+        meant_program = [
+            prog.data_ptr(),
+            2,
+            operands.data_ptr(),
+            peers.data_ptr(),
             0x7F00_0000_1000,
             0x7F00_0000_2000,
             1,
@@ -309,8 +330,7 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             4096,
             2**64 - 1,
             4,
-        )
-        meant_program = [prog.data_ptr(), 2, operands.data_ptr(), peers.data_ptr(), *program_values[3:]]
+        ]
         names = [
             program_kernel_name(None, 0),
             program_kernel_name(torch.float32, 0),
@@ -318,7 +338,7 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
         ]
         for stream, name in enumerate(names, start=1):
             function = drv.load(nvcc_fatbins.cubin("program.cu", arch), name, 0)
-            bound = launcher.bind(drv, function, program_params(*program_values), grid=(3, 1, 1), block=(THREADS, 1, 1))
+            bound = launcher.bind(drv, function, program_params(args), grid=(3, 1, 1), block=(THREADS, 1, 1))
             bound.launch(stream)
         copy = launcher.bind(
             drv,
@@ -336,7 +356,7 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
         assert launch["name"] == name and launch["block"] == f"{THREADS},1,1"
         found = mismatches(
             entry_params(ptx["program.cu"], name),
-            [list(p) for p in launcher.layout([s for _, s, _ in program_params(*program_values)])],
+            [list(p) for p in launcher.layout([s for _, s, _ in program_params(args)])],
             bytes.fromhex(launch["params"]),
             meant_program,
         )
@@ -421,23 +441,25 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
         torch.zeros(4, dtype=torch.int64),
     )
     bound = kernels.prepare_program(
-        prog,
-        operands,
-        peers,
-        0x7F00_0000_1000,
-        0x7F00_0000_2000,
-        channels=3,
-        rank=1,
-        world=2,
-        fingerprint=77,
-        half_bytes=1 << 20,
-        granule=4096,
-        timeout_ns=10**9,
-        dtype=torch.bfloat16,
-        op=0,
-        copy_bytes=8,
-        aligned=True,
-        all_channels=4,
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=3,
+            rank=1,
+            world=2,
+            fingerprint=77,
+            half_bytes=1 << 20,
+            granule=4096,
+            timeout_ns=10**9,
+            dtype=torch.bfloat16,
+            op=0,
+            copy_bytes=8,
+            aligned=True,
+            all_channels=4,
+        )
     )
     cuda_double.log_to(double, tmp_path / "calls.log")
     try:
