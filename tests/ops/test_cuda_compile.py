@@ -304,7 +304,7 @@ _LOCAL = re.compile(r"(@!?P\d+\s+)?(LDL|STL)\b")
 
 # Measured (nvcc 13.0, sm_80 and sm_90): the REDUCE body of every program kernel issues 16
 # LDG.E.128 per iteration (2 vectors of each of up to 8 sources, predicated on the count), with
-# no local-memory access in that loop; the kernel of 2026-11-23, one vector per source, issued 8.
+# no local-memory access in that loop; the earlier kernel, one vector per source, issued 8.
 # The floor is that count.
 PROGRAM_REDUCE_LOADS_FLOOR = 16
 
@@ -334,10 +334,10 @@ def _loads_before_first_store(body: list[str]) -> int:
 
 # Measured (nvcc 13.0, sm_80 and sm_90): the 16-byte COPY loop of every program kernel and of
 # gpucomm_copy issues 4 LDG.E.128 before its first STG.E.128 (common.cuh's copy_span,
-# COPY_WORDS_IN_FLIGHT), with no local-memory access in that loop; the kernels of 2026-11-23
+# COPY_WORDS_IN_FLIGHT), with no local-memory access in that loop; the earlier kernels
 # issued 1. The floor is that count.
 #
-# Spill stores/loads in bytes per kernel (ptxas -v), kernels of 2026-11-23 -> 4 vectors a COPY
+# Spill stores/loads in bytes per kernel (ptxas -v), 1 vector -> 4 vectors a COPY
 # step; program kernels by fold and dtype, gpucomm_program_copy as "copy":
 #   sm_80  0/0 -> 0/0    gpucomm_copy; max, min float64 int32; prod, sum bfloat16 float16 float32 int32
 #          0/0 -> 6/4    max, min bfloat16 float32; prod, sum float64

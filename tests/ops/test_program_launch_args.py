@@ -508,9 +508,9 @@ def run_ptx(nvcc_fatbins, file: str, arch: int) -> str:  # noqa: ANN001
 def test_cuda_kernels_reduce_signal_and_wait_are_bound_and_carry_what_their_entries_declare(
     nvcc_fatbins, tmp_path
 ) -> None:
-    """The launches CuPy's Function made before the 2026-11-25 H100 run (whose results there did
-    not follow them) go through gpucomm's launcher: each on torch's stream, its words where the
-    kernel's PTX declares them, carrying the call's values, CuPy never touched."""
+    """CudaKernels' launches that CuPy's Function once made go through gpucomm's launcher: each on
+    torch's stream, its words where the kernel's PTX declares them, carrying the call's values,
+    CuPy never touched."""
     import torch
 
     from gpucomm.ops.contract import Region

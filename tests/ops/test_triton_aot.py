@@ -503,8 +503,8 @@ def test_program_wait_decides_its_timeout_once_per_block(ptx, arch: int, variant
 
 
 # Measured on the sm_90 PTX (Triton 3.9): 16 loads of 16 bytes per thread in one iteration of the
-# REDUCE body at 2, 4 and 8 sources, all issued before the first fold or store (the kernel of
-# 2026-11-22 issued 1 per iteration of a loop over the sources). The floor is that count.
+# REDUCE body at 2, 4 and 8 sources, all issued before the first fold or store (the earlier
+# kernel issued 1 per iteration of a loop over the sources). The floor is that count.
 REDUCE_LOADS_FLOOR = 16
 # COPY: 8 loads of 16 bytes per thread per iteration before it stores (2 before).
 COPY_LOADS_FLOOR = 8
