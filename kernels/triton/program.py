@@ -424,7 +424,6 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     signal_mask = tl.load(row + 1)
     wait_mask = tl.load(row + 2)
     e = e + 1
-    target = e << _FP_BITS
     # Lane p (thread p of the block) signals rank p and polls rank p's flag. One lane per thread:
     # a tensor smaller than the block would be replicated across warps, each replica doing its
     # own atomics and reaching its own verdict.
@@ -432,16 +431,32 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     member = lanes < world
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     flag_areas = tl.load(peers_ptr + world + lanes, mask=member, other=0)
+    at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
+    mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
+    signalled = member & ((signal_mask & bits) != 0)
+    awaited = member & ((wait_mask & bits) != 0)
+    kind, culprits, seen = meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, LANES)
+    return e, kind, culprits, seen
+
+
+@triton.jit
+def meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, LANES: tl.constexpr):
+    """The flags of a SYNC at epoch ``e``, lane p for rank p (the program kernel's SYNC, and the
+    small kernel's, which signals and awaits every rank): once every thread of the channel has
+    stored its data, release ``e << FP_BITS | fingerprint`` at ``at_peers`` (the lanes in
+    ``signalled``: rank p's flag of this rank), then acquire-poll ``mine`` (the lanes in
+    ``awaited``: this rank's flag of rank p) until each reaches epoch ``e`` or the deadline
+    passes. ``bits`` is lane p's rank bit. Returns the block's (error kind, culprits as a rank
+    mask, the first culprit's value seen): kind 0, MISMATCH (a flag at epoch ``e`` with another
+    fingerprint) or TIMEOUT."""
+    target = e << _FP_BITS
+    lanes = tl.arange(0, LANES)
+    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
     # Every thread of the channel has stored its data before the flag is released.
     tl.debug_barrier()
-    signalled = member & ((signal_mask & bits) != 0)
-    at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
-    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
     # Release at system scope: a peer (another GPU, or the host) that acquires the new value sees
     # everything this channel wrote before.
     tl.atomic_xchg(at_peers, value, mask=signalled, sem="release", scope="sys")
-    awaited = member & ((wait_mask & bits) != 0)
-    mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
     zero = tl.zeros((LANES,), tl.int64)
     # An atomic add of 0 is an acquire load every GPU and the interpreter support.
     seen = tl.where(awaited, tl.atomic_add(mine, zero, mask=awaited, sem="acquire", scope="sys"), value)
@@ -461,7 +476,7 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     culprits = tl.where(other_mask != 0, other_mask, behind_mask)
     first = tl.min(tl.where((culprits & bits) != 0, lanes, LANES), axis=0)
     seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
-    return e, kind, culprits, seen_first
+    return kind, culprits, seen_first
 
 
 @triton.jit

@@ -31,10 +31,9 @@ import triton
 import triton.language as tl
 
 from gpucomm._kernels.triton._common import OP_AVG, as_pointer, combine, divide, load_acc, store_rounded
-from gpucomm._kernels.triton.clock import clock_ns_lanes
-from gpucomm._kernels.triton.program import _record, _wait_status
+from gpucomm._kernels.triton.program import _record, meet
 from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
-from gpucomm.ops.instruction_set import FP_BITS, FP_MASK, MISMATCH, SMALL_SYNC_INSTRUCTION, TIMEOUT
+from gpucomm.ops.instruction_set import SMALL_SYNC_INSTRUCTION
 from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SmallArgs
 
 __all__ = ["small_kernel", "arguments", "prepare", "MAX_WORLD", "NUM_WARPS", "SYNC_INSTRUCTION"]
@@ -47,46 +46,19 @@ NUM_WARPS = 4
 SYNC_INSTRUCTION = SMALL_SYNC_INSTRUCTION
 
 _SYNC_INSTRUCTION = tl.constexpr(SYNC_INSTRUCTION)
-_FP_BITS = tl.constexpr(FP_BITS)
-_FP_MASK = tl.constexpr(FP_MASK)
-_TIMEOUT = tl.constexpr(TIMEOUT)
-_MISMATCH = tl.constexpr(MISMATCH)
 
 
 @triton.jit
 def _meet(areas, my_area, e, channel, rank, fingerprint, timeout_ns, WORLD: tl.constexpr, LANES: tl.constexpr):
-    """The SYNC of this channel at epoch ``e``: every rank signalled and awaited. Lane p is thread
-    p, which signals rank p (at ``areas[p]``) and polls rank p's flag in ``my_area``: the program
-    kernel's SYNC with every rank in both masks. (error kind, culprits as a mask, a value seen)."""
-    target = e << _FP_BITS
+    """The SYNC of this channel at epoch ``e``: the program kernel's (``meet``) with every rank in
+    both masks. Lane p is thread p, which signals rank p (at ``areas[p]``) and polls rank p's flag
+    in ``my_area``. (error kind, culprits as a mask, a value seen)."""
     lanes = tl.arange(0, LANES)
     member = lanes < WORLD
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     at_peers = (areas + (channel * WORLD + rank) * 8).to(tl.pointer_type(tl.int64))
-    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)
-    # Every thread of the channel has stored its share before the flag is released.
-    tl.debug_barrier()
-    tl.atomic_xchg(at_peers, value, mask=member, sem="release", scope="sys")
     mine = (my_area + (channel * WORLD + lanes) * 8).to(tl.pointer_type(tl.int64))
-    zero = tl.zeros((LANES,), tl.int64)
-    # An atomic add of 0 is an acquire load every GPU and the interpreter support.
-    seen = tl.where(member, tl.atomic_add(mine, zero, mask=member, sem="acquire", scope="sys"), value)
-    start = clock_ns_lanes(lanes)
-    status = _wait_status(seen, target, start, timeout_ns, lanes)
-    while status == 1:
-        seen = tl.where(member, tl.atomic_add(mine, zero, mask=member, sem="acquire", scope="sys"), value)
-        status = _wait_status(seen, target, start, timeout_ns, lanes)
-    # Every thread reads peer data only after the acquire above.
-    tl.debug_barrier()
-    behind = (seen - target) < 0
-    other_call = ((seen >> _FP_BITS) == e) & ((seen & _FP_MASK) != fingerprint)
-    behind_mask = tl.sum(tl.where(behind, bits, 0), axis=0)
-    other_mask = tl.sum(tl.where(other_call, bits, 0), axis=0)
-    kind = tl.where(other_mask != 0, _MISMATCH, tl.where(behind_mask != 0, _TIMEOUT, 0))
-    culprits = tl.where(other_mask != 0, other_mask, behind_mask)
-    first = tl.min(tl.where((culprits & bits) != 0, lanes, LANES), axis=0)
-    seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
-    return kind, culprits, seen_first
+    return meet(at_peers, mine, member, member, bits, e, fingerprint, timeout_ns, LANES)
 
 
 @triton.jit

@@ -70,7 +70,9 @@ def test_triton_kernels_read_the_numbers() -> None:
             copy = getattr(module, f"_{name}", None)
             if copy is not None:
                 assert copy.value == EXPECTED[name], (module.__name__, name)
-        assert module._FP_MASK.value == isa.FP_MASK
+    assert triton_program._FP_MASK.value == isa.FP_MASK
+    # The small kernel's SYNC is the program kernel's.
+    assert triton_small.meet is triton_program.meet
     assert triton_small.SYNC_INSTRUCTION == isa.SMALL_SYNC_INSTRUCTION
     for name in ("OP_SUM", "OP_PRODUCT", "OP_MIN", "OP_MAX", "OP_AVG"):
         assert getattr(_common, name).value == EXPECTED[name], name
