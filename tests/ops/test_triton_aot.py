@@ -43,6 +43,7 @@ def _variants() -> dict[str, tuple]:
     import triton.language as tl
 
     from gpucomm._kernels.triton import copy, flags, reduce
+    from gpucomm.ops import instruction_set
 
     variants = {
         "signal": (
@@ -96,7 +97,7 @@ def _variants() -> dict[str, tuple]:
                 },
                 {
                     "DTYPE": getattr(tl, dtype),
-                    "OP": getattr(reduce, f"OP_{op}"),
+                    "OP": getattr(instruction_set, f"OP_{op}"),
                     "K": 3,
                     "ALIGNED": True,
                     "BLOCK": 1024,
@@ -125,7 +126,7 @@ def _variants() -> dict[str, tuple]:
     for dtype, op in program_variants:
         constexprs = {
             "DTYPE": getattr(tl, dtype),
-            "OP": getattr(reduce, f"OP_{op}"),
+            "OP": getattr(instruction_set, f"OP_{op}"),
             "COPY_ELEM": tl.int64,
             "COPY_BYTES": 8,
             "ELEM_BYTES": {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4),
@@ -156,7 +157,7 @@ def _variants() -> dict[str, tuple]:
         lanes = 32 * small.NUM_WARPS
         constexprs = {
             "DTYPE": getattr(tl, dtype),
-            "OP": getattr(reduce, f"OP_{op}"),
+            "OP": getattr(instruction_set, f"OP_{op}"),
             "COPY": {8: tl.int64, 4: tl.int32, 2: tl.int16}[elem],
             "ELEM": elem,
             "ALIGNED": aligned,
