@@ -159,6 +159,35 @@ __device__ void record_error(gc_i64* record, gc_i64* state, int channel, int wor
     store_release_sys(state, 1);
 }
 
+// One SYNC of `channel` at epoch e by the threads of this block (program.cu's, and small.cu's
+// with every rank in both masks). Thread p < world releases (e << FP_BITS) | fingerprint into
+// rank p's flag of this rank (flag_at(p, rank)) if bit p of signal_mask is set, then polls this
+// rank's flag of rank p (flag_at(rank, p)) until it reaches epoch e or timeout_ns pass, if bit p
+// of wait_mask is set (a rank not awaited reads as arrived). Returns true if every awaited rank
+// arrived with this call's fingerprint; otherwise thread 0 has written the error record of SYNC
+// `instruction` (from seen[], one value per rank in shared memory) and the channel must stop.
+template <class FlagAt>
+__device__ __forceinline__ bool sync_flags(const FlagAt& flag_at, gc_u64 signal_mask, gc_u64 wait_mask, int rank,
+                                           int world, int channel, gc_i64 e, gc_i64 fingerprint, gc_u64 timeout_ns,
+                                           gc_i64 instruction, gc_i64* seen, gc_i64* record, gc_i64* state) {
+    const gc_i64 value = flag_value(e) | fingerprint;
+    const int p = threadIdx.x;
+    // Every thread's data is written before any flag is released: the barrier orders the other
+    // threads' writes before the release store (which is cumulative), at system scope.
+    __syncthreads();
+    bool failed = false;
+    if (p < world) {
+        if (signal_mask >> p & 1) store_release_sys(flag_at(p, rank), value);
+        const gc_i64 got = (wait_mask >> p & 1) ? poll(flag_at(rank, p), flag_value(e), timeout_ns) : value;
+        seen[p] = got;
+        failed = behind(got, flag_value(e)) || other_call(got, e, fingerprint);
+    }
+    // Every thread reads peer data only after the acquires above; the verdict is the block's.
+    if (!__syncthreads_or(failed)) return true;
+    if (p == 0) record_error(record, state, channel, world, e, instruction, seen, fingerprint);
+    return false;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reduce: element types (storage S, accumulation A) and operators.
 // ---------------------------------------------------------------------------------------------

@@ -34,13 +34,9 @@
 
 namespace {
 
-// The instruction set and the SYNC's flags and records: common.cuh's.
-using gpucomm::behind;
+// The instruction set: common.cuh's.
 using gpucomm::COPY;
-using gpucomm::flag_value;
 using gpucomm::OPERAND_WORDS;
-using gpucomm::other_call;
-using gpucomm::poll;
 using gpucomm::REDUCE;
 using gpucomm::SYNC;
 using gpucomm::WORDS;
@@ -197,28 +193,18 @@ __device__ __forceinline__ gc_i64* flag(const Launch& L, int owner, int writer) 
     return (gc_i64*)L.peers[L.world + owner] + (gc_i64)L.channel * L.world + writer;
 }
 
-// One SYNC of this channel at its new epoch e. Thread p < world signals rank p and waits for
-// rank p. True if every awaited rank arrived with this call's fingerprint; otherwise the error
-// record is written and the channel must stop.
+// This channel's flags as common.cuh's sync_flags addresses them.
+struct ChannelFlags {
+    const Launch* L;
+    __device__ __forceinline__ gc_i64* operator()(int owner, int writer) const { return flag(*L, owner, writer); }
+};
+
+// One SYNC of this channel at its new epoch e (common.cuh's sync_flags, with the row's masks).
+// True if every awaited rank arrived with this call's fingerprint; otherwise the error record is
+// written and the channel must stop.
 __device__ bool sync(const Launch& L, const gc_i64* row, gc_i64 e, gc_i64 instruction, gc_i64* seen) {
-    const gc_u64 signal_mask = row[1], wait_mask = row[2];
-    const gc_i64 value = flag_value(e) | L.fingerprint;
-    const int p = threadIdx.x;
-    // Every thread's data is written before any flag is released: the barrier orders the other
-    // threads' writes before the release store (which is cumulative), at system scope.
-    __syncthreads();
-    bool failed = false;
-    if (p < L.world) {
-        if (signal_mask >> p & 1) gpucomm::store_release_sys(flag(L, p, L.rank), value);
-        // A rank not awaited reads as arrived.
-        const gc_i64 got = (wait_mask >> p & 1) ? poll(flag(L, L.rank, p), flag_value(e), L.timeout_ns) : value;
-        seen[p] = got;
-        failed = behind(got, flag_value(e)) || other_call(got, e, L.fingerprint);
-    }
-    // Every thread reads peer data only after the acquires above; the verdict is the block's.
-    if (!__syncthreads_or(failed)) return true;
-    if (p == 0) gpucomm::record_error(L.record, L.state, L.channel, L.world, e, instruction, seen, L.fingerprint);
-    return false;
+    return gpucomm::sync_flags(ChannelFlags{&L}, (gc_u64)row[1], (gc_u64)row[2], L.rank, L.world, L.channel, e,
+                               L.fingerprint, L.timeout_ns, instruction, seen, L.record, L.state);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -31,12 +31,6 @@ namespace {
 // Ranks served: one parameter per rank's half and flag area.
 constexpr int MAX_WORLD = 8;
 
-// The SYNC's flags and records: common.cuh's, as program.cu's SYNC uses them.
-using gpucomm::behind;
-using gpucomm::flag_value;
-using gpucomm::other_call;
-using gpucomm::poll;
-
 static_assert(GPUCOMM_THREADS >= MAX_WORLD, "thread p signals and waits for rank p");
 
 // One address per rank, held in registers from the parameters: rank j's by selects, so that a
@@ -53,6 +47,15 @@ struct Staged {
     PerRank stages;
     gc_u64 offset;
     __device__ __forceinline__ gc_u64 operator()(int j) const { return stages(j) + offset; }
+};
+
+// Channel `channel`'s flags: the one rank `writer` writes in rank `owner`'s flag area.
+struct SmallFlags {
+    PerRank areas;  // by value: the addresses stay in registers
+    int channel, world;
+    __device__ __forceinline__ gc_i64* operator()(int owner, int writer) const {
+        return (gc_i64*)areas(owner) + (gc_i64)channel * world + writer;
+    }
 };
 
 // dst = src over nbytes by the threads of this block: 16-byte vectors where both addresses and
@@ -89,24 +92,12 @@ __device__ __forceinline__ void small_all_reduce(gc_u64 x, gc_i64 n, const PerRa
         const gc_u64 nbytes = (gc_u64)(hi - lo) * sizeof(S);
         copy_in<S>(stages(rank) + offset, x + lo * sizeof(S), nbytes);
         e = e0 + 1;
-        // The SYNC: thread p < world signals rank p and waits for rank p. Every thread's stores
-        // come before any release (the barrier, then a cumulative release at system scope).
-        __syncthreads();
-        const int p = threadIdx.x;
-        const gc_i64 value = flag_value(e) | fingerprint;
-        bool failed = false;
-        if (p < world) {
-            gpucomm::store_release_sys((gc_i64*)areas(p) + (gc_i64)channel * world + rank, value);
-            const gc_i64 got = poll((const gc_i64*)areas(rank) + (gc_i64)channel * world + p, flag_value(e), timeout_ns);
-            seen[p] = got;
-            failed = behind(got, flag_value(e)) || other_call(got, e, fingerprint);
-        }
-        // Every thread reads peer data only after the acquires above; the verdict is the block's.
-        if (!__syncthreads_or(failed)) {
+        // The SYNC: every rank signalled and awaited (common.cuh's sync_flags, as program.cu's).
+        const SmallFlags flags{areas, channel, world};
+        if (gpucomm::sync_flags(flags, ~0ull, ~0ull, rank, world, channel, e, fingerprint, timeout_ns,
+                                gpucomm::SMALL_SYNC_INSTRUCTION, seen, record, state)) {
             gpucomm::reduce_span<D, Op>(x + lo * sizeof(S), Staged{stages, offset}, world, (gc_u64)(hi - lo),
                                         Op::divides, divisor, threadIdx.x, blockDim.x);
-        } else if (threadIdx.x == 0) {
-            gpucomm::record_error(record, state, channel, world, e, gpucomm::SMALL_SYNC_INSTRUCTION, seen, fingerprint);
         }
     }
     // Channel c also keeps the epochs of channels c + grid, c + 2 * grid, ... (program.cu).
