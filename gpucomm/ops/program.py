@@ -118,6 +118,7 @@ class Slot:
     nbytes: int
 
     def sub(self, offset: int, nbytes: int) -> Slot:
+        """The ``nbytes`` bytes of this slot from ``offset``; ValueError if they leave it."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"Slot.sub: [{offset}, {offset + nbytes}) is outside a slot of {self.nbytes} bytes")
         return Slot(self.peer, self.round, self.offset + offset, nbytes)
@@ -262,6 +263,7 @@ class Builder:
 
     # -- where data lives -----------------------------------------------------------------------
     def peers(self) -> list[int]:
+        """Every local rank, in order."""
         return list(range(self.world_size))
 
     def write_offset(self) -> HalfOffset:
@@ -379,6 +381,7 @@ class Builder:
         return Region.of(tensor)
 
     def finish(self) -> Program:
+        """The recorded program."""
         return self.program
 
     # -- helpers --------------------------------------------------------------------------------
