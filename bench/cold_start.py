@@ -88,6 +88,7 @@ def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
     import torch
     from triton.backends.compiler import GPUTarget
 
+    from gpucomm.ops.launch_args import ProgramArgs
     from gpucomm.ops.triton_ops import HostOnlyTritonKernels
 
     from .driver_double import TARGET_ARCH
@@ -103,23 +104,25 @@ def _compile_alone(double: str, results: multiprocessing.Queue) -> None:
     for name, dtype, copy_bytes in DDP_SPECIALISATIONS:
         start = time.perf_counter()
         kernels.prepare_program(
-            prog,
-            operands,
-            peers,
-            state.data_ptr(),
-            record.data_ptr(),
-            channels=1,
-            rank=0,
-            world=2,
-            fingerprint=7,
-            half_bytes=1 << 24,
-            granule=4096,
-            timeout_ns=300 * 10**9,
-            dtype=getattr(torch, dtype) if dtype else None,
-            op=0,
-            copy_bytes=copy_bytes,
-            aligned=True,
-            all_channels=8,
+            ProgramArgs(
+                prog,
+                operands,
+                peers,
+                state.data_ptr(),
+                record.data_ptr(),
+                channels=1,
+                rank=0,
+                world=2,
+                fingerprint=7,
+                half_bytes=1 << 24,
+                granule=4096,
+                timeout_ns=300 * 10**9,
+                dtype=getattr(torch, dtype) if dtype else None,
+                op=0,
+                copy_bytes=copy_bytes,
+                aligned=True,
+                all_channels=8,
+            )
         )
         seconds[name] = time.perf_counter() - start
     results.put((0, seconds))

@@ -1,35 +1,29 @@
-"""The CUDA C++ kernels (``kernels/cuda/*.cu``): run-time compilation and launchers.
+"""``CudaKernels``: the kernel contract with the CUDA C++ kernels (``kernels/cuda/*.cu``).
 
 :class:`CudaKernels` implements the kernel contract (:mod:`gpucomm.ops.contract`) on one CUDA
 device, runs the device executor's programs (``run_program``, with ``program.cu``) and the
-small-message all_reduce (``prepare_small``, with ``small.cu``: gpucomm.workspace.small). The
-``.cu`` sources ship inside the package (``gpucomm._kernels.cuda``); each file is compiled by
-NVRTC on first use for the device's architecture and memoised in the instance, keyed by (file,
-sorted defines, architecture). Launches go on torch's current stream of that device.
-
-NVRTC is driven through CuPy's thin binding (``cupy_backends.cuda.libs.nvrtc``) rather than
-``cupy.RawModule``: RawModule appends ``-ftz=true`` after the caller's options, and flushing
-subnormals to zero would break the bitwise agreement with the torch reference (bf16 and fp32
-subnormals). Here the options are exactly :func:`compile_options`, which CI also hands to nvcc
-(tests/ops/test_cuda_compile.py).
+small-message all_reduce (``prepare_small``, with ``small.cu``: gpucomm.workspace.small). Each
+file is compiled by NVRTC on first use for the device's architecture
+(:mod:`gpucomm.ops.cuda_source`) and memoised in the instance, keyed by (file, sorted defines,
+architecture). Launches go on torch's current stream of that device.
 
 Launches: every kernel goes through gpucomm's launcher (:mod:`gpucomm.ops.launcher`) where it
 can be built, each launch one ``cuLaunchKernel`` on the stream handle torch names. The program
-kernel's launch (one per call of a program on its buffers) is packed once (:func:`program_params`);
+kernel's launch (one per call of a program on its buffers) is packed once (``program_params``);
 copy, reduce, signal and wait pack their words per call into a launch of the layout checked at
-their first (:data:`COPY_PARAMS`, :data:`REDUCE_PARAMS`, :data:`SIGNAL_PARAMS`,
-:data:`WAIT_PARAMS`), all in the order and sizes of the kernels' ``extern "C"`` signatures. Where the launcher cannot be built
-(``GPUCOMM_NATIVE=0``, no C compiler), CuPy's ``Function`` launches them: it converts every
-argument on each call, and on the one H100 run so far (2026-11-25) its launches were the ones
-that results did not follow (docs/results/2026-11-25-h100.md, "not explained"), so it serves only
-there.
+their first (:mod:`gpucomm.ops.cuda_params` lays out every kernel's parameters).
+Where the launcher cannot be built (``GPUCOMM_NATIVE=0``, no C compiler), CuPy's ``Function``
+launches them, and only there: it converts every argument on each call, and its launches are the
+ones a GPU run's results did not follow (docs/results/2026-11-25-h100.md, "not explained").
+
+The names of :mod:`gpucomm.ops.cuda_source` and :mod:`gpucomm.ops.cuda_params` are re-exported
+here, where the tests and benchmarks that drive the CUDA kernels look for them.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.resources
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,12 +31,40 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpucomm.errors import KernelCompileError, UnsupportedError
 from gpucomm.ops import launcher as _launcher
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
-from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.contract import Region
+from gpucomm.ops.cuda_params import (
+    COPY_PARAMS,
+    PROGRAM_FOLDS,
+    PROGRAM_PARAMS,
+    REDUCE_PARAMS,
+    SIGNAL_PARAMS,
+    SMALL_PARAMS,
+    WAIT_PARAMS,
+    check_program,
+    check_small,
+    copy_params,
+    program_params,
+    small_params,
+)
+from gpucomm.ops.cuda_source import (
+    DEFINES,
+    HEADER,
+    KERNEL_PACKAGE,
+    SOURCES,
+    THREADS,
+    compile_options,
+    compile_source,
+    kernel_source,
+    program_kernel_name,
+    reduce_kernel_name,
+    small_kernel_name,
+    target,
+    unsupported,
+)
+from gpucomm.ops.launch_args import MAX_PROGRAM_WORLD, MAX_SMALL_WORLD, SMALL_OPS, ProgramArgs, SmallArgs
 from gpucomm.ops.launcher import Param
-from gpucomm.ops.program import FP_BITS, OPERAND_WORDS, WORDS
 from gpucomm.ops.tables import held
 from gpucomm.reduce_op import ReduceOp
 
@@ -72,15 +94,6 @@ __all__ = [
     "small_params",
 ]
 
-KERNEL_PACKAGE = "gpucomm._kernels.cuda"
-SOURCES = ("copy.cu", "reduce.cu", "flags.cu", "program.cu", "small.cu")
-HEADER = "common.cuh"
-
-# Threads per block of every launch, passed to the sources as -DGPUCOMM_THREADS (their
-# __launch_bounds__). 512 keeps enough loads in flight per SM for copies and reduces.
-THREADS = 512
-_DEFINES = {"GPUCOMM_THREADS": THREADS}
-
 # Blocks per SM at most for grid-stride kernels: enough to cover latency, few enough that each
 # thread handles several vectors of large inputs.
 _BLOCKS_PER_SM = 4
@@ -91,184 +104,6 @@ _MIN_CAPABILITY = (7, 0)
 # Address tables are cached per instance; a communicator uses a handful, so a full cache means
 # callers pass ever-new addresses and old tables are simply dropped.
 _MAX_TABLES = 1024
-
-_OP_NAMES = {
-    ReduceOp.SUM: "sum",
-    ReduceOp.PRODUCT: "prod",
-    ReduceOp.MIN: "min",
-    ReduceOp.MAX: "max",
-    ReduceOp.AVG: "avg",
-}
-_DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES}
-
-# The folds the program kernels are built for: a program's AVG folds as SUM and each of its
-# REDUCEs says whether it divides (gpucomm.ops.program).
-PROGRAM_FOLDS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX)
-# A SYNC names its peers in an int64 bit mask (program.cu's MAX_PEERS - 1).
-MAX_PROGRAM_WORLD = 63
-
-
-# The parameters of program.cu's kernels (GPUCOMM_PROGRAM_PARAMS) and of copy.cu's gpucomm_copy,
-# with their sizes in bytes: pointers and 64-bit integers 8, int 4.
-PROGRAM_PARAMS = (
-    ("prog", 8),
-    ("n_instr", 8),
-    ("operands", 8),
-    ("peers", 8),
-    ("state", 8),
-    ("record", 8),
-    ("rank", 4),
-    ("world", 4),
-    ("fingerprint", 8),
-    ("half_bytes", 8),
-    ("granule", 8),
-    ("timeout_ns", 8),
-    ("all_channels", 4),
-)
-COPY_PARAMS = (("dst", 8), ("src", 8), ("nbytes", 8))
-# The parameters of small.cu's kernels (GPUCOMM_SMALL_PARAMS): every rank's half 0 and flag area
-# travel as parameters of their own, up to MAX_SMALL_WORLD ranks (0 past the workspace's).
-MAX_SMALL_WORLD = 8
-SMALL_PARAMS = (
-    ("x", 8),
-    ("n", 8),
-    *((f"stage{p}", 8) for p in range(MAX_SMALL_WORLD)),
-    *((f"flags{p}", 8) for p in range(MAX_SMALL_WORLD)),
-    ("half_bytes", 8),
-    ("state", 8),
-    ("record", 8),
-    ("rank", 4),
-    ("world", 4),
-    ("fingerprint", 8),
-    ("timeout_ns", 8),
-    ("all_channels", 4),
-    ("divisor", 8),
-)
-# The small kernels fold with every op, AVG included (it divides once at the end).
-SMALL_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
-# reduce.cu's gpucomm_reduce_<op>_<dtype> and flags.cu's gpucomm_signal / gpucomm_wait.
-REDUCE_PARAMS = (("out", 8), ("srcs", 8), ("k", 4), ("n", 8), ("divisor", 8))
-SIGNAL_PARAMS = (("flag_addrs", 8), ("n", 4), ("epoch", 8))
-WAIT_PARAMS = (("flag_addrs", 8), ("n", 4), ("epoch", 8), ("timeout_ns", 8), ("status", 8))
-
-
-def program_params(
-    instructions: torch.Tensor,
-    operands: torch.Tensor,
-    peers: torch.Tensor,
-    state_addr: int,
-    record_addr: int,
-    rank: int,
-    world: int,
-    fingerprint: int,
-    half_bytes: int,
-    granule: int,
-    timeout_ns: int,
-    all_channels: int,
-) -> list[Param]:
-    """The program kernel's parameters (program.cu's GPUCOMM_PROGRAM_PARAMS) carrying a launch's values."""
-    values = (
-        instructions.data_ptr(),
-        instructions.numel() // WORDS,
-        operands.data_ptr(),
-        peers.data_ptr(),
-        state_addr,
-        record_addr,
-        rank,
-        world,
-        fingerprint,
-        half_bytes,
-        granule,
-        timeout_ns,
-        all_channels,
-    )
-    return [Param(name, size, value) for (name, size), value in zip(PROGRAM_PARAMS, values)]
-
-
-def copy_params(dst: int, src: int, nbytes: int) -> list[Param]:
-    """gpucomm_copy's parameters carrying a copy's addresses and size."""
-    return [Param(name, size, value) for (name, size), value in zip(COPY_PARAMS, (dst, src, nbytes))]
-
-
-def reduce_kernel_name(dtype: torch.dtype, op: ReduceOp) -> str:
-    """The ``extern "C"`` name of the reduce kernel for dtype × op."""
-    return f"gpucomm_reduce_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
-
-
-def program_kernel_name(dtype: torch.dtype | None, op: ReduceOp) -> str:
-    """The ``extern "C"`` name of the program kernel for a program's dtype and fold (one of
-    PROGRAM_FOLDS); ``dtype`` None (a program without REDUCE) names the copy-only kernel."""
-    if dtype is None:
-        return "gpucomm_program_copy"
-    return f"gpucomm_program_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
-
-
-def small_kernel_name(dtype: torch.dtype, op: ReduceOp) -> str:
-    """The ``extern "C"`` name of small.cu's kernel for dtype × op (one of SMALL_OPS)."""
-    return f"gpucomm_small_{_OP_NAMES[op]}_{_DTYPE_NAMES[dtype]}"
-
-
-def small_params(
-    x: int,
-    n: int,
-    stages: Sequence[int],
-    flags: Sequence[int],
-    half_bytes: int,
-    state_addr: int,
-    record_addr: int,
-    rank: int,
-    fingerprint: int,
-    timeout_ns: int,
-    all_channels: int,
-    divisor: int,
-) -> list[Param]:
-    """small.cu's parameters (GPUCOMM_SMALL_PARAMS) carrying a launch's values."""
-    world = len(stages)
-    pad = [0] * (MAX_SMALL_WORLD - world)
-    values = (
-        x,
-        n,
-        *stages,
-        *pad,
-        *flags,
-        *pad,
-        half_bytes,
-        state_addr,
-        record_addr,
-        rank,
-        world,
-        fingerprint,
-        timeout_ns,
-        all_channels,
-        divisor,
-    )
-    return [Param(name, size, value) for (name, size), value in zip(SMALL_PARAMS, values, strict=True)]
-
-
-def compile_options(arch: str, defines: Mapping[str, object]) -> tuple[str, ...]:
-    """The compiler options of every kernel file, valid for NVRTC and nvcc alike.
-
-    ``arch`` is ``sm_XY`` (a cubin) or ``compute_XY`` (PTX). Rounding is pinned so that results
-    match the torch reference bitwise: no FMA contraction, no flush to zero, IEEE division.
-    """
-    return (
-        "-std=c++17",
-        f"--gpu-architecture={arch}",
-        "--fmad=false",
-        "-ftz=false",
-        "-prec-div=true",
-        "-prec-sqrt=true",
-        *(f"-D{name}={value}" for name, value in sorted(defines.items())),
-    )
-
-
-def kernel_source(name: str) -> str:
-    """The text of one file of ``kernels/cuda`` as shipped in the package."""
-    return importlib.resources.files(KERNEL_PACKAGE).joinpath(name).read_text(encoding="utf-8")
-
-
-def _unsupported(reason: str) -> UnsupportedError:
-    return UnsupportedError(f"gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device and CuPy with NVRTC: {reason}")
 
 
 class CudaKernels:
@@ -295,30 +130,30 @@ class CudaKernels:
     def __init__(self, device: torch.device | str | int | None = None, *, launcher: bool = True) -> None:
         dev = torch.device("cuda") if device is None else torch.device(device)
         if dev.type != "cuda":
-            raise _unsupported(f"got device {dev}, expected a cuda device")
+            raise unsupported(f"got device {dev}, expected a cuda device")
         if not torch.cuda.is_available():
-            raise _unsupported(
+            raise unsupported(
                 f"torch.cuda.is_available() is False (torch {torch.__version__}, built with CUDA {torch.version.cuda})"
             )
         index = torch.cuda.current_device() if dev.index is None else dev.index
         capability = torch.cuda.get_device_capability(index)
         if capability < _MIN_CAPABILITY:
-            raise _unsupported(
+            raise unsupported(
                 f"device {index} has compute capability {capability}, the flag kernels need at least {_MIN_CAPABILITY}"
             )
         try:
             self._cupy = importlib.import_module("cupy")
         except ImportError as exc:
-            raise _unsupported(f"CuPy is not installed ({exc}); pip install 'gpucomm[cuda13]' or [cuda12]") from exc
+            raise unsupported(f"CuPy is not installed ({exc}); pip install 'gpucomm[cuda13]' or [cuda12]") from exc
         self._nvrtc = importlib.import_module("cupy_backends.cuda.libs.nvrtc")
         try:
             supported = self._nvrtc.getSupportedArchs()
         except RuntimeError as exc:  # CuPy raises RuntimeError when libnvrtc cannot be loaded
-            raise _unsupported(f"NVRTC could not be loaded: {exc}") from exc
+            raise unsupported(f"NVRTC could not be loaded: {exc}") from exc
 
         self._device = torch.device("cuda", index)
         self._index = index
-        self._arch, self._binary_kind = _target(capability, supported)
+        self._arch, self._binary_kind = target(capability, supported)
         self._sm_count = torch.cuda.get_device_properties(index).multi_processor_count
         self._modules: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
@@ -406,138 +241,46 @@ class CudaKernels:
         self._launch("flags.cu", "gpucomm_wait", 1, WAIT_PARAMS, values)
         return _missing(status, epoch)
 
-    def run_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> None:
-        """One launch of ``kernels/cuda/program.cu`` on torch's current stream (the arguments of
-        :meth:`prepare_program`)."""
-        self.prepare_program(instructions, *args, **kwargs).launch(self._raw_stream())
+    def run_program(self, args: ProgramArgs) -> None:
+        """One launch of ``kernels/cuda/program.cu`` on torch's current stream (:meth:`prepare_program`)."""
+        self.prepare_program(args).launch(self._raw_stream())
 
-    def prepare_program(
-        self,
-        instructions: torch.Tensor,
-        operands: torch.Tensor,
-        peers: torch.Tensor,
-        state_addr: int,
-        record_addr: int,
-        *,
-        channels: int,
-        rank: int,
-        world: int,
-        fingerprint: int,
-        half_bytes: int,
-        granule: int,
-        timeout_ns: int,
-        dtype: torch.dtype | None,
-        op: int,
-        copy_bytes: int,
-        aligned: bool,
-        all_channels: int | None = None,
-    ) -> Any:
-        """The launch of ``kernels/cuda/program.cu`` over ``channels`` blocks, checked and packed
-        once: ``launch(stream)`` of the result launches it (one ``cuLaunchKernel`` through gpucomm's
-        launcher). ``all_channels`` (default ``channels``) is how many the flag layout has, whose
-        epochs the launch keeps in step.
+    def prepare_program(self, args: ProgramArgs) -> Any:
+        """The launch of ``kernels/cuda/program.cu`` that ``args`` describe, checked and packed once:
+        ``launch(stream)`` of the result launches it (one ``cuLaunchKernel`` through gpucomm's
+        launcher). A launch neither waits for the device nor allocates: a CUDA graph can capture it.
 
-        The arguments mean what they mean for ``TritonKernels.prepare_program``
-        (:mod:`gpucomm.workspace.device_executor` describes them). ``copy_bytes`` and ``aligned`` are
-        accepted for that common signature and not needed: the CUDA kernel picks its access width
-        from each range's own addresses, so a misaligned access (a fatal CUDA error) cannot happen,
-        and the aligned parts of an otherwise unaligned program still move 16-byte vectors.
+        ``args.copy_bytes`` and ``args.aligned`` are not needed here: the CUDA kernel picks its
+        access width from each range's own addresses, so a misaligned access (a fatal CUDA error)
+        cannot happen, and the aligned parts of an otherwise unaligned program still move 16-byte
+        vectors.
 
-        A launch neither waits for the device nor allocates: a CUDA graph can capture it.
+        Raises:
+            TypeError, ValueError: an argument the kernel cannot take (:func:`_check_program`).
         """
-        all_channels = channels if all_channels is None else all_channels
-        kernel = _check_program(
-            self._device,
-            instructions,
-            operands,
-            peers,
-            state_addr,
-            record_addr,
-            channels,
-            rank,
-            world,
-            fingerprint,
-            half_bytes,
-            granule,
-            timeout_ns,
-            dtype,
-            op,
-            all_channels,
-        )
-        params = program_params(
-            instructions,
-            operands,
-            peers,
-            state_addr,
-            record_addr,
-            rank,
-            world,
-            fingerprint,
-            half_bytes,
-            granule,
-            timeout_ns,
-            all_channels,
-        )
+        kernel = check_program(self._device, args)
+        params = program_params(args)
         if self._driver is None:
-            return _CupyLaunch(self, "program.cu", kernel, channels, params)
+            return _CupyLaunch(self, "program.cu", kernel, args.channels, params)
         function = self._bound_function("program.cu", kernel)
-        return _launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
+        return _launcher.bind(self._driver, function, params, grid=(args.channels, 1, 1), block=(THREADS, 1, 1))
 
-    def prepare_small(
-        self,
-        x: int,
-        n: int,
-        stages: Sequence[int],
-        flags: Sequence[int],
-        *,
-        half_bytes: int,
-        state_addr: int,
-        record_addr: int,
-        rank: int,
-        fingerprint: int,
-        timeout_ns: int,
-        channels: int,
-        all_channels: int,
-        divisor: int,
-        dtype: torch.dtype,
-        op: ReduceOp,
-    ) -> Any:
-        """The launch of ``kernels/cuda/small.cu``'s all_reduce of the ``n`` elements of ``dtype``
-        at ``x`` over ``channels`` blocks (gpucomm.workspace.small describes the arguments), packed once:
+    def prepare_small(self, args: SmallArgs) -> Any:
+        """The launch of ``kernels/cuda/small.cu``'s all_reduce that ``args`` describe, packed once:
         ``launch(stream)`` of the result is one ``cuLaunchKernel``. It neither waits for the
         device nor allocates, and its parameters are all it reads besides the workspace: a CUDA
-        graph can capture it."""
-        fn = "CudaKernels.prepare_small"
-        _check_int(fn, "world", len(stages), 1, MAX_SMALL_WORLD)
-        if len(flags) != len(stages):
-            raise ValueError(f"{fn}: one flag area per rank expected, got {len(flags)} for {len(stages)} ranks")
-        _check_int(fn, "rank", rank, 0, len(stages) - 1)
-        _check_int(fn, "channels", channels, 1, 2**31 - 1)
-        _check_int(fn, "all_channels", all_channels, channels, 2**31 - 1)
-        _check_int(fn, "fingerprint", fingerprint, 0, (1 << FP_BITS) - 1)
-        if dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{fn}: dtype must be one of {list(SUPPORTED_DTYPES)}, got {dtype}")
-        if op not in SMALL_OPS:
-            raise ValueError(f"{fn}: op must be one of {[o.name for o in SMALL_OPS]}, got {op!r}")
-        kernel = small_kernel_name(dtype, ReduceOp(op))
-        params = small_params(
-            x,
-            n,
-            stages,
-            flags,
-            half_bytes,
-            state_addr,
-            record_addr,
-            rank,
-            fingerprint,
-            timeout_ns,
-            all_channels,
-            divisor,
-        )
+        graph can capture it.
+
+        Raises:
+            TypeError, ValueError: an argument the kernel cannot take.
+        """
+        check_small(args)
+        kernel = small_kernel_name(args.dtype, ReduceOp(args.op))
+        params = small_params(args)
         if self._driver is None:
-            return _CupyLaunch(self, "small.cu", kernel, channels, params)
+            return _CupyLaunch(self, "small.cu", kernel, args.channels, params)
         function = self._bound_function("small.cu", kernel)
-        return _launcher.bind(self._driver, function, params, grid=(channels, 1, 1), block=(THREADS, 1, 1))
+        return _launcher.bind(self._driver, function, params, grid=(args.channels, 1, 1), block=(THREADS, 1, 1))
 
     # -- checks (shared ones in gpucomm.ops._validate, plus: the memory must be CUDA's) --------
 
@@ -624,7 +367,7 @@ class CudaKernels:
         key = (file, kernel)
         function = self._bound_functions.get(key)
         if function is None:
-            function = self._driver.load(self._image(file, _DEFINES), kernel, self._index)
+            function = self._driver.load(self._image(file, DEFINES), kernel, self._index)
             self._bound_functions[key] = function
         return function
 
@@ -632,7 +375,7 @@ class CudaKernels:
         key = (file, kernel)
         function = self._functions.get(key)
         if function is None:
-            function = self._module(file, _DEFINES).get_function(kernel)
+            function = self._module(file, DEFINES).get_function(kernel)
             self._functions[key] = function
         return function
 
@@ -656,23 +399,7 @@ class CudaKernels:
         return module
 
     def _compile(self, file: str, defines: Mapping[str, object]) -> bytes:
-        nvrtc = self._nvrtc
-        options = compile_options(self._arch, defines)
-        program = nvrtc.createProgram(kernel_source(file), file, [kernel_source(HEADER).encode()], [HEADER.encode()])
-        try:
-            try:
-                nvrtc.compileProgram(program, options)
-            except nvrtc.NVRTCError as exc:
-                raise KernelCompileError(
-                    f"gpucomm: NVRTC failed to compile kernels/cuda/{file} with {' '.join(options)}:\n"
-                    f"{nvrtc.getProgramLog(program)}"
-                ) from exc
-            if self._binary_kind == "cubin":
-                return nvrtc.getCUBIN(program)
-            # cuModuleLoadData reads PTX as a NUL-terminated string; getPTX strips the NUL.
-            return nvrtc.getPTX(program) + b"\0"
-        finally:
-            nvrtc.destroyProgram(program)
+        return compile_source(self._nvrtc, file, self._arch, self._binary_kind, defines)
 
 
 class _StreamHandle:
@@ -702,84 +429,6 @@ def _cupy_args(spec: Sequence[tuple[str, int]], values: Sequence[int]) -> tuple:
     or not alike (the bits are what the kernel reads)."""
     types = {4: np.uint32, 8: np.uint64}
     return tuple(types[size](value % (1 << 8 * size)) for (_, size), value in zip(spec, values, strict=True))
-
-
-def _target(capability: tuple[int, int], supported: Sequence[int]) -> tuple[str, str]:
-    """(arch option, binary kind) for a device: a cubin where NVRTC knows the GPU, else PTX of the
-    newest architecture it knows below it (the driver JIT-compiles PTX for newer GPUs)."""
-    cc = capability[0] * 10 + capability[1]
-    if cc in supported:
-        return f"sm_{cc}", "cubin"
-    older = [a for a in supported if a <= cc]
-    if not older:
-        raise _unsupported(f"NVRTC supports {sorted(supported)}, none at or below this device's sm_{cc}")
-    return f"compute_{max(older)}", "ptx"
-
-
-def _check_program(
-    device: torch.device,
-    instructions: torch.Tensor,
-    operands: torch.Tensor,
-    peers: torch.Tensor,
-    state_addr: int,
-    record_addr: int,
-    channels: int,
-    rank: int,
-    world: int,
-    fingerprint: int,
-    half_bytes: int,
-    granule: int,
-    timeout_ns: int,
-    dtype: torch.dtype | None,
-    op: int,
-    all_channels: int | None = None,
-) -> str:
-    """Check run_program's arguments (cheaply: it runs on every call); the kernel's name."""
-    fn = "CudaKernels.run_program"
-    _check_int(fn, "world", world, 1, MAX_PROGRAM_WORLD)
-    for name, table, width in (("instructions", instructions, WORDS), ("operands", operands, OPERAND_WORDS)):
-        _check_table(fn, name, table, device)
-        if table.numel() == 0 or table.numel() % width:
-            raise ValueError(f"{fn}: {name} must hold a positive multiple of {width} int64, got {table.numel()}")
-    _check_table(fn, "peers", peers, device)
-    if peers.numel() != 2 * world:
-        raise ValueError(f"{fn}: peers must hold 2 * world = {2 * world} addresses, got {peers.numel()}")
-    _check_int(fn, "rank", rank, 0, world - 1)
-    _check_int(fn, "channels", channels, 1, 2**31 - 1)
-    if all_channels is not None:
-        _check_int(fn, "all_channels", all_channels, channels, 2**31 - 1)
-    _check_int(fn, "fingerprint", fingerprint, 0, (1 << FP_BITS) - 1)
-    _check_int(fn, "granule", granule, 1, 2**63 - 1)
-    _check_int(fn, "half_bytes", half_bytes, 0, 2**63 - 1)
-    _check_int(fn, "timeout_ns", timeout_ns, 0, 2**64 - 1)
-    _check_int(fn, "state_addr", state_addr, 1, 2**64 - 1)
-    _check_int(fn, "record_addr", record_addr, 1, 2**64 - 1)
-    if dtype is None:
-        return program_kernel_name(None, ReduceOp.SUM)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{fn}: dtype must be None or one of {list(SUPPORTED_DTYPES)}, got {dtype}")
-    if isinstance(op, bool) or op not in PROGRAM_FOLDS:
-        folds = [f"{int(f)} ({f.name})" for f in PROGRAM_FOLDS]
-        raise ValueError(f"{fn}: op must be a fold, one of {folds} (AVG programs fold as SUM), got {op!r}")
-    return program_kernel_name(dtype, ReduceOp(op))
-
-
-def _check_table(fn: str, name: str, table: object, device: torch.device) -> None:
-    if not isinstance(table, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(table).__name__}")
-    if table.dtype != torch.int64:
-        raise TypeError(f"{fn}: {name} must be an int64 tensor, got {table.dtype}")
-    if table.dim() != 1 or not table.is_contiguous():
-        raise ValueError(f"{fn}: {name} must be a contiguous 1-D tensor, got shape {tuple(table.shape)}")
-    if table.device != device:
-        raise ValueError(f"{fn}: {name} is on {table.device}, expected {device} (the kernels' device)")
-
-
-def _check_int(fn: str, name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{fn}: {name} must be in [{low}, {high}], got {value}")
 
 
 def _timeout_ns(deadline: float) -> int:

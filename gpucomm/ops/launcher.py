@@ -3,9 +3,9 @@
 :func:`driver` opens the CUDA driver through the launcher (``libcuda.so.1``, or a path: the tests'
 driver double), :func:`bind` packs a kernel's parameters once, each at its offset in the kernel's
 parameter buffer, and returns the launcher's ``Bound``: ``bound.launch(stream)`` is one call into
-the driver's ``cuLaunchKernel``, building no Python object. Where the launcher cannot be built (no C compiler, ``GPUCOMM_NATIVE=0``),
-:func:`driver` returns None and the kernels keep their own launcher (Triton's compiled kernel's,
-CuPy's Function).
+the driver's ``cuLaunchKernel``, building no Python object. Where the launcher cannot be built
+(no C compiler, ``GPUCOMM_NATIVE=0``), :func:`driver` returns None and the kernels keep their
+own launcher (Triton's compiled kernel's, CuPy's Function).
 
 A parameter is packed at the next offset aligned to its size (a kernel's ``.entry`` lays out its
 ``.param`` space so: every parameter gpucomm's kernels take is a 4- or 8-byte integer or pointer).

@@ -47,6 +47,19 @@ from dataclasses import dataclass, field
 import torch
 
 from gpucomm.ops.contract import Region
+
+# The instruction set, re-exported: the builder's users read the opcodes where they read Program.
+from gpucomm.ops.instruction_set import (
+    COPY,
+    FP_BITS,
+    MISMATCH,
+    OPERAND_WORDS,
+    RECORD_WORDS,
+    REDUCE,
+    SYNC,
+    TIMEOUT,
+    WORDS,
+)
 from gpucomm.reduce_op import ReduceOp
 
 __all__ = [
@@ -70,14 +83,6 @@ __all__ = [
     "MISMATCH",
 ]
 
-# The instruction set of the program kernels (kernels/triton/program.py, kernels/cuda/program.cu
-# repeat these numbers; tests/ops/test_instruction_set.py checks that they agree).
-WORDS = 8  # int64 per instruction
-OPERAND_WORDS = 3  # int64 per operand: [rank or -1, round, offset or address]
-COPY, REDUCE, SYNC = 1, 2, 3
-FP_BITS = 20  # low bits of a flag: the call's fingerprint; above them: the epoch
-RECORD_WORDS = 8  # int64 per channel's error record: [kind, epoch, instruction, peers, seen, fingerprint]
-TIMEOUT, MISMATCH = 1, 2  # kinds of error record
 _ALIGN = 16  # bytes of one vector access
 # The view of a peer's heap region a Builder hands out: programs keep addresses, never views
 # (executors make their own from the address: Region.alias).
@@ -113,6 +118,7 @@ class Slot:
     nbytes: int
 
     def sub(self, offset: int, nbytes: int) -> Slot:
+        """The ``nbytes`` bytes of this slot from ``offset``; ValueError if they leave it."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"Slot.sub: [{offset}, {offset + nbytes}) is outside a slot of {self.nbytes} bytes")
         return Slot(self.peer, self.round, self.offset + offset, nbytes)
@@ -182,8 +188,9 @@ class Program:
     ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
     ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes the launch's grid
     is sized for, where the program moves them outside the halves (in place on a symmetric
-    tensor every instruction is a slice of it, all of whose channels work on each). Executors cache their own forms of a program
-    in ``cache``; ``keep`` holds buffers of the program's own that instructions read. Operands
+    tensor every instruction is a slice of it, all of whose channels work on each). Executors
+    cache their own forms of a program in ``cache``; ``keep`` holds buffers of the program's own
+    that instructions read. Operands
     are workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
     (:class:`Ref`).
     """
@@ -256,6 +263,7 @@ class Builder:
 
     # -- where data lives -----------------------------------------------------------------------
     def peers(self) -> list[int]:
+        """Every local rank, in order."""
         return list(range(self.world_size))
 
     def write_offset(self) -> HalfOffset:
@@ -272,7 +280,8 @@ class Builder:
             raise ValueError(f"Builder.slot: peer must be in [0, {self.world_size}), got {peer}")
         if offset.offset < 0 or nbytes < 0 or offset.offset + nbytes > self.half_bytes:
             raise ValueError(
-                f"Builder.slot: [{offset.offset}, {offset.offset + nbytes}) is outside a half of {self.half_bytes} bytes"
+                f"Builder.slot: [{offset.offset}, {offset.offset + nbytes}) is outside a half of "
+                f"{self.half_bytes} bytes"
             )
         return Slot(peer, offset.round, offset.offset, nbytes)
 
@@ -284,7 +293,8 @@ class Builder:
         all_to_all's uneven pieces) reserves the whole of it on every rank."""
         if offset.offset < 0 or nbytes < 0 or offset.offset + nbytes > self.half_bytes:
             raise ValueError(
-                f"Builder.reserve: [{offset.offset}, {offset.offset + nbytes}) is outside a half of {self.half_bytes} bytes"
+                f"Builder.reserve: [{offset.offset}, {offset.offset + nbytes}) is outside a half of "
+                f"{self.half_bytes} bytes"
             )
         self.program.extent = max(self.program.extent, offset.offset + nbytes)
 
@@ -320,7 +330,8 @@ class Builder:
         it. Both copies have one size, and their workspace operands one in-half position."""
         if not dst.nbytes == src.nbytes == dst2.nbytes == src2.nbytes:
             raise ValueError(
-                f"Builder.copy_pair: both copies must have one size, got {dst.nbytes}, {src.nbytes}, {dst2.nbytes} and {src2.nbytes} bytes"
+                f"Builder.copy_pair: both copies must have one size, got {dst.nbytes}, {src.nbytes}, "
+                f"{dst2.nbytes} and {src2.nbytes} bytes"
             )
         if dst.nbytes:
             self._add((COPY, dst.nbytes, self._position("copy_pair", [dst, src, dst2, src2]), dst, src, dst2, src2))
@@ -336,7 +347,8 @@ class Builder:
             program.dtype, program.op = dtype, fold
         elif (program.dtype, program.op) != (dtype, fold):
             raise ValueError(
-                f"Builder.reduce: one program folds one dtype with one op, got {dtype} {fold.name} after {program.dtype} {program.op.name}"
+                f"Builder.reduce: one program folds one dtype with one op, got {dtype} {fold.name} after "
+                f"{program.dtype} {program.op.name}"
             )
         if out.nbytes:
             divides = op is ReduceOp.AVG
@@ -369,6 +381,7 @@ class Builder:
         return Region.of(tensor)
 
     def finish(self) -> Program:
+        """The recorded program."""
         return self.program
 
     # -- helpers --------------------------------------------------------------------------------
@@ -399,7 +412,8 @@ class Builder:
             # Channels split an instruction by in-half position; operands at different positions
             # would be read by a channel other than the one that wrote them.
             raise ValueError(
-                f"Builder.{fn}: the workspace operands of one instruction must share their in-half offset, got {sorted(offsets)}"
+                f"Builder.{fn}: the workspace operands of one instruction must share their in-half offset, "
+                f"got {sorted(offsets)}"
             )
         return offsets.pop() if offsets else 0
 

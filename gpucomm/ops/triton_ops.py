@@ -3,8 +3,9 @@
 Regions become int64 address tables on the data's device; the kernels in ``kernels/triton``
 (installed as ``gpucomm._kernels.triton``) cast them to pointers, so any region may be a peer's
 memory. Every launch runs with this instance's device current (:mod:`gpucomm.ops.device_guard`):
-Triton's JIT launches on torch's current device, which the calling thread may have set to another. On CPU tensors this runs only under the Triton interpreter (``TRITON_INTERPRET=1``
-set before triton is imported), which is how CI runs the GPU data path.
+Triton's JIT launches on torch's current device, which the calling thread may have set to
+another. On CPU tensors this runs only under the Triton interpreter (``TRITON_INTERPRET=1`` set
+before triton is imported), which is how CI runs the GPU data path.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpucomm.ops import launcher, triton_launch
 from gpucomm.ops._validate import check_copy, check_epoch, check_flags, check_reduce
 from gpucomm.ops.contract import Region
 from gpucomm.ops.device_guard import on_device
+from gpucomm.ops.launch_args import MAX_SMALL_WORLD, ProgramArgs, SmallArgs
 from gpucomm.ops.tables import held
 from gpucomm.reduce_op import ReduceOp
 
@@ -129,130 +131,73 @@ class TritonKernels:
             elif now - start > _ROUND_S * 2:
                 self._spins = max(self._spins // 2, _MIN_SPINS)
 
-    def run_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> None:
-        """One launch of the program kernel (the arguments of :meth:`prepare_program`), on the
-        current stream."""
-        prepared = self.prepare_program(instructions, *args, **kwargs)
+    def run_program(self, args: ProgramArgs) -> None:
+        """One launch of the program kernel (:meth:`prepare_program`), on the current stream."""
+        prepared = self.prepare_program(args)
         if self.device.type == "cuda":
             self._launch(prepared.launch, torch.cuda.current_stream(self.device).cuda_stream)
         else:
             prepared()
 
-    def prepare_program(
-        self,
-        instructions: torch.Tensor,
-        operands: torch.Tensor,
-        peers: torch.Tensor,
-        state_addr: int,
-        record_addr: int,
-        *,
-        channels: int,
-        rank: int,
-        world: int,
-        fingerprint: int,
-        half_bytes: int,
-        granule: int,
-        timeout_ns: int,
-        dtype: torch.dtype | None,
-        op: int,
-        copy_bytes: int,
-        aligned: bool,
-        all_channels: int | None = None,
-    ) -> Any:
-        """The launch of the program kernel (gpucomm.workspace.device_executor describes the arguments) over
-        ``channels`` blocks, checked and packed once. ``all_channels`` (default ``channels``) is how
-        many the flag layout has, whose epochs the launch keeps in step.
+    def prepare_program(self, args: ProgramArgs) -> Any:
+        """The launch of the program kernel that ``args`` describe, checked and packed once.
 
         On a GPU: the kernel compiled for this specialisation (once) and its launch bound through
         gpucomm's launcher (:mod:`gpucomm.ops.triton_launch`); ``launch(stream)`` of the result is
-        one call into the driver. Under the interpreter (CPU): calling the result runs it."""
+        one call into the driver. Under the interpreter (CPU): calling the result runs it.
+
+        Raises:
+            ValueError: the instruction table is not on this instance's device.
+        """
+        instructions = args.instructions
         if instructions.device.type != self.device.type:  # the table's device, not a Region built to ask
             raise ValueError(
-                f"run_program: instructions on {instructions.device}, expected {self.device} (this TritonKernels' device)"
+                f"run_program: instructions on {instructions.device}, expected {self.device} "
+                f"(this TritonKernels' device)"
             )
-        if dtype is None:  # no REDUCE: any type compiles; one keeps the variants few
-            dtype = torch.int32
-        launch_args = (instructions, operands, peers, state_addr, record_addr)
-        launch_kwargs = dict(
-            channels=channels,
-            rank=rank,
-            world=world,
-            fingerprint=fingerprint,
-            half_bytes=half_bytes,
-            granule=granule,
-            timeout_ns=timeout_ns,
-            dtype=reduce_kernel.TL_DTYPES[dtype],
-            op=op,
-            copy_bytes=copy_bytes,
-            elem_bytes=dtype.itemsize,
-            aligned=aligned,
-            all_channels=all_channels,
-        )
         if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
-            return program_kernel.prepare(*launch_args, **launch_kwargs)
-        grid, values, constexprs, options = program_kernel.arguments(*launch_args, **launch_kwargs)
-        drv = self._driver()
-        if drv is None:  # gpucomm's launcher cannot be built (GPUCOMM_NATIVE=0): Triton's compiled kernel's
-            with on_device(self.device):  # warmup compiles for, and loads into, the current device
-                kernel = program_kernel.program_kernel.warmup(*values, grid=grid, **constexprs, **options)
-            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()], self.device)
-        kernel = triton_launch.compile_for(program_kernel.program_kernel, self._target(), values, constexprs, options)
-        named = dict(zip(program_kernel.program_kernel.arg_names, values))
-        return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
+            return program_kernel.prepare(args)
+        return self._bind(program_kernel.program_kernel, *program_kernel.arguments(args))
 
-    def prepare_small(
-        self,
-        x: int,
-        n: int,
-        stages: Sequence[int],
-        flags: Sequence[int],
-        *,
-        half_bytes: int,
-        state_addr: int,
-        record_addr: int,
-        rank: int,
-        fingerprint: int,
-        timeout_ns: int,
-        channels: int,
-        all_channels: int,
-        divisor: int,
-        dtype: torch.dtype,
-        op: ReduceOp,
-    ) -> Any:
-        """The launch of ``kernels/triton/small.py``'s all_reduce of the ``n`` elements of ``dtype``
-        at ``x`` over ``channels`` programs (gpucomm.workspace.small describes the arguments), packed once,
-        as :meth:`prepare_program` packs the program kernel's: on a GPU bound through gpucomm's
-        launcher (``launch(stream)``), under the interpreter a callable that runs it."""
-        if not 1 <= len(stages) <= small_kernel.MAX_WORLD or len(flags) != len(stages):
+    def prepare_small(self, args: SmallArgs) -> Any:
+        """The launch of ``kernels/triton/small.py``'s all_reduce that ``args`` describe, packed
+        once, as :meth:`prepare_program` packs the program kernel's: on a GPU bound through
+        gpucomm's launcher (``launch(stream)``), under the interpreter a callable that runs it.
+
+        Raises:
+            ValueError: more ranks than the kernel takes, or not one flag area per rank.
+        """
+        if not 1 <= len(args.stages) <= MAX_SMALL_WORLD or len(args.flags) != len(args.stages):
             raise ValueError(
-                f"prepare_small: 1 to {small_kernel.MAX_WORLD} ranks, one half and one flag area each, got "
-                f"{len(stages)} halves and {len(flags)} flag areas"
+                f"prepare_small: 1 to {MAX_SMALL_WORLD} ranks, one half and one flag area each, got "
+                f"{len(args.stages)} halves and {len(args.flags)} flag areas"
             )
-        launch_args = (x, n, stages, flags)
-        launch_kwargs = dict(
-            half_bytes=half_bytes,
-            state_addr=state_addr,
-            record_addr=record_addr,
-            rank=rank,
-            fingerprint=fingerprint,
-            timeout_ns=timeout_ns,
-            channels=channels,
-            all_channels=all_channels,
-            divisor=divisor,
-            dtype=reduce_kernel.TL_DTYPES[dtype],
-            elem_bytes=dtype.itemsize,
-            op=int(op),
-        )
         if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
-            return small_kernel.prepare(*launch_args, **launch_kwargs)
-        grid, values, constexprs, options = small_kernel.arguments(*launch_args, **launch_kwargs)
+            return small_kernel.prepare(args)
+        return self._bind(small_kernel.small_kernel, *small_kernel.arguments(args), loads_on_current=False)
+
+    def _bind(
+        self,
+        kernel: Any,
+        grid: tuple[int],
+        values: tuple,
+        constexprs: dict,
+        options: dict,
+        loads_on_current: bool = True,
+    ) -> Any:
+        """``kernel`` compiled for these arguments and its launch bound through gpucomm's launcher;
+        where the launcher cannot be built (GPUCOMM_NATIVE=0), Triton's compiled kernel's launch."""
         drv = self._driver()
-        if drv is None:  # gpucomm's launcher cannot be built (GPUCOMM_NATIVE=0): Triton's compiled kernel's
-            kernel = small_kernel.small_kernel.warmup(*values, grid=grid, **constexprs, **options)
-            return triton_launch.CompiledLaunch(kernel, grid, [*values, *constexprs.values()])
-        kernel = triton_launch.compile_for(small_kernel.small_kernel, self._target(), values, constexprs, options)
-        named = dict(zip(small_kernel.small_kernel.arg_names, values))
-        return triton_launch.bind(kernel, drv, self._device_index(), grid, named)
+        if drv is None:
+            if loads_on_current:
+                with on_device(self.device):  # warmup compiles for, and loads into, the current device
+                    compiled = kernel.warmup(*values, grid=grid, **constexprs, **options)
+                return triton_launch.CompiledLaunch(compiled, grid, [*values, *constexprs.values()], self.device)
+            compiled = kernel.warmup(*values, grid=grid, **constexprs, **options)
+            return triton_launch.CompiledLaunch(compiled, grid, [*values, *constexprs.values()])
+        compiled = triton_launch.compile_for(kernel, self._target(), values, constexprs, options)
+        named = dict(zip(kernel.arg_names, values))
+        return triton_launch.bind(compiled, drv, self._device_index(), grid, named)
 
     # -- where the program kernel is compiled for and launched through ----------------------------
     _bound_on: str | None = None  # HostOnlyTritonKernels: the driver (double) its launches go to
@@ -316,19 +261,10 @@ class JitDispatchTritonKernels(TritonKernels):
     served before gpucomm's launcher), for bench/gpu_latency.py to measure beside the bound launch.
     Never chosen by a kernels name; a benchmark installs it (:func:`gpucomm.ops.registry.install`)."""
 
-    def prepare_program(self, instructions: torch.Tensor, *args: object, **kwargs: object) -> Any:
+    def prepare_program(self, args: ProgramArgs) -> Any:
         if self.device.type != "cuda":
             raise UnsupportedError("JitDispatchTritonKernels: the JIT dispatch it measures runs on a CUDA device")
-        kwargs = dict(kwargs)
-        dtype = kwargs.pop("dtype") or torch.int32
-        dispatch = program_kernel.prepare(
-            instructions,
-            *args,
-            dtype=reduce_kernel.TL_DTYPES[dtype],
-            elem_bytes=dtype.itemsize,
-            **kwargs,
-        )
-        return _OnCurrentStream(dispatch)
+        return _OnCurrentStream(program_kernel.prepare(args))
 
 
 class _OnCurrentStream:

@@ -43,7 +43,8 @@ from gpucomm.toolchain import trusted_cache
 
 __all__ = ["load", "cache_dir", "build_lock"]
 
-_SOURCES = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "host"  # this file: gpucomm/toolchain/
+# gpucomm/toolchain/native.py: the checkout's kernels/host is three levels up.
+_SOURCES = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "host"
 _logger = logging.getLogger("gpucomm")
 # One compile of a 300-line file takes about 0.4 s on the 2-core CI VM; a minute means a
 # compiler that hangs.

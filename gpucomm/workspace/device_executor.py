@@ -27,7 +27,9 @@ import torch
 from gpucomm.capture import capturing
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.ops.device_guard import on_device
-from gpucomm.ops.program import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS, Program, Slot, resolve
+from gpucomm.ops.instruction_set import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS
+from gpucomm.ops.launch_args import MAX_PROGRAM_WORLD, ProgramArgs
+from gpucomm.ops.program import Program, Slot, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import granule as granule_of
 from gpucomm.workspace.channels import launch_channels
@@ -36,8 +38,6 @@ from gpucomm.workspace.stream_order import StreamOrder
 __all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows", "channel_layout"]
 
 _ALIGN = 16
-# SYNC names its peers in an int64 bit mask.
-MAX_WORLD = 63
 # Operand tables kept per program, one per set of buffer addresses it ran on (a training loop
 # reuses the same buffers; a loop of fresh tensors at new addresses replaces the oldest).
 _BINDINGS = 8
@@ -74,9 +74,10 @@ class DeviceExecutor:
         self.channels_by_size = engine.channels_by_size
         ws, flags, me = engine.workspace, engine.flags, engine.rank
         P = engine.world_size
-        if P > MAX_WORLD:
+        if P > MAX_PROGRAM_WORLD:
             raise UnsupportedError(
-                f"gpucomm: the program kernels serve up to {MAX_WORLD} ranks per node, got {P}; use kernels=torch"
+                f"gpucomm: the program kernels serve up to {MAX_PROGRAM_WORLD} ranks per node, got {P}; "
+                f"use kernels=torch"
             )
         halves = [ws.data(p, engine.p2p_bytes, 0).addr for p in range(P)]
         flag_areas = [ws.flag(p, 0).addr for p in range(P)]
@@ -226,12 +227,12 @@ class DeviceExecutor:
         table = self._upload(operand_rows(program, addrs), OPERAND_WORDS)
         # Every argument of the launch checked and packed once: a repeated call passes none of its
         # own. On a GPU the result's launch(stream) is one call into the driver (gpucomm.ops.launcher).
-        prepared = self.kernels.prepare_program(
-            form["instructions"],
-            table,
-            self.peers,
-            self.state_addr,
-            self.record.data_ptr(),
+        args = ProgramArgs(
+            instructions=form["instructions"],
+            operands=table,
+            peers=self.peers,
+            state_addr=self.state_addr,
+            record_addr=self.record.data_ptr(),
             channels=form["channels"],
             all_channels=self.channels,
             rank=engine.rank,
@@ -245,6 +246,7 @@ class DeviceExecutor:
             copy_bytes=program.copy_bytes(addrs),
             aligned=program.aligned(addrs),
         )
+        prepared = self.kernels.prepare_program(args)
         launch = prepared.launch if self._on_gpu else prepared
         bound = {"operands": table, "launch": launch, "captured": capturing(self.device)}
         kept = form["bound"]

@@ -26,6 +26,7 @@ import torch
 
 from gpucomm.errors import CommTimeoutError, UnsupportedError
 from gpucomm.ops.device_guard import launching_on
+from gpucomm.ops.instruction_set import RECORD_WORDS
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.workspace.channels import MAX_CHANNELS, launch_channels
 
@@ -34,7 +35,6 @@ __all__ = ["MultimemAllReduce", "SIGNAL_PAD_BYTES", "exact_in_any_order"]
 # The signal pad at the start of every rank's heap: one int64 word per block (at most
 # MAX_CHANNELS blocks), zero at creation and only ever incremented.
 SIGNAL_PAD_BYTES = MAX_CHANNELS * 8
-_RECORD_WORDS = 8
 _DTYPE_NAMES = {
     torch.float32: "float32",
     torch.float16: "float16",
@@ -69,8 +69,8 @@ class MultimemAllReduce:
         device = heap.device if heap is not None else torch.device("cpu")
         self.state = torch.zeros(1 + MAX_CHANNELS, dtype=torch.int64, device=device)
         pinned = device.type == "cuda"
-        self.record = torch.zeros(MAX_CHANNELS * _RECORD_WORDS, dtype=torch.int64, pin_memory=pinned)
-        self._kinds = self.record.numpy()[::_RECORD_WORDS]
+        self.record = torch.zeros(MAX_CHANNELS * RECORD_WORDS, dtype=torch.int64, pin_memory=pinned)
+        self._kinds = self.record.numpy()[::RECORD_WORDS]
 
     @property
     def available(self) -> bool:
@@ -84,13 +84,19 @@ class MultimemAllReduce:
             return self.reason
         name = _DTYPE_NAMES.get(tensor.dtype)
         if name is None or int(op) not in SWITCH_REDUCES[name]:
-            return f"the switch does not reduce {tensor.dtype} with {op.name} (it reduces float SUM and integer SUM, MIN, MAX)"
+            return (
+                f"the switch does not reduce {tensor.dtype} with {op.name} "
+                f"(it reduces float SUM and integer SUM, MIN, MAX)"
+            )
         if self.heap is None or not self.heap.contains(tensor):
             return "the tensor is not in the symmetric heap (allocate it with gpucomm.empty)"
         unit = self._unit_bytes(tensor)
         nbytes = tensor.numel() * tensor.element_size()
         if self.heap.offset(tensor) % 16 or nbytes % unit:
-            return f"the tensor must start at a 16-byte boundary and span whole {unit}-byte units, got offset {self.heap.offset(tensor)} and {nbytes} bytes"
+            return (
+                f"the tensor must start at a 16-byte boundary and span whole {unit}-byte units, "
+                f"got offset {self.heap.offset(tensor)} and {nbytes} bytes"
+            )
         return ""
 
     def run(self, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -142,7 +148,7 @@ class MultimemAllReduce:
     def check(self) -> None:
         """Raise the timeout an earlier launch recorded (never waits for the device)."""
         if self._kinds.any():
-            seen = self.record.view(-1, _RECORD_WORDS)
+            seen = self.record.view(-1, RECORD_WORDS)
             first = next(r for r in seen.tolist() if r[0])
             raise CommTimeoutError(
                 "all_reduce",

@@ -26,6 +26,7 @@ import torch
 
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import SUPPORTED_DTYPES
+from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SMALL_OPS, SmallArgs
 from gpucomm.ops.program import fingerprint
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.roles import NodeWorkspace
@@ -37,9 +38,8 @@ __all__ = ["SmallAllReduce", "SmallEngine", "MAX_WORLD", "ALGO"]
 # The algorithm's name (GPUCOMM_ALGO, the call's fingerprint, the log).
 ALGO = "oneshot_small"
 # Ranks served: the kernels take one parameter per rank's half and per rank's flag area.
-MAX_WORLD = 8
+MAX_WORLD = MAX_SMALL_WORLD
 _ALIGN = 16
-_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Launches kept, one per (address, elements, dtype, op): a loop's buffers are a few; fresh
 # tensors at new addresses refill the table (emptied when full, as gpucomm.workspace.repeat's).
 _KEPT = 64
@@ -120,9 +120,9 @@ class SmallAllReduce:
             problem = self.unsupported(tensor)
             if problem:
                 raise UnsupportedError(f"gpucomm.all_reduce: GPUCOMM_ALGO={ALGO} cannot serve this call: {problem}")
-            if op not in _OPS:
+            if op not in SMALL_OPS:
                 raise UnsupportedError(
-                    f"gpucomm.all_reduce: GPUCOMM_ALGO={ALGO} folds {[o.name for o in _OPS]}, not {op.name}"
+                    f"gpucomm.all_reduce: GPUCOMM_ALGO={ALGO} folds {[o.name for o in SMALL_OPS]}, not {op.name}"
                 )
             launch = self._prepare(tensor, op)
             if len(self._launches) >= _KEPT:
@@ -144,11 +144,11 @@ class SmallAllReduce:
         # The grid follows the size as the program kernel's does (gpucomm.workspace.channels): the same on
         # every rank.
         channels = launch_channels(nbytes, engine.channels) if engine.channels_by_size else engine.channels
-        prepared = engine.kernels.prepare_small(
-            tensor.data_ptr(),
-            n,
-            self.stages,
-            self.flags,
+        args = SmallArgs(
+            x=tensor.data_ptr(),
+            n=n,
+            stages=tuple(self.stages),
+            flags=tuple(self.flags),
             half_bytes=engine.half_bytes,
             state_addr=executor.state_addr,
             record_addr=executor.record.data_ptr(),
@@ -161,6 +161,7 @@ class SmallAllReduce:
             dtype=tensor.dtype,
             op=op,
         )
+        prepared = engine.kernels.prepare_small(args)
         check = executor.check
         if engine.device.type != "cuda":
 

@@ -17,10 +17,32 @@
 #define GPUCOMM_THREADS 512
 #endif
 
+// The instruction set, from gpucomm/ops/instruction_set.py: the loader passes each number as a
+// -D option (gpucomm.ops.cuda_ops.compile_options), so that the kernels read the builder's values.
+#if !defined(GPUCOMM_WORDS) || !defined(GPUCOMM_OPERAND_WORDS) || !defined(GPUCOMM_COPY) ||   \
+    !defined(GPUCOMM_REDUCE) || !defined(GPUCOMM_SYNC) || !defined(GPUCOMM_FP_BITS) ||        \
+    !defined(GPUCOMM_RECORD_WORDS) || !defined(GPUCOMM_TIMEOUT) || !defined(GPUCOMM_MISMATCH) || \
+    !defined(GPUCOMM_SMALL_SYNC_INSTRUCTION)
+#error "gpucomm: compile with gpucomm.ops.cuda_ops.compile_options, which defines the instruction set"
+#endif
+
 typedef unsigned long long gc_u64;
 typedef long long gc_i64;
 
 namespace gpucomm {
+
+constexpr int WORDS = GPUCOMM_WORDS;                  // int64 per instruction
+constexpr int OPERAND_WORDS = GPUCOMM_OPERAND_WORDS;  // int64 per operand
+constexpr int COPY = GPUCOMM_COPY;                    // opcodes
+constexpr int REDUCE = GPUCOMM_REDUCE;
+constexpr int SYNC = GPUCOMM_SYNC;
+constexpr int FP_BITS = GPUCOMM_FP_BITS;  // a flag: (epoch << FP_BITS) | fingerprint
+constexpr gc_i64 FP_MASK = (1ll << FP_BITS) - 1;
+constexpr int RECORD_WORDS = GPUCOMM_RECORD_WORDS;  // int64 per channel's error record
+constexpr int TIMEOUT = GPUCOMM_TIMEOUT;            // kinds of error record
+constexpr int MISMATCH = GPUCOMM_MISMATCH;
+// The instruction a small kernel's error record names: the SYNC of its program (COPY, SYNC, REDUCE).
+constexpr int SMALL_SYNC_INSTRUCTION = GPUCOMM_SMALL_SYNC_INSTRUCTION;
 
 __device__ __forceinline__ gc_u64 global_thread() {
     return (gc_u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -86,6 +108,84 @@ __device__ __forceinline__ bool wait_flags_block(const gc_u64* flag_addrs, int n
         return false;
     }
     return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The SYNC of program.cu and small.cu: flags that carry (epoch << FP_BITS) | fingerprint, one per
+// channel and writer in each rank's flag area, and the error record a failed SYNC writes.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ gc_i64 flag_value(gc_i64 e) { return (gc_i64)((gc_u64)e << FP_BITS); }
+
+// seen has not reached target: a signed difference, so that the test survives wraparound.
+__device__ __forceinline__ bool behind(gc_i64 seen, gc_i64 target) {
+    return (gc_i64)((gc_u64)seen - (gc_u64)target) < 0;
+}
+
+// A flag at epoch e that carries another call's fingerprint.
+__device__ __forceinline__ bool other_call(gc_i64 seen, gc_i64 e, gc_i64 fingerprint) {
+    return (seen >> FP_BITS) == e && (seen & FP_MASK) != fingerprint;
+}
+
+// Acquire-load a flag until it reaches target or timeout_ns have passed; the last value seen.
+__device__ __forceinline__ gc_i64 poll(const gc_i64* at, gc_i64 target, gc_u64 timeout_ns) {
+    gc_i64 seen = load_acquire_sys(at);
+    const gc_u64 start = global_timer_ns();
+    while (behind(seen, target) && global_timer_ns() - start <= timeout_ns) {
+        seen = load_acquire_sys(at);
+    }
+    return seen;
+}
+
+// Write `channel`'s error record (RECORD_WORDS int64 at record) from the flags of the `world`
+// ranks seen at SYNC `instruction` (epoch e), then poison the workspace's later launches
+// (state[0]). A mismatch outranks a timeout, as in the Triton kernels. One thread calls it.
+__device__ void record_error(gc_i64* record, gc_i64* state, int channel, int world, gc_i64 e, gc_i64 instruction,
+                             const gc_i64* seen, gc_i64 fingerprint) {
+    gc_u64 late = 0, other = 0;
+    for (int p = 0; p < world; ++p) {
+        if (behind(seen[p], flag_value(e))) late |= 1ull << p;
+        if (other_call(seen[p], e, fingerprint)) other |= 1ull << p;
+    }
+    const gc_u64 culprits = other ? other : late;
+    gc_i64* rec = record + (gc_i64)channel * RECORD_WORDS;
+    rec[1] = e;
+    rec[2] = instruction;
+    rec[3] = (gc_i64)culprits;
+    rec[4] = seen[__ffsll((gc_i64)culprits) - 1];
+    rec[5] = fingerprint;
+    // The kind last, with release: whoever sees it sees the fields.
+    store_release_sys(rec, other ? MISMATCH : TIMEOUT);
+    store_release_sys(state, 1);
+}
+
+// One SYNC of `channel` at epoch e by the threads of this block (program.cu's, and small.cu's
+// with every rank in both masks). Thread p < world releases (e << FP_BITS) | fingerprint into
+// rank p's flag of this rank (flag_at(p, rank)) if bit p of signal_mask is set, then polls this
+// rank's flag of rank p (flag_at(rank, p)) until it reaches epoch e or timeout_ns pass, if bit p
+// of wait_mask is set (a rank not awaited reads as arrived). Returns true if every awaited rank
+// arrived with this call's fingerprint; otherwise thread 0 has written the error record of SYNC
+// `instruction` (from seen[], one value per rank in shared memory) and the channel must stop.
+template <class FlagAt>
+__device__ __forceinline__ bool sync_flags(const FlagAt& flag_at, gc_u64 signal_mask, gc_u64 wait_mask, int rank,
+                                           int world, int channel, gc_i64 e, gc_i64 fingerprint, gc_u64 timeout_ns,
+                                           gc_i64 instruction, gc_i64* seen, gc_i64* record, gc_i64* state) {
+    const gc_i64 value = flag_value(e) | fingerprint;
+    const int p = threadIdx.x;
+    // Every thread's data is written before any flag is released: the barrier orders the other
+    // threads' writes before the release store (which is cumulative), at system scope.
+    __syncthreads();
+    bool failed = false;
+    if (p < world) {
+        if (signal_mask >> p & 1) store_release_sys(flag_at(p, rank), value);
+        const gc_i64 got = (wait_mask >> p & 1) ? poll(flag_at(rank, p), flag_value(e), timeout_ns) : value;
+        seen[p] = got;
+        failed = behind(got, flag_value(e)) || other_call(got, e, fingerprint);
+    }
+    // Every thread reads peer data only after the acquires above; the verdict is the block's.
+    if (!__syncthreads_or(failed)) return true;
+    if (p == 0) record_error(record, state, channel, world, e, instruction, seen, fingerprint);
+    return false;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -34,18 +34,13 @@
 
 namespace {
 
-// The instruction set; gpucomm/ops/program.py holds the same numbers (tests/ops/test_instruction_set.py checks).
-constexpr int WORDS = 8;
-constexpr int OPERAND_WORDS = 3;
-constexpr int COPY = 1;
-constexpr int REDUCE = 2;
-constexpr int SYNC = 3;
-constexpr int FP_BITS = 20;
-constexpr int RECORD_WORDS = 8;
-constexpr int TIMEOUT = 1;
-constexpr int MISMATCH = 2;
+// The instruction set: common.cuh's.
+using gpucomm::COPY;
+using gpucomm::OPERAND_WORDS;
+using gpucomm::REDUCE;
+using gpucomm::SYNC;
+using gpucomm::WORDS;
 
-constexpr gc_i64 FP_MASK = (1ll << FP_BITS) - 1;
 // A SYNC names its peers in an int64 bit mask.
 constexpr int MAX_PEERS = 64;
 // Operand addresses an instruction resolves once into shared memory: a one-shot reduce over
@@ -193,75 +188,23 @@ __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool re
 // SYNC and errors
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ gc_i64 flag_value(gc_i64 e) { return (gc_i64)((gc_u64)e << FP_BITS); }
-
-// seen has not reached target: a signed difference, so that the test survives wraparound.
-__device__ __forceinline__ bool behind(gc_i64 seen, gc_i64 target) {
-    return (gc_i64)((gc_u64)seen - (gc_u64)target) < 0;
-}
-
-// A flag at epoch e that carries another call's fingerprint.
-__device__ __forceinline__ bool other_call(gc_i64 seen, gc_i64 e, gc_i64 fingerprint) {
-    return (seen >> FP_BITS) == e && (seen & FP_MASK) != fingerprint;
-}
-
 // This channel's flag that rank `writer` writes, in rank `owner`'s flag area.
 __device__ __forceinline__ gc_i64* flag(const Launch& L, int owner, int writer) {
     return (gc_i64*)L.peers[L.world + owner] + (gc_i64)L.channel * L.world + writer;
 }
 
-// Acquire-load a flag until it reaches target or timeout_ns have passed; the last value seen.
-__device__ __forceinline__ gc_i64 poll(const gc_i64* at, gc_i64 target, gc_u64 timeout_ns) {
-    gc_i64 seen = gpucomm::load_acquire_sys(at);
-    const gc_u64 start = gpucomm::global_timer_ns();
-    while (behind(seen, target) && gpucomm::global_timer_ns() - start <= timeout_ns) {
-        seen = gpucomm::load_acquire_sys(at);
-    }
-    return seen;
-}
+// This channel's flags as common.cuh's sync_flags addresses them.
+struct ChannelFlags {
+    const Launch* L;
+    __device__ __forceinline__ gc_i64* operator()(int owner, int writer) const { return flag(*L, owner, writer); }
+};
 
-// Write this channel's error record from the flags seen at SYNC `instruction` (epoch e), then
-// poison the workspace's later launches. A mismatch outranks a timeout, as in the Triton kernel.
-__device__ void record_error(const Launch& L, gc_i64 e, gc_i64 instruction, const gc_i64* seen) {
-    gc_u64 late = 0, other = 0;
-    for (int p = 0; p < L.world; ++p) {
-        if (behind(seen[p], flag_value(e))) late |= 1ull << p;
-        if (other_call(seen[p], e, L.fingerprint)) other |= 1ull << p;
-    }
-    const gc_u64 culprits = other ? other : late;
-    gc_i64* rec = L.record + (gc_i64)L.channel * RECORD_WORDS;
-    rec[1] = e;
-    rec[2] = instruction;
-    rec[3] = (gc_i64)culprits;
-    rec[4] = seen[__ffsll((gc_i64)culprits) - 1];
-    rec[5] = L.fingerprint;
-    // The kind last, with release: whoever sees it sees the fields.
-    gpucomm::store_release_sys(rec, other ? MISMATCH : TIMEOUT);
-    gpucomm::store_release_sys(L.state, 1);
-}
-
-// One SYNC of this channel at its new epoch e. Thread p < world signals rank p and waits for
-// rank p. True if every awaited rank arrived with this call's fingerprint; otherwise the error
-// record is written and the channel must stop.
+// One SYNC of this channel at its new epoch e (common.cuh's sync_flags, with the row's masks).
+// True if every awaited rank arrived with this call's fingerprint; otherwise the error record is
+// written and the channel must stop.
 __device__ bool sync(const Launch& L, const gc_i64* row, gc_i64 e, gc_i64 instruction, gc_i64* seen) {
-    const gc_u64 signal_mask = row[1], wait_mask = row[2];
-    const gc_i64 value = flag_value(e) | L.fingerprint;
-    const int p = threadIdx.x;
-    // Every thread's data is written before any flag is released: the barrier orders the other
-    // threads' writes before the release store (which is cumulative), at system scope.
-    __syncthreads();
-    bool failed = false;
-    if (p < L.world) {
-        if (signal_mask >> p & 1) gpucomm::store_release_sys(flag(L, p, L.rank), value);
-        // A rank not awaited reads as arrived.
-        const gc_i64 got = (wait_mask >> p & 1) ? poll(flag(L, L.rank, p), flag_value(e), L.timeout_ns) : value;
-        seen[p] = got;
-        failed = behind(got, flag_value(e)) || other_call(got, e, L.fingerprint);
-    }
-    // Every thread reads peer data only after the acquires above; the verdict is the block's.
-    if (!__syncthreads_or(failed)) return true;
-    if (p == 0) record_error(L, e, instruction, seen);
-    return false;
+    return gpucomm::sync_flags(ChannelFlags{&L}, (gc_u64)row[1], (gc_u64)row[2], L.rank, L.world, L.channel, e,
+                               L.fingerprint, L.timeout_ns, instruction, seen, L.record, L.state);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,17 +28,8 @@
 
 namespace {
 
-// The numbers of gpucomm/ops/program.py (tests/ops/test_small_ptx.py checks that they agree).
-constexpr int FP_BITS = 20;
-constexpr int RECORD_WORDS = 8;
-constexpr int TIMEOUT = 1;
-constexpr int MISMATCH = 2;
 // Ranks served: one parameter per rank's half and flag area.
 constexpr int MAX_WORLD = 8;
-// The instruction an error record names: the SYNC of the equivalent program (COPY, SYNC, REDUCE).
-constexpr int SYNC_INSTRUCTION = 1;
-
-constexpr gc_i64 FP_MASK = (1ll << FP_BITS) - 1;
 
 static_assert(GPUCOMM_THREADS >= MAX_WORLD, "thread p signals and waits for rank p");
 
@@ -58,27 +49,14 @@ struct Staged {
     __device__ __forceinline__ gc_u64 operator()(int j) const { return stages(j) + offset; }
 };
 
-__device__ __forceinline__ gc_i64 flag_value(gc_i64 e) { return (gc_i64)((gc_u64)e << FP_BITS); }
-
-// seen has not reached target: a signed difference, so that the test survives wraparound.
-__device__ __forceinline__ bool behind(gc_i64 seen, gc_i64 target) {
-    return (gc_i64)((gc_u64)seen - (gc_u64)target) < 0;
-}
-
-// A flag at epoch e that carries another call's fingerprint.
-__device__ __forceinline__ bool other_call(gc_i64 seen, gc_i64 e, gc_i64 fingerprint) {
-    return (seen >> FP_BITS) == e && (seen & FP_MASK) != fingerprint;
-}
-
-// Acquire-load a flag until it reaches target or timeout_ns have passed; the last value seen.
-__device__ __forceinline__ gc_i64 poll(const gc_i64* at, gc_i64 target, gc_u64 timeout_ns) {
-    gc_i64 seen = gpucomm::load_acquire_sys(at);
-    const gc_u64 start = gpucomm::global_timer_ns();
-    while (behind(seen, target) && gpucomm::global_timer_ns() - start <= timeout_ns) {
-        seen = gpucomm::load_acquire_sys(at);
+// Channel `channel`'s flags: the one rank `writer` writes in rank `owner`'s flag area.
+struct SmallFlags {
+    PerRank areas;  // by value: the addresses stay in registers
+    int channel, world;
+    __device__ __forceinline__ gc_i64* operator()(int owner, int writer) const {
+        return (gc_i64*)areas(owner) + (gc_i64)channel * world + writer;
     }
-    return seen;
-}
+};
 
 // dst = src over nbytes by the threads of this block: 16-byte vectors where both addresses and
 // the size allow, otherwise units of the element's size (the share's bounds are whole elements).
@@ -114,39 +92,12 @@ __device__ __forceinline__ void small_all_reduce(gc_u64 x, gc_i64 n, const PerRa
         const gc_u64 nbytes = (gc_u64)(hi - lo) * sizeof(S);
         copy_in<S>(stages(rank) + offset, x + lo * sizeof(S), nbytes);
         e = e0 + 1;
-        // The SYNC: thread p < world signals rank p and waits for rank p. Every thread's stores
-        // come before any release (the barrier, then a cumulative release at system scope).
-        __syncthreads();
-        const int p = threadIdx.x;
-        const gc_i64 value = flag_value(e) | fingerprint;
-        bool failed = false;
-        if (p < world) {
-            gpucomm::store_release_sys((gc_i64*)areas(p) + (gc_i64)channel * world + rank, value);
-            const gc_i64 got = poll((const gc_i64*)areas(rank) + (gc_i64)channel * world + p, flag_value(e), timeout_ns);
-            seen[p] = got;
-            failed = behind(got, flag_value(e)) || other_call(got, e, fingerprint);
-        }
-        // Every thread reads peer data only after the acquires above; the verdict is the block's.
-        if (!__syncthreads_or(failed)) {
+        // The SYNC: every rank signalled and awaited (common.cuh's sync_flags, as program.cu's).
+        const SmallFlags flags{areas, channel, world};
+        if (gpucomm::sync_flags(flags, ~0ull, ~0ull, rank, world, channel, e, fingerprint, timeout_ns,
+                                gpucomm::SMALL_SYNC_INSTRUCTION, seen, record, state)) {
             gpucomm::reduce_span<D, Op>(x + lo * sizeof(S), Staged{stages, offset}, world, (gc_u64)(hi - lo),
                                         Op::divides, divisor, threadIdx.x, blockDim.x);
-        } else if (threadIdx.x == 0) {
-            // The record, as program.cu writes it; a mismatch outranks a timeout.
-            gc_u64 late = 0, other = 0;
-            for (int q = 0; q < world; ++q) {
-                if (behind(seen[q], flag_value(e))) late |= 1ull << q;
-                if (other_call(seen[q], e, fingerprint)) other |= 1ull << q;
-            }
-            const gc_u64 culprits = other ? other : late;
-            gc_i64* rec = record + (gc_i64)channel * RECORD_WORDS;
-            rec[1] = e;
-            rec[2] = SYNC_INSTRUCTION;
-            rec[3] = (gc_i64)culprits;
-            rec[4] = seen[__ffsll((gc_i64)culprits) - 1];
-            rec[5] = fingerprint;
-            // The kind last, with release: whoever sees it sees the fields.
-            gpucomm::store_release_sys(rec, other ? MISMATCH : TIMEOUT);
-            gpucomm::store_release_sys(state, 1);
         }
     }
     // Channel c also keeps the epochs of channels c + grid, c + 2 * grid, ... (program.cu).

@@ -9,6 +9,16 @@ explicit bit operations is the only way to get the same bits on every backend.
 import triton
 import triton.language as tl
 
+from gpucomm.ops import instruction_set as isa
+
+# The reduce ops as constexprs (Triton reads only constexpr globals): gpucomm.ReduceOp's values,
+# from the instruction set.
+OP_SUM = tl.constexpr(isa.OP_SUM)
+OP_PRODUCT = tl.constexpr(isa.OP_PRODUCT)
+OP_MIN = tl.constexpr(isa.OP_MIN)
+OP_MAX = tl.constexpr(isa.OP_MAX)
+OP_AVG = tl.constexpr(isa.OP_AVG)
+
 
 @triton.jit
 def as_pointer(addr, T: tl.constexpr, ALIGNED: tl.constexpr):
@@ -76,12 +86,12 @@ def store_rounded(addr, offs, acc, mask, DTYPE: tl.constexpr, ALIGNED: tl.conste
 @triton.jit
 def combine(acc, x, OP: tl.constexpr):
     """``acc OP x`` in the accumulation type; OP is a gpucomm.ReduceOp value (AVG sums)."""
-    if OP == 1:
+    if OP == OP_PRODUCT:
         return acc * x
-    elif OP == 2:
+    elif OP == OP_MIN:
         # NaN wins, like torch.minimum.
         return tl.minimum(acc, x, propagate_nan=tl.PropagateNan.ALL)
-    elif OP == 3:
+    elif OP == OP_MAX:
         return tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
     else:
         return acc + x  # SUM and AVG

@@ -8,10 +8,9 @@ import triton
 import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer
+from gpucomm._kernels.triton.types import COPY_ELEMS
 
 __all__ = ["copy_kernel", "copy", "element_bytes"]
-
-_ELEMENTS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
 
 
 @triton.jit
@@ -44,11 +43,11 @@ def copy(addrs: torch.Tensor, elem_bytes: int, nbytes: int, aligned: bool, block
     """
     if addrs.dtype != torch.int64 or addrs.shape != (2,):
         raise ValueError(f"copy: addrs must be int64 [dst, src], got {addrs.dtype} of shape {tuple(addrs.shape)}")
-    if elem_bytes not in _ELEMENTS or nbytes % elem_bytes:
+    if elem_bytes not in COPY_ELEMS or nbytes % elem_bytes:
         raise ValueError(f"copy: elem_bytes must be 8, 4, 2 or 1 and divide nbytes={nbytes}, got {elem_bytes}")
     n_elements = nbytes // elem_bytes
     if n_elements == 0:
         return
     copy_kernel[(triton.cdiv(n_elements, block),)](
-        addrs, n_elements, ELEM=_ELEMENTS[elem_bytes], ALIGNED=aligned, BLOCK=block
+        addrs, n_elements, ELEM=COPY_ELEMS[elem_bytes], ALIGNED=aligned, BLOCK=block
     )

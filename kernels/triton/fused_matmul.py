@@ -53,6 +53,7 @@ import triton.language as tl
 import gpucomm.language as gl
 from gpucomm._kernels.triton._common import store_rounded
 from gpucomm._kernels.triton.clock import INTERPRETED
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 from gpucomm.language import layout
 
 __all__ = ["ag_publish_kernel", "ag_matmul_kernel", "prepare", "CHUNKS"]
@@ -64,8 +65,6 @@ CHUNKS = 16
 _NUM_WARPS = 4
 _LANES = 32 * _NUM_WARPS
 _CHANNELS = tl.constexpr(layout.CHANNEL_SLOTS)
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-_COPY_ELEMS = {4: tl.int32, 2: tl.int16}
 
 
 @triton.jit
@@ -296,12 +295,14 @@ def prepare(
     bm, bn, bk = _block(m, 64), _block(n, 64), _block(k, 32)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)  # per shard
     common = dict(
-        G=chunks, DTYPE=_TL[a.dtype], PRECISION="ieee" if a.dtype == torch.float32 or INTERPRETED else "tf32", WIDEN=INTERPRETED,
+        G=chunks, DTYPE=TL_DTYPES[a.dtype], WIDEN=INTERPRETED,
+        PRECISION="ieee" if a.dtype == torch.float32 or INTERPRETED else "tf32",
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LANES=_LANES, num_warps=_NUM_WARPS,
     )  # fmt: skip
     publish = functools.partial(
         ag_publish_kernel[(chunks + tiles,)], ctx.table, a, b, out, stage_addr, stage_half, m, n, k,
-        COPY=_COPY_ELEMS[size], ALIGNED=a.data_ptr() % 16 == 0 and m * k * size % 16 == 0, BLOCK=_LANES * 16 // size, **common,
+        COPY=COPY_ELEMS[size], ALIGNED=a.data_ptr() % 16 == 0 and m * k * size % 16 == 0, BLOCK=_LANES * 16 // size,
+        **common,
     )  # fmt: skip
     if ctx.world_size == 1:
         return (publish,)

@@ -32,14 +32,13 @@ from gpucomm._kernels.triton._common import (
     load_acc,
     store_rounded,
 )
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 
 __all__ = [
-    "ar_residual_rmsnorm_kernel", "ar_residual_rmsnorm_twoshot_kernel", "residual_rmsnorm_kernel", "prepare_fused", "residual_rmsnorm",
+    "ar_residual_rmsnorm_kernel", "ar_residual_rmsnorm_twoshot_kernel", "residual_rmsnorm_kernel", "prepare_fused",
+    "residual_rmsnorm",
     "rows_per_piece", "num_warps",
 ]  # fmt: skip
-
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-_COPY_ELEMS = {4: tl.int32, 2: tl.int16}
 
 
 def num_warps(hidden: int) -> int:
@@ -279,7 +278,8 @@ def prepare_fused(
         kernel[(channels,)],
         ctx.table, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), new_residual.data_ptr(),
         T, H, float(eps), rows_per_piece(ctx.stage_half_bytes, H * x.element_size(), two_shot),
-        DTYPE=_TL[x.dtype], COPY=_COPY_ELEMS[x.element_size()], ALIGNED=_aligned(x, residual, weight, out, new_residual),
+        DTYPE=TL_DTYPES[x.dtype], COPY=COPY_ELEMS[x.element_size()],
+        ALIGNED=_aligned(x, residual, weight, out, new_residual),
         BLOCK_H=triton.next_power_of_2(H), LANES=32 * warps, num_warps=warps,
     )  # fmt: skip
 
@@ -303,6 +303,7 @@ def residual_rmsnorm(
     T, H = s.shape
     residual_rmsnorm_kernel[(programs,)](
         s.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), new_residual.data_ptr(), T, H, float(eps),
-        DTYPE=_TL[s.dtype], ALIGNED=_aligned(s, residual, weight, out, new_residual), BLOCK_H=triton.next_power_of_2(H),
+        DTYPE=TL_DTYPES[s.dtype], ALIGNED=_aligned(s, residual, weight, out, new_residual),
+        BLOCK_H=triton.next_power_of_2(H),
         num_warps=num_warps(H),
     )  # fmt: skip

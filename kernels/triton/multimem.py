@@ -36,22 +36,23 @@ barriers, runs across real processes in CI.
 import triton
 import triton.language as tl
 
-from gpucomm._kernels.triton._common import combine, load_acc, store_rounded
+from gpucomm._kernels.triton._common import OP_MIN, OP_SUM, combine, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import INTERPRETED, clock_ns_lanes
+from gpucomm.ops import instruction_set as isa
 
 __all__ = ["multimem_all_reduce_kernel", "launch", "NUM_WARPS", "SWITCH_REDUCES"]
 
 NUM_WARPS = 4
-_TIMEOUT = tl.constexpr(1)
-_RECORD_WORDS = tl.constexpr(8)
+_TIMEOUT = tl.constexpr(isa.TIMEOUT)
+_RECORD_WORDS = tl.constexpr(isa.RECORD_WORDS)
 # What the switch reduces, as gpucomm.ReduceOp values per dtype name: floating-point SUM (16-bit
 # floats accumulated in fp32: ``.acc::f32``), and integer SUM (wrapping), MIN and MAX.
 SWITCH_REDUCES = {
-    "float32": (0,),
-    "float16": (0,),
-    "bfloat16": (0,),
-    "int32": (0, 2, 3),
-    "int64": (0, 2, 3),
+    "float32": (isa.OP_SUM,),
+    "float16": (isa.OP_SUM,),
+    "bfloat16": (isa.OP_SUM,),
+    "int32": (isa.OP_SUM, isa.OP_MIN, isa.OP_MAX),
+    "int64": (isa.OP_SUM, isa.OP_MIN, isa.OP_MAX),
 }
 
 
@@ -130,18 +131,20 @@ else:
     def _ld_reduce_st_word(addr, mask, OP: tl.constexpr, BITS: tl.constexpr):
         # Integer SUM wraps (u32/u64 add is the same bits as signed); MIN and MAX are signed.
         if BITS == 32:
-            if OP == 0:
+            if OP == OP_SUM:
                 x = tl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.add.u32 $0, [$1]; }",
+                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; "
+                    "@p multimem.ld_reduce.relaxed.sys.global.add.u32 $0, [$1]; }",
                     "=r,l,r",
                     [addr, mask.to(tl.int32)],
                     dtype=tl.int32,
                     is_pure=False,
                     pack=1,
                 )
-            elif OP == 2:
+            elif OP == OP_MIN:
                 x = tl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.min.s32 $0, [$1]; }",
+                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; "
+                    "@p multimem.ld_reduce.relaxed.sys.global.min.s32 $0, [$1]; }",
                     "=r,l,r",
                     [addr, mask.to(tl.int32)],
                     dtype=tl.int32,
@@ -150,7 +153,8 @@ else:
                 )
             else:
                 x = tl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.max.s32 $0, [$1]; }",
+                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; "
+                    "@p multimem.ld_reduce.relaxed.sys.global.max.s32 $0, [$1]; }",
                     "=r,l,r",
                     [addr, mask.to(tl.int32)],
                     dtype=tl.int32,
@@ -158,7 +162,8 @@ else:
                     pack=1,
                 )
             tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p multimem.st.relaxed.sys.global.b32 [$1], $2; mov.b32 $0, 0; }",
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
+                "@p multimem.st.relaxed.sys.global.b32 [$1], $2; mov.b32 $0, 0; }",
                 "=r,l,r,r",
                 [addr, x, mask.to(tl.int32)],
                 dtype=tl.int32,
@@ -166,18 +171,20 @@ else:
                 pack=1,
             )
         else:
-            if OP == 0:
+            if OP == OP_SUM:
                 x = tl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.add.u64 $0, [$1]; }",
+                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; "
+                    "@p multimem.ld_reduce.relaxed.sys.global.add.u64 $0, [$1]; }",
                     "=l,l,r",
                     [addr, mask.to(tl.int32)],
                     dtype=tl.int64,
                     is_pure=False,
                     pack=1,
                 )
-            elif OP == 2:
+            elif OP == OP_MIN:
                 x = tl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.min.s64 $0, [$1]; }",
+                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; "
+                    "@p multimem.ld_reduce.relaxed.sys.global.min.s64 $0, [$1]; }",
                     "=l,l,r",
                     [addr, mask.to(tl.int32)],
                     dtype=tl.int64,
@@ -186,7 +193,8 @@ else:
                 )
             else:
                 x = tl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p multimem.ld_reduce.relaxed.sys.global.max.s64 $0, [$1]; }",
+                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; "
+                    "@p multimem.ld_reduce.relaxed.sys.global.max.s64 $0, [$1]; }",
                     "=l,l,r",
                     [addr, mask.to(tl.int32)],
                     dtype=tl.int64,
@@ -194,7 +202,8 @@ else:
                     pack=1,
                 )
             tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p multimem.st.relaxed.sys.global.b64 [$1], $2; mov.b32 $0, 0; }",
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
+                "@p multimem.st.relaxed.sys.global.b64 [$1], $2; mov.b32 $0, 0; }",
                 "=r,l,l,r",
                 [addr, x, mask.to(tl.int32)],
                 dtype=tl.int32,

@@ -21,18 +21,14 @@ import triton
 import triton.language as tl
 
 import gpucomm.language as gl
-from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton._common import OP_AVG, as_pointer, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 
 __all__ = ["oneshot_kernel", "prepare", "NUM_WARPS"]
 
 # One block of 4 warps per channel; a step moves LANES 16-byte vectors.
 NUM_WARPS = 4
 _LANES = 32 * NUM_WARPS
-_COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16}
-_TL = {
-    torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float64: tl.float64,
-    torch.int32: tl.int32, torch.int64: tl.int64,
-}  # fmt: skip
 
 
 @triton.jit
@@ -42,7 +38,7 @@ def _fold(ctx, staged, out, offs, mask, P, divisor, DTYPE: tl.constexpr, OP: tl.
     acc = load_acc(gl.translate(staged, 0, ctx).to(tl.int64), offs, mask, DTYPE, True)
     for p in range(1, P):
         acc = combine(acc, load_acc(gl.translate(staged, p, ctx).to(tl.int64), offs, mask, DTYPE, True), OP)
-    if OP == 4:
+    if OP == OP_AVG:
         acc = divide(acc, divisor)
     store_rounded(out, offs, acc, mask, DTYPE, ALIGNED)
 
@@ -111,6 +107,6 @@ def prepare(
     return functools.partial(
         oneshot_kernel[(channels,)],
         ctx.table, addr, n, ctx.stage_half_bytes // size, divisor,
-        DTYPE=_TL[dtype], OP=op, COPY=_COPY_ELEMS[size], ELEM=size, ALIGNED=addr % 16 == 0,
+        DTYPE=TL_DTYPES[dtype], OP=op, COPY=COPY_ELEMS[size], ELEM=size, ALIGNED=addr % 16 == 0,
         BLOCK=_LANES * (16 // size), LANES=_LANES, num_warps=NUM_WARPS,
     )  # fmt: skip

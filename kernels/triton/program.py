@@ -29,10 +29,11 @@ lives in, counted in syncs from the start of the launch: half ``(epoch at launch
 State on the device: the epoch of every channel and a poison word live in the rank's own flag
 area (``state_addr``: [poison, epoch of channel 0, epoch of channel 1, ...]); a launch loads
 them, advances them and stores them back, so a replayed CUDA graph continues from where the
-last launch left off. Every wait ends at its deadline (``clock_ns_lanes``, decided once per block); a timeout, or a peer's flag
-at this epoch with another fingerprint, writes the channel's error record (``RECORD_WORDS``
-int64 at ``record_addr``: [kind, epoch, instruction, peer mask, value seen, fingerprint]),
-sets the poison word and ends the channel; every later launch sees the poison and does nothing.
+last launch left off. Every wait ends at its deadline (``clock_ns_lanes``, decided once per
+block); a timeout, or a peer's flag at this epoch with another fingerprint, writes the
+channel's error record (``RECORD_WORDS`` int64 at ``record_addr``: [kind, epoch, instruction,
+peer mask, value seen, fingerprint]), sets the poison word and ends the channel; every later
+launch sees the poison and does nothing.
 """
 
 import functools
@@ -44,9 +45,22 @@ import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns_lanes
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 
-# The instruction set is gpucomm.ops.program's; re-exported for the launcher and the tests.
-from gpucomm.ops.program import COPY, FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, TIMEOUT, WORDS
+# The instruction set (gpucomm.ops.instruction_set), re-exported for the launcher and the tests.
+from gpucomm.ops.instruction_set import (
+    COPY,
+    FP_BITS,
+    FP_MASK,
+    MISMATCH,
+    OPERAND_WORDS,
+    RECORD_WORDS,
+    REDUCE,
+    SYNC,
+    TIMEOUT,
+    WORDS,
+)
+from gpucomm.ops.launch_args import ProgramArgs
 
 __all__ = [
     "program_kernel",
@@ -71,7 +85,7 @@ _OPERAND_WORDS = tl.constexpr(OPERAND_WORDS)
 _COPY = tl.constexpr(COPY)
 _SYNC = tl.constexpr(SYNC)
 _FP_BITS = tl.constexpr(FP_BITS)
-_FP_MASK = tl.constexpr((1 << FP_BITS) - 1)
+_FP_MASK = tl.constexpr(FP_MASK)
 _RECORD_WORDS = tl.constexpr(RECORD_WORDS)
 _TIMEOUT = tl.constexpr(TIMEOUT)
 _MISMATCH = tl.constexpr(MISMATCH)
@@ -410,7 +424,6 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     signal_mask = tl.load(row + 1)
     wait_mask = tl.load(row + 2)
     e = e + 1
-    target = e << _FP_BITS
     # Lane p (thread p of the block) signals rank p and polls rank p's flag. One lane per thread:
     # a tensor smaller than the block would be replicated across warps, each replica doing its
     # own atomics and reaching its own verdict.
@@ -418,16 +431,32 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     member = lanes < world
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     flag_areas = tl.load(peers_ptr + world + lanes, mask=member, other=0)
+    at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
+    mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
+    signalled = member & ((signal_mask & bits) != 0)
+    awaited = member & ((wait_mask & bits) != 0)
+    kind, culprits, seen = meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, LANES)
+    return e, kind, culprits, seen
+
+
+@triton.jit
+def meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, LANES: tl.constexpr):
+    """The flags of a SYNC at epoch ``e``, lane p for rank p (the program kernel's SYNC, and the
+    small kernel's, which signals and awaits every rank): once every thread of the channel has
+    stored its data, release ``e << FP_BITS | fingerprint`` at ``at_peers`` (the lanes in
+    ``signalled``: rank p's flag of this rank), then acquire-poll ``mine`` (the lanes in
+    ``awaited``: this rank's flag of rank p) until each reaches epoch ``e`` or the deadline
+    passes. ``bits`` is lane p's rank bit. Returns the block's (error kind, culprits as a rank
+    mask, the first culprit's value seen): kind 0, MISMATCH (a flag at epoch ``e`` with another
+    fingerprint) or TIMEOUT."""
+    target = e << _FP_BITS
+    lanes = tl.arange(0, LANES)
+    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
     # Every thread of the channel has stored its data before the flag is released.
     tl.debug_barrier()
-    signalled = member & ((signal_mask & bits) != 0)
-    at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
-    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
     # Release at system scope: a peer (another GPU, or the host) that acquires the new value sees
     # everything this channel wrote before.
     tl.atomic_xchg(at_peers, value, mask=signalled, sem="release", scope="sys")
-    awaited = member & ((wait_mask & bits) != 0)
-    mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
     zero = tl.zeros((LANES,), tl.int64)
     # An atomic add of 0 is an acquire load every GPU and the interpreter support.
     seen = tl.where(awaited, tl.atomic_add(mine, zero, mask=awaited, sem="acquire", scope="sys"), value)
@@ -447,7 +476,7 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     culprits = tl.where(other_mask != 0, other_mask, behind_mask)
     first = tl.min(tl.where((culprits & bits) != 0, lanes, LANES), axis=0)
     seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
-    return e, kind, culprits, seen_first
+    return kind, culprits, seen_first
 
 
 @triton.jit
@@ -547,73 +576,36 @@ def program_kernel(
         c += channels
 
 
-_COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
+def launch(args: ProgramArgs) -> None:
+    """Launch ``program_kernel`` as ``args`` describe (:func:`prepare`)."""
+    prepare(args)()
 
 
-def launch(prog: torch.Tensor, *args: object, **kwargs: object) -> None:
-    """Launch ``program_kernel`` (the arguments of :func:`prepare`)."""
-    prepare(prog, *args, **kwargs)()
-
-
-def prepare(prog: torch.Tensor, *args: object, **kwargs: object) -> Callable[[], None]:
-    """``program_kernel`` over ``channels`` programs through Triton's own dispatch (the interpreter
-    on CPU), with every argument packed once: calling the result launches it, building nothing (a
-    repeated call of the same program on the same buffers). The arguments are :func:`arguments`'."""
-    grid, values, constexprs, options = arguments(prog, *args, **kwargs)
+def prepare(args: ProgramArgs, num_warps: int = NUM_WARPS) -> Callable[[], None]:
+    """``program_kernel`` as ``args`` describe, through Triton's own dispatch (the interpreter on
+    CPU), with every argument packed once: calling the result launches it, building nothing (a
+    repeated call of the same program on the same buffers)."""
+    grid, values, constexprs, options = arguments(args, num_warps)
     return functools.partial(program_kernel[grid], *values, **constexprs, **options)
 
 
-def arguments(
-    prog: torch.Tensor,
-    operands: torch.Tensor,
-    peers: torch.Tensor,
-    state_addr: int,
-    record_addr: int,
-    *,
-    channels: int,
-    rank: int,
-    world: int,
-    fingerprint: int,
-    half_bytes: int,
-    granule: int,
-    timeout_ns: int,
-    dtype: tl.dtype,
-    op: int,
-    copy_bytes: int,
-    elem_bytes: int,
-    aligned: bool,
-    all_channels: int | None = None,
-    num_warps: int = NUM_WARPS,
-) -> tuple[tuple[int], tuple, dict, dict]:
-    """The launch of ``program_kernel`` over ``channels`` programs (see the module docstring):
-    (grid, the kernel's arguments in order, its constexprs, the compile options).
-    ``all_channels`` (default ``channels``) is the number of channels of the flag layout."""
-    values = (
-        prog,
-        prog.numel() // WORDS,
-        operands,
-        peers,
-        state_addr,
-        record_addr,
-        rank,
-        world,
-        fingerprint,
-        half_bytes,
-        granule,
-        timeout_ns,
-        channels if all_channels is None else all_channels,
-    )
+def arguments(args: ProgramArgs, num_warps: int = NUM_WARPS) -> tuple[tuple[int], tuple, dict, dict]:
+    """The launch of ``program_kernel`` that ``args`` describe (see the module docstring): (grid,
+    the kernel's arguments in order, its constexprs, the compile options)."""
+    # No REDUCE: any type compiles; one keeps the variants few.
+    dtype = torch.int32 if args.dtype is None else args.dtype
     constexprs = {
-        "DTYPE": dtype,
-        "OP": op,
-        "COPY_ELEM": _COPY_ELEMS[copy_bytes],
-        "COPY_BYTES": copy_bytes,
-        "ELEM_BYTES": elem_bytes,
-        "ALIGNED": aligned,
-        "SOURCES": sources(world),
+        "DTYPE": TL_DTYPES[dtype],
+        "OP": args.op,
+        "COPY_ELEM": COPY_ELEMS[args.copy_bytes],
+        "COPY_BYTES": args.copy_bytes,
+        "ELEM_BYTES": dtype.itemsize,
+        "ALIGNED": args.aligned,
+        "SOURCES": sources(args.world),
         "LANES": 32 * num_warps,
     }
-    return (channels,), values, constexprs, {"num_warps": num_warps, "maxnreg": MAX_REGISTERS}
+    options = {"num_warps": num_warps, "maxnreg": MAX_REGISTERS}
+    return (args.channels,), args.kernel_values(), constexprs, options
 
 
 def sources(world: int) -> int:

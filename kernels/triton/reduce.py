@@ -9,21 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gpucomm._kernels.triton._common import combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton._common import OP_AVG, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton.types import TL_DTYPES
 
-__all__ = ["reduce_kernel", "reduce", "TL_DTYPES", "OP_SUM", "OP_PRODUCT", "OP_MIN", "OP_MAX", "OP_AVG"]
-
-# The values of gpucomm.ReduceOp; repeated here so that the kernel module has no gpucomm import.
-OP_SUM, OP_PRODUCT, OP_MIN, OP_MAX, OP_AVG = 0, 1, 2, 3, 4
-
-TL_DTYPES = {
-    torch.float32: tl.float32,
-    torch.float16: tl.float16,
-    torch.bfloat16: tl.bfloat16,
-    torch.float64: tl.float64,
-    torch.int32: tl.int32,
-    torch.int64: tl.int64,
-}
+__all__ = ["reduce_kernel", "reduce"]
 
 
 @triton.jit(do_not_specialize=["divisor"])
@@ -32,7 +21,7 @@ def reduce_kernel(
     n_elements,  # elements in out and in every source
     divisor,  # AVG divides the sum by this once; unused by the other ops
     DTYPE: tl.constexpr,  # element type of out and the sources
-    OP: tl.constexpr,  # 0 SUM, 1 PRODUCT, 2 MIN, 3 MAX, 4 AVG (gpucomm.ReduceOp values)
+    OP: tl.constexpr,  # a gpucomm.ReduceOp value (gpucomm.ops.instruction_set's OP_*)
     K: tl.constexpr,  # number of sources
     ALIGNED: tl.constexpr,  # every address is a multiple of 16 bytes (allows vector accesses)
     BLOCK: tl.constexpr,  # elements per program
@@ -44,7 +33,7 @@ def reduce_kernel(
     acc = load_acc(tl.load(addr_ptr + 1), offs, mask, DTYPE, ALIGNED)
     for k in tl.static_range(1, K):
         acc = combine(acc, load_acc(tl.load(addr_ptr + 1 + k), offs, mask, DTYPE, ALIGNED), OP)
-    if OP == 4:
+    if OP == OP_AVG:
         acc = divide(acc, divisor)
     # Every source is read before out is written, so out may alias a source at the same offset.
     store_rounded(tl.load(addr_ptr), offs, acc, mask, DTYPE, ALIGNED)

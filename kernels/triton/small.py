@@ -25,67 +25,40 @@ barrier and the cumulative release order, not data written by earlier kernels.
 """
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import triton
 import triton.language as tl
 
-from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
-from gpucomm._kernels.triton.clock import clock_ns_lanes
-from gpucomm._kernels.triton.program import _record, _wait_status
-from gpucomm.ops.program import FP_BITS, MISMATCH, TIMEOUT
+from gpucomm._kernels.triton._common import OP_AVG, as_pointer, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton.program import _record, meet
+from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
+from gpucomm.ops.instruction_set import SMALL_SYNC_INSTRUCTION
+from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SmallArgs
 
 __all__ = ["small_kernel", "arguments", "prepare", "MAX_WORLD", "NUM_WARPS", "SYNC_INSTRUCTION"]
 
 # Ranks the kernel serves: one parameter per rank's half and flag area.
-MAX_WORLD = 8
+MAX_WORLD = MAX_SMALL_WORLD
 # One block of 4 warps per channel: a step moves 128 16-byte vectors.
 NUM_WARPS = 4
 # The instruction an error record names: the SYNC of the equivalent program (COPY, SYNC, REDUCE).
-SYNC_INSTRUCTION = 1
+SYNC_INSTRUCTION = SMALL_SYNC_INSTRUCTION
 
 _SYNC_INSTRUCTION = tl.constexpr(SYNC_INSTRUCTION)
-_FP_BITS = tl.constexpr(FP_BITS)
-_FP_MASK = tl.constexpr((1 << FP_BITS) - 1)
-_TIMEOUT = tl.constexpr(TIMEOUT)
-_MISMATCH = tl.constexpr(MISMATCH)
-_COPY_ELEMS = {8: tl.int64, 4: tl.int32, 2: tl.int16}
 
 
 @triton.jit
 def _meet(areas, my_area, e, channel, rank, fingerprint, timeout_ns, WORLD: tl.constexpr, LANES: tl.constexpr):
-    """The SYNC of this channel at epoch ``e``: every rank signalled and awaited. Lane p is thread
-    p, which signals rank p (at ``areas[p]``) and polls rank p's flag in ``my_area``: the program
-    kernel's SYNC with every rank in both masks. (error kind, culprits as a mask, a value seen)."""
-    target = e << _FP_BITS
+    """The SYNC of this channel at epoch ``e``: the program kernel's (``meet``) with every rank in
+    both masks. Lane p is thread p, which signals rank p (at ``areas[p]``) and polls rank p's flag
+    in ``my_area``. (error kind, culprits as a mask, a value seen)."""
     lanes = tl.arange(0, LANES)
     member = lanes < WORLD
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     at_peers = (areas + (channel * WORLD + rank) * 8).to(tl.pointer_type(tl.int64))
-    value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)
-    # Every thread of the channel has stored its share before the flag is released.
-    tl.debug_barrier()
-    tl.atomic_xchg(at_peers, value, mask=member, sem="release", scope="sys")
     mine = (my_area + (channel * WORLD + lanes) * 8).to(tl.pointer_type(tl.int64))
-    zero = tl.zeros((LANES,), tl.int64)
-    # An atomic add of 0 is an acquire load every GPU and the interpreter support.
-    seen = tl.where(member, tl.atomic_add(mine, zero, mask=member, sem="acquire", scope="sys"), value)
-    start = clock_ns_lanes(lanes)
-    status = _wait_status(seen, target, start, timeout_ns, lanes)
-    while status == 1:
-        seen = tl.where(member, tl.atomic_add(mine, zero, mask=member, sem="acquire", scope="sys"), value)
-        status = _wait_status(seen, target, start, timeout_ns, lanes)
-    # Every thread reads peer data only after the acquire above.
-    tl.debug_barrier()
-    behind = (seen - target) < 0
-    other_call = ((seen >> _FP_BITS) == e) & ((seen & _FP_MASK) != fingerprint)
-    behind_mask = tl.sum(tl.where(behind, bits, 0), axis=0)
-    other_mask = tl.sum(tl.where(other_call, bits, 0), axis=0)
-    kind = tl.where(other_mask != 0, _MISMATCH, tl.where(behind_mask != 0, _TIMEOUT, 0))
-    culprits = tl.where(other_mask != 0, other_mask, behind_mask)
-    first = tl.min(tl.where((culprits & bits) != 0, lanes, LANES), axis=0)
-    seen_first = tl.sum(tl.where(lanes == first, seen, 0), axis=0)
-    return kind, culprits, seen_first
+    return meet(at_peers, mine, member, member, bits, e, fingerprint, timeout_ns, LANES)
 
 
 @triton.jit
@@ -110,7 +83,7 @@ def _fold(
     acc = xs[0]
     for p in tl.static_range(1, WORLD):
         acc = combine(acc, xs[p], OP)
-    if OP == 4:
+    if OP == OP_AVG:
         acc = divide(acc, divisor)
     store_rounded(out, offs, acc, mask, DTYPE, ALIGNED)
 
@@ -206,63 +179,40 @@ def small_kernel(
         c += channels
 
 
-def arguments(
-    x_addr: int,
-    n: int,
-    stages: Sequence[int],
-    flags: Sequence[int],
-    *,
-    half_bytes: int,
-    state_addr: int,
-    record_addr: int,
-    rank: int,
-    fingerprint: int,
-    timeout_ns: int,
-    channels: int,
-    all_channels: int,
-    divisor: int,
-    dtype: object,
-    elem_bytes: int,
-    op: int,
-    num_warps: int = NUM_WARPS,
-) -> tuple[tuple[int], tuple, dict, dict]:
-    """The launch of :func:`small_kernel` (see the module docstring): (grid, the kernel's
-    arguments in order, its constexprs, the compile options). ``stages`` and ``flags``: every
-    rank's half 0 and flag area, by rank (``len(stages)`` ranks, at most MAX_WORLD)."""
-    world = len(stages)
-    pad = [0] * (MAX_WORLD - world)
+def arguments(args: SmallArgs, num_warps: int = NUM_WARPS) -> tuple[tuple[int], tuple, dict, dict]:
+    """The launch of :func:`small_kernel` that ``args`` describe (see the module docstring):
+    (grid, the kernel's arguments in order, its constexprs, the compile options)."""
     values = (
-        x_addr,
-        n,
-        *stages,
-        *pad,
-        *flags,
-        *pad,
-        half_bytes,
-        state_addr,
-        record_addr,
-        rank,
-        fingerprint,
-        timeout_ns,
-        all_channels,
-        divisor,
+        args.x,
+        args.n,
+        *args.padded(args.stages),
+        *args.padded(args.flags),
+        args.half_bytes,
+        args.state_addr,
+        args.record_addr,
+        args.rank,
+        args.fingerprint,
+        args.timeout_ns,
+        args.all_channels,
+        args.divisor,
     )
     lanes = 32 * num_warps
+    elem_bytes = args.dtype.itemsize
     constexprs = {
-        "DTYPE": dtype,
-        "OP": op,
-        "COPY": _COPY_ELEMS[elem_bytes],
+        "DTYPE": TL_DTYPES[args.dtype],
+        "OP": int(args.op),
+        "COPY": COPY_ELEMS[elem_bytes],
         "ELEM": elem_bytes,
-        "ALIGNED": x_addr % 16 == 0,
-        "WORLD": world,
+        "ALIGNED": args.x % 16 == 0,
+        "WORLD": args.world,
         "BLOCK": lanes * (16 // elem_bytes),
         "LANES": lanes,
     }
-    return (channels,), values, constexprs, {"num_warps": num_warps}
+    return (args.channels,), values, constexprs, {"num_warps": num_warps}
 
 
-def prepare(*args: object, **kwargs: object) -> Callable[[], None]:
+def prepare(args: SmallArgs, num_warps: int = NUM_WARPS) -> Callable[[], None]:
     """``small_kernel`` through Triton's own dispatch (the interpreter on CPU), every argument
-    packed once: calling the result launches it. The arguments are :func:`arguments`'."""
-    grid, values, constexprs, options = arguments(*args, **kwargs)
+    packed once: calling the result launches it."""
+    grid, values, constexprs, options = arguments(args, num_warps)
     return functools.partial(small_kernel[grid], *values, **constexprs, **options)

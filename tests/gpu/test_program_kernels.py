@@ -27,6 +27,7 @@ import torch
 from reduce_bits import DIVISOR, GUARD, assert_same_bits, poison_value, random_buffers, reduce_into_last
 
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.launch_args import ProgramArgs
 from gpucomm.ops.program import FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, TIMEOUT, Builder, Program
 from gpucomm.ops.reference import TorchKernels
 from gpucomm.reduce_op import ReduceOp
@@ -102,23 +103,25 @@ class Workspace:
         """One launch, waited for."""
         form = _tables(program, self.channels, self.device, by_size)
         kernels.run_program(
-            form["instructions"],
-            form["operands"],
-            self.peers,
-            self.state.data_ptr(),
-            self.record.data_ptr(),
-            channels=form["channels"],
-            all_channels=self.channels,
-            rank=0,
-            world=self.world,
-            fingerprint=program.fingerprint,
-            half_bytes=HALF_BYTES,
-            granule=form["granule"],
-            timeout_ns=int(timeout_s * 1e9),
-            dtype=program.dtype,
-            op=int(program.op or 0),
-            copy_bytes=form["copy_bytes"],
-            aligned=form["aligned"],
+            ProgramArgs(
+                form["instructions"],
+                form["operands"],
+                self.peers,
+                self.state.data_ptr(),
+                self.record.data_ptr(),
+                channels=form["channels"],
+                all_channels=self.channels,
+                rank=0,
+                world=self.world,
+                fingerprint=program.fingerprint,
+                half_bytes=HALF_BYTES,
+                granule=form["granule"],
+                timeout_ns=int(timeout_s * 1e9),
+                dtype=program.dtype,
+                op=int(program.op or 0),
+                copy_bytes=form["copy_bytes"],
+                aligned=form["aligned"],
+            )
         )
         torch.cuda.synchronize(self.device)
 
@@ -334,22 +337,24 @@ def test_a_timeout_is_decided_once_per_channel(kernels, device, race: bool) -> N
         start = time.monotonic()
         form = _tables(program, channels, device)
         kernels.run_program(
-            form["instructions"],
-            form["operands"],
-            ws.peers,
-            ws.state.data_ptr(),
-            ws.record.data_ptr(),
-            channels=channels,
-            rank=0,
-            world=ws.world,
-            fingerprint=fp,
-            half_bytes=HALF_BYTES,
-            granule=form["granule"],
-            timeout_ns=int(timeout * 1e9),
-            dtype=program.dtype,
-            op=0,
-            copy_bytes=form["copy_bytes"],
-            aligned=form["aligned"],
+            ProgramArgs(
+                form["instructions"],
+                form["operands"],
+                ws.peers,
+                ws.state.data_ptr(),
+                ws.record.data_ptr(),
+                channels=channels,
+                rank=0,
+                world=ws.world,
+                fingerprint=fp,
+                half_bytes=HALF_BYTES,
+                granule=form["granule"],
+                timeout_ns=int(timeout * 1e9),
+                dtype=program.dtype,
+                op=0,
+                copy_bytes=form["copy_bytes"],
+                aligned=form["aligned"],
+            )
         )
         if race:
             time.sleep(timeout * (0.8 + 0.04 * attempt))  # from just before to just after the deadline

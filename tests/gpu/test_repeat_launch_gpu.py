@@ -115,28 +115,30 @@ def _same_kernel_as_the_jit(rank: int, world_size: int) -> list[str]:
 
     from gpucomm._kernels.triton import program
     from gpucomm.ops import triton_launch
+    from gpucomm.ops.launch_args import ProgramArgs
 
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     prog, operands, peers = (torch.zeros(n, dtype=torch.int64, device=device) for n in (3 * program.WORDS, 12, 4))
     grid, values, constexprs, options = program.arguments(
-        prog,
-        operands,
-        peers,
-        0x7F00_0000_1000,
-        0x7F00_0000_2000,
-        channels=2,
-        rank=0,
-        world=2,
-        fingerprint=9,
-        half_bytes=1 << 20,
-        granule=4096,
-        timeout_ns=120 * 10**9,
-        dtype=program.tl.float32,
-        op=0,
-        copy_bytes=8,
-        elem_bytes=4,
-        aligned=True,
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=2,
+            rank=0,
+            world=2,
+            fingerprint=9,
+            half_bytes=1 << 20,
+            granule=4096,
+            timeout_ns=120 * 10**9,
+            dtype=torch.float32,
+            op=0,
+            copy_bytes=8,
+            aligned=True,
+        )
     )
     ours = triton_launch.compile_for(
         program.program_kernel, driver.active.get_current_target(), values, constexprs, options

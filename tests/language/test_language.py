@@ -42,9 +42,12 @@ def _peers_and_ring(rank: int, world_size: int) -> list[str]:
     for value in (1, 2, 3):  # a user slot's values only grow: nothing is reset between calls
         mine = torch.arange(37, dtype=torch.float32) + 100 * rank + value
         out = torch.full((37,), float("nan"))
-        ctx.launch(
-            "ring_put", lambda: ring_put[(1,)](ctx.table, mine, inbox, out, 37, value, BLOCK=64, LANES=128, num_warps=4)
-        )
+
+        # ctx.launch runs it within this iteration; the defaults bind the loop's values all the same.
+        def put(mine: torch.Tensor = mine, out: torch.Tensor = out, value: int = value) -> None:
+            ring_put[(1,)](ctx.table, mine, inbox, out, 37, value, BLOCK=64, LANES=128, num_warps=4)
+
+        ctx.launch("ring_put", put)
         prev = (rank - 1) % world_size
         if not torch.equal(out, torch.arange(37, dtype=torch.float32) + 100 * prev + value):
             problems.append(f"ring_put value {value}: got {out[:4].tolist()}... from rank {prev}")

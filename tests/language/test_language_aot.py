@@ -58,7 +58,8 @@ def _variants() -> dict[str, tuple]:
     variants["ar_residual_rmsnorm-bfloat16"] = (
         fused_norm.ar_residual_rmsnorm_kernel,
         {
-            "ctx": "*i64", "x_addr": "i64", "res_addr": "i64", "w_addr": "i64", "out_addr": "i64", "new_res_addr": "i64",
+            "ctx": "*i64", "x_addr": "i64", "res_addr": "i64", "w_addr": "i64", "out_addr": "i64",
+            "new_res_addr": "i64",
             "T": "i32", "H": "i32", "eps": "fp32", "rows_per_piece": "i32",
         },
         {**norm, "COPY": tl.int16, "LANES": 32 * fused_norm.num_warps(8192)},

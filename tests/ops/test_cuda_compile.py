@@ -27,14 +27,16 @@ from gpucomm.ops.cuda_ops import (
     SMALL_OPS,
     SOURCES,
     CudaKernels,
-    _check_program,
-    _target,
     compile_options,
     kernel_source,
     program_kernel_name,
     reduce_kernel_name,
     small_kernel_name,
 )
+from gpucomm.ops.cuda_params import check_program
+from gpucomm.ops.cuda_source import target
+from gpucomm.ops.instruction_set import cuda_defines
+from gpucomm.ops.launch_args import ProgramArgs
 from gpucomm.reduce_op import ReduceOp
 
 ARCHS = (80, 90)
@@ -302,7 +304,7 @@ _LOCAL = re.compile(r"(@!?P\d+\s+)?(LDL|STL)\b")
 
 # Measured (nvcc 13.0, sm_80 and sm_90): the REDUCE body of every program kernel issues 16
 # LDG.E.128 per iteration (2 vectors of each of up to 8 sources, predicated on the count), with
-# no local-memory access in that loop; the kernel of 2026-11-23, one vector per source, issued 8.
+# no local-memory access in that loop; the earlier kernel, one vector per source, issued 8.
 # The floor is that count.
 PROGRAM_REDUCE_LOADS_FLOOR = 16
 
@@ -332,10 +334,10 @@ def _loads_before_first_store(body: list[str]) -> int:
 
 # Measured (nvcc 13.0, sm_80 and sm_90): the 16-byte COPY loop of every program kernel and of
 # gpucomm_copy issues 4 LDG.E.128 before its first STG.E.128 (common.cuh's copy_span,
-# COPY_WORDS_IN_FLIGHT), with no local-memory access in that loop; the kernels of 2026-11-23
+# COPY_WORDS_IN_FLIGHT), with no local-memory access in that loop; the earlier kernels
 # issued 1. The floor is that count.
 #
-# Spill stores/loads in bytes per kernel (ptxas -v), kernels of 2026-11-23 -> 4 vectors a COPY
+# Spill stores/loads in bytes per kernel (ptxas -v), 1 vector -> 4 vectors a COPY
 # step; program kernels by fold and dtype, gpucomm_program_copy as "copy":
 #   sm_80  0/0 -> 0/0    gpucomm_copy; max, min float64 int32; prod, sum bfloat16 float16 float32 int32
 #          0/0 -> 6/4    max, min bfloat16 float32; prod, sum float64
@@ -385,14 +387,17 @@ def test_compile_options_pin_the_rounding() -> None:
         "-prec-div=true",
         "-prec-sqrt=true",
     )
-    assert options[6:] == ("-DA=1", "-DB=2")  # sorted, so the memo key and the options agree
+    # The instruction set first (gpucomm.ops.instruction_set: the sources refuse to compile
+    # without it), then the caller's, sorted, so the memo key and the options agree.
+    instruction_set = tuple(f"-D{name}={value}" for name, value in sorted(cuda_defines().items()))
+    assert options[6:] == (*instruction_set, "-DA=1", "-DB=2")
 
 
 def test_target_prefers_a_cubin_and_falls_back_to_older_ptx() -> None:
-    assert _target((9, 0), (80, 86, 90)) == ("sm_90", "cubin")
-    assert _target((12, 0), (80, 86, 90, 100)) == ("compute_100", "ptx")
+    assert target((9, 0), (80, 86, 90)) == ("sm_90", "cubin")
+    assert target((12, 0), (80, 86, 90, 100)) == ("compute_100", "ptx")
     with pytest.raises(UnsupportedError, match="none at or below this device's sm_75"):
-        _target((7, 5), (80, 90))
+        target((7, 5), (80, 90))
 
 
 def test_cpu_device_is_unsupported_with_the_reason() -> None:
@@ -424,18 +429,26 @@ def _program_args(**changes: object) -> dict:
         "timeout_ns": 10**9,
         "dtype": torch.bfloat16,
         "op": int(ReduceOp.MAX),
+        "copy_bytes": 8,
+        "aligned": True,
     }
     args.update(changes)
     return args
 
 
+def _check(**changes: object) -> str:
+    """check_program on the arguments of _program_args with ``changes``."""
+    args = _program_args(**changes)
+    return check_program(args.pop("device"), ProgramArgs(**args))
+
+
 def test_run_program_picks_the_kernel_of_the_dtype_and_fold() -> None:
-    assert _check_program(**_program_args()) == "gpucomm_program_max_bfloat16"
-    assert _check_program(**_program_args(dtype=torch.int64, op=0)) == "gpucomm_program_sum_int64"
+    assert _check() == "gpucomm_program_max_bfloat16"
+    assert _check(dtype=torch.int64, op=0) == "gpucomm_program_sum_int64"
     # No REDUCE in the program: the copy kernel, whatever op the executor passes.
-    assert _check_program(**_program_args(dtype=None, op=0)) == "gpucomm_program_copy"
+    assert _check(dtype=None, op=0) == "gpucomm_program_copy"
     # Every name it can pick is one program.cu exports.
-    names = {_check_program(**_program_args(dtype=d, op=int(op))) for d in SUPPORTED_DTYPES for op in PROGRAM_FOLDS}
+    names = {_check(dtype=d, op=int(op)) for d in SUPPORTED_DTYPES for op in PROGRAM_FOLDS}
     assert names | {"gpucomm_program_copy"} == EXPECTED_KERNELS["program.cu"]
 
 
@@ -483,4 +496,4 @@ def test_run_program_picks_the_kernel_of_the_dtype_and_fold() -> None:
 )
 def test_run_program_rejects_bad_arguments_before_launching(changes: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=r"CudaKernels\.run_program: " + words):
-        _check_program(**_program_args(**changes))
+        _check(**changes)

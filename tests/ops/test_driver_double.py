@@ -30,12 +30,16 @@ def test_entry_points_resolve_through_get_proc_address_and_calls_are_recorded(tm
         assert lib.cuDeviceGetCount(ctypes.byref(ctypes.c_int())) == 3  # CUDA_ERROR_NOT_INITIALIZED before cuInit
         assert lib.cuInit(0) == 0
         found, status = ctypes.c_void_p(), ctypes.c_int(-1)
-        assert lib.cuGetProcAddress_v2(b"cuInit", ctypes.byref(found), 12000, 0, ctypes.byref(status)) == 0 and status.value == 0
+
+        def proc_address(name: bytes) -> int:
+            return lib.cuGetProcAddress_v2(name, ctypes.byref(found), 12000, 0, ctypes.byref(status))
+
+        assert proc_address(b"cuInit") == 0 and status.value == 0
         assert found.value == ctypes.cast(lib.cuInit, ctypes.c_void_p).value
         # cuda.h maps cuStreamBeginCapture to its _v2; a name the double lacks is not found.
-        assert lib.cuGetProcAddress_v2(b"cuStreamBeginCapture", ctypes.byref(found), 12000, 0, ctypes.byref(status)) == 0
+        assert proc_address(b"cuStreamBeginCapture") == 0
         assert found.value == ctypes.cast(lib.cuStreamBeginCapture_v2, ctypes.c_void_p).value
-        assert lib.cuGetProcAddress_v2(b"cuNoSuchThing", ctypes.byref(found), 12000, 0, ctypes.byref(status)) == 500 and status.value == 1
+        assert proc_address(b"cuNoSuchThing") == 500 and status.value == 1
         major = ctypes.c_int()
         assert lib.cuDeviceGetAttribute(ctypes.byref(major), 75, 0) == 0 and major.value == 9
         image = b".entry program_kernel(\\x00"
@@ -92,4 +96,4 @@ def test_a_graph_replays_the_launches_its_capture_recorded(tmp_path) -> None:
 def test_the_double_is_rebuilt_when_a_source_changes(tmp_path) -> None:
     first = cuda_double.build(tmp_path)
     assert cuda_double.build(tmp_path) == first
-    ctypes.CDLL(first).cuDriverGetVersion  # exported
+    assert ctypes.CDLL(first).cuDriverGetVersion  # exported

@@ -1,12 +1,14 @@
-"""The program kernels repeat gpucomm.ops.program's instruction set: every number the executor
-writes into a table (opcodes, row and operand widths, the fingerprint's bits, the error record's
-width and kinds) must mean the same in kernels/triton/program.py and kernels/cuda/program.cu.
-And the Triton program kernel, run on its own under the interpreter, reduces as the reference."""
+"""The instruction set is written once, in gpucomm.ops.instruction_set: the builder, the Triton
+kernels and the CUDA C++ kernels (through the loader's -D options) all read that module's numbers
+(opcodes, row and operand widths, the fingerprint's bits, the error record's width and kinds, the
+reduce ops), and the kernels' dtype map is written once too. And the Triton program kernel, run
+on its own under the interpreter, reduces as the reference."""
 
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -14,17 +16,20 @@ import sys
 import pytest
 import torch
 
+import gpucomm.ops.instruction_set as isa
 import gpucomm.ops.program as program
-from gpucomm.ops.cuda_ops import kernel_source
+from gpucomm.ops.cuda_ops import HEADER, SOURCES, compile_options, kernel_source
+from gpucomm.ops.launch_args import ProgramArgs
 from gpucomm.reduce_op import ReduceOp
 
-# Every integer gpucomm.ops.program exports is part of the instruction set.
-NAMES = [name for name in program.__all__ if isinstance(getattr(program, name), int)]
-EXPECTED = {name: getattr(program, name) for name in NAMES}
+# Every integer gpucomm.ops.instruction_set exports is part of the instruction set.
+NAMES = [name for name in isa.__all__ if isinstance(getattr(isa, name), int)]
+EXPECTED = {name: getattr(isa, name) for name in NAMES}
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
 
 
 def test_the_instruction_set_is_what_the_kernels_are_checked_for() -> None:
-    # Guards the list above: a rename in gpucomm.ops.program would otherwise shrink what is checked.
+    # Guards the list above: a rename in gpucomm.ops.instruction_set would otherwise shrink what is checked.
     assert set(NAMES) == {
         "WORDS",
         "OPERAND_WORDS",
@@ -32,31 +37,72 @@ def test_the_instruction_set_is_what_the_kernels_are_checked_for() -> None:
         "REDUCE",
         "SYNC",
         "FP_BITS",
+        "FP_MASK",
         "RECORD_WORDS",
         "TIMEOUT",
         "MISMATCH",
+        "SMALL_SYNC_INSTRUCTION",
+        "OP_SUM",
+        "OP_PRODUCT",
+        "OP_MIN",
+        "OP_MAX",
+        "OP_AVG",
     }
+    assert isa.FP_MASK == (1 << isa.FP_BITS) - 1
+    assert [isa.OP_SUM, isa.OP_PRODUCT, isa.OP_MIN, isa.OP_MAX, isa.OP_AVG] == [int(op) for op in ReduceOp]
 
 
-def test_triton_program_kernel_reads_the_numbers() -> None:
+def test_the_builder_reads_the_instruction_set() -> None:
+    for name in ("WORDS", "OPERAND_WORDS", "COPY", "REDUCE", "SYNC", "FP_BITS", "RECORD_WORDS", "TIMEOUT", "MISMATCH"):
+        assert getattr(program, name) == EXPECTED[name], name
+
+
+def test_triton_kernels_read_the_numbers() -> None:
+    from gpucomm._kernels.triton import _common
     from gpucomm._kernels.triton import program as triton_program
+    from gpucomm._kernels.triton import small as triton_small
 
-    assert {name: getattr(triton_program, name) for name in NAMES} == EXPECTED
-    # The constexpr copies the kernel itself reads (Triton sees only constexpr globals).
-    for name in NAMES:
-        copy = getattr(triton_program, f"_{name}", None)
-        if copy is not None:
-            assert copy.value == EXPECTED[name], name
-    assert triton_program._FP_MASK.value == (1 << program.FP_BITS) - 1
+    exported = [name for name in triton_program.__all__ if name in EXPECTED]
+    assert {name: getattr(triton_program, name) for name in exported} == {name: EXPECTED[name] for name in exported}
+    # The constexpr copies the kernels themselves read (Triton sees only constexpr globals).
+    for module in (triton_program, triton_small):
+        for name in NAMES:
+            copy = getattr(module, f"_{name}", None)
+            if copy is not None:
+                assert copy.value == EXPECTED[name], (module.__name__, name)
+    assert triton_program._FP_MASK.value == isa.FP_MASK
+    # The small kernel's SYNC is the program kernel's.
+    assert triton_small.meet is triton_program.meet
+    assert triton_small.SYNC_INSTRUCTION == isa.SMALL_SYNC_INSTRUCTION
+    for name in ("OP_SUM", "OP_PRODUCT", "OP_MIN", "OP_MAX", "OP_AVG"):
+        assert getattr(_common, name).value == EXPECTED[name], name
 
 
-def test_cuda_program_kernel_repeats_the_numbers() -> None:
-    source = kernel_source("program.cu")
-    found = {
-        name: int(value)
-        for name, value in re.findall(r"^constexpr\s+int\s+(\w+)\s*=\s*(\d+)\s*;", source, re.MULTILINE)
+def test_triton_kernels_name_the_reduce_ops_and_dtypes_once() -> None:
+    # An op compared with a bare number, or a dtype map of a kernel's own, is a second copy of a fact.
+    for path in sorted((KERNELS / "triton").glob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"\bOP\s*==\s*\d", text), path.name
+        if path.name != "types.py":
+            assert "torch.float32: tl.float32" not in text, path.name
+            assert not re.search(r"\{\s*8:\s*tl\.int64", text), path.name
+
+
+def test_cuda_kernels_get_the_numbers_from_the_loader() -> None:
+    options = compile_options("sm_90", {})
+    for name in isa.cuda_defines():
+        assert f"-D{name}={isa.cuda_defines()[name]}" in options, name
+    assert isa.cuda_defines() == {
+        f"GPUCOMM_{name}": EXPECTED[name] for name in NAMES if name != "FP_MASK" and not name.startswith("OP_")
     }
-    assert {name: found.get(name) for name in NAMES} == EXPECTED
+    header = kernel_source(HEADER)
+    for name in isa.cuda_defines():
+        short = name.removeprefix("GPUCOMM_")
+        assert re.search(rf"constexpr int {short} = {name};", header), short
+    # No source writes a number of the instruction set itself.
+    for file in (HEADER, *SOURCES):
+        found = re.findall(r"constexpr\s+int\s+(\w+)\s*=\s*\d+\s*;", kernel_source(file))
+        assert not set(found) & set(NAMES), (file, found)
 
 
 def test_channels_grow_with_the_program_and_stop_at_the_layout() -> None:
@@ -128,34 +174,36 @@ def _run_case(dtype: torch.dtype, op: ReduceOp, k: int, n: int, aligned: bool, g
     nbytes = out.numel() * out.element_size()
     fold = ReduceOp.SUM if op is ReduceOp.AVG else op
     divides = int(op is ReduceOp.AVG)
-    sync = [program.SYNC, 0, 0, 0, 0, 0, 0, 0]
-    rows = [*sync, program.REDUCE, nbytes, 0, k, 0, divides, divisor, 0, *sync]
+    sync = [isa.SYNC, 0, 0, 0, 0, 0, 0, 0]
+    rows = [*sync, isa.REDUCE, nbytes, 0, k, 0, divides, divisor, 0, *sync]
     operands = [word for t in (out, *srcs) for word in (-1, 0, t.data_ptr())]
     scratch = torch.zeros(16, dtype=torch.int64)
     peers = torch.full((2 * WORLD,), scratch.data_ptr(), dtype=torch.int64)
     epoch = 41
     state = torch.tensor([0] + [epoch] * flags, dtype=torch.int64)
-    record = torch.zeros(flags * program.RECORD_WORDS, dtype=torch.int64)
+    record = torch.zeros(flags * isa.RECORD_WORDS, dtype=torch.int64)
     # One contiguous share per channel, as the executor lays a program out.
     granule = max(16, -(-nbytes // grid // 16) * 16)
     get_kernels("triton", torch.device("cpu")).run_program(
-        torch.tensor(rows, dtype=torch.int64),
-        torch.tensor(operands, dtype=torch.int64),
-        peers,
-        state.data_ptr(),
-        record.data_ptr(),
-        channels=grid,
-        rank=0,
-        world=WORLD,
-        fingerprint=5,
-        half_bytes=0,
-        granule=granule,
-        timeout_ns=10**9,
-        dtype=dtype,
-        op=int(fold),
-        copy_bytes=8 if aligned else 1,
-        aligned=aligned,
-        all_channels=flags,
+        ProgramArgs(
+            torch.tensor(rows, dtype=torch.int64),
+            torch.tensor(operands, dtype=torch.int64),
+            peers,
+            state.data_ptr(),
+            record.data_ptr(),
+            channels=grid,
+            rank=0,
+            world=WORLD,
+            fingerprint=5,
+            half_bytes=0,
+            granule=granule,
+            timeout_ns=10**9,
+            dtype=dtype,
+            op=int(fold),
+            copy_bytes=8 if aligned else 1,
+            aligned=aligned,
+            all_channels=flags,
+        )
     )
     problems = []
     got_bits, want_bits = out.view(-1).clone(), want

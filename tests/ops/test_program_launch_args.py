@@ -30,6 +30,8 @@ import pytest
 from cuda_kernels_double import OnTheGpu, RecordingCupy, cuda_kernels_on_the_double
 from ptx_params import entry_params, mismatches, run_ptx
 
+from gpucomm.ops.launch_args import ProgramArgs
+
 ARCHS = (90, 80)
 # (case, dtype, op, copy_bytes, aligned, world, overrides of the typical values below)
 TRITON_CASES = {
@@ -92,23 +94,25 @@ def _worker(double: str, log: str, broken: bool) -> dict:
             operands = torch.zeros(3 * 4, dtype=torch.int64)
             peers = torch.zeros(2 * world, dtype=torch.int64)
             bound = kernels.prepare_program(
-                prog,
-                operands,
-                peers,
-                v["state_addr"],
-                v["record_addr"],
-                channels=v["channels"],
-                rank=v["rank"],
-                world=world,
-                fingerprint=v["fingerprint"],
-                half_bytes=v["half_bytes"],
-                granule=v["granule"],
-                timeout_ns=v["timeout_ns"],
-                dtype=dtypes[dtype],
-                op=op,
-                copy_bytes=copy_bytes,
-                aligned=aligned,
-                all_channels=v["all_channels"],
+                ProgramArgs(
+                    prog,
+                    operands,
+                    peers,
+                    v["state_addr"],
+                    v["record_addr"],
+                    channels=v["channels"],
+                    rank=v["rank"],
+                    world=world,
+                    fingerprint=v["fingerprint"],
+                    half_bytes=v["half_bytes"],
+                    granule=v["granule"],
+                    timeout_ns=v["timeout_ns"],
+                    dtype=dtypes[dtype],
+                    op=op,
+                    copy_bytes=copy_bytes,
+                    aligned=aligned,
+                    all_channels=v["all_channels"],
+                )
             )
             stream += 1
             bound.launch(stream)
@@ -141,32 +145,30 @@ def _worker(double: str, log: str, broken: bool) -> dict:
 
 def _ptx_of(kernels, arch, prog, operands, peers, v, world, dtype, op, copy_bytes, aligned) -> str:  # noqa: ANN001
     """The PTX of the kernel the binding above compiled (the same specialisation, from the cache)."""
-    import torch
 
     from gpucomm._kernels.triton import program
-    from gpucomm._kernels.triton import reduce as reduce_kernel
     from gpucomm.ops import triton_launch
 
-    dtype = dtype or torch.int32
     grid, values, constexprs, options = program.arguments(
-        prog,
-        operands,
-        peers,
-        v["state_addr"],
-        v["record_addr"],
-        channels=v["channels"],
-        rank=v["rank"],
-        world=world,
-        fingerprint=v["fingerprint"],
-        half_bytes=v["half_bytes"],
-        granule=v["granule"],
-        timeout_ns=v["timeout_ns"],
-        dtype=reduce_kernel.TL_DTYPES[dtype],
-        op=op,
-        copy_bytes=copy_bytes,
-        elem_bytes=dtype.itemsize,
-        aligned=aligned,
-        all_channels=v["all_channels"],
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            v["state_addr"],
+            v["record_addr"],
+            channels=v["channels"],
+            rank=v["rank"],
+            world=world,
+            fingerprint=v["fingerprint"],
+            half_bytes=v["half_bytes"],
+            granule=v["granule"],
+            timeout_ns=v["timeout_ns"],
+            dtype=dtype,
+            op=op,
+            copy_bytes=copy_bytes,
+            aligned=aligned,
+            all_channels=v["all_channels"],
+        )
     )
     return triton_launch.compile_for(program.program_kernel, kernels._target(), values, constexprs, options).asm["ptx"]
 
@@ -255,10 +257,30 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             torch.zeros(6, dtype=torch.int64),
             torch.zeros(4, dtype=torch.int64),
         )
-        program_values = (
+        args = ProgramArgs(
             prog,
             operands,
             peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=3,
+            rank=1,
+            world=2,
+            fingerprint=0xABCDE,
+            half_bytes=1 << 33,
+            granule=4096,
+            timeout_ns=2**64 - 1,
+            dtype=None,
+            op=0,
+            copy_bytes=1,
+            aligned=False,
+            all_channels=4,
+        )
+        meant_program = [
+            prog.data_ptr(),
+            2,
+            operands.data_ptr(),
+            peers.data_ptr(),
             0x7F00_0000_1000,
             0x7F00_0000_2000,
             1,
@@ -268,8 +290,7 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             4096,
             2**64 - 1,
             4,
-        )
-        meant_program = [prog.data_ptr(), 2, operands.data_ptr(), peers.data_ptr(), *program_values[3:]]
+        ]
         names = [
             program_kernel_name(None, 0),
             program_kernel_name(torch.float32, 0),
@@ -277,7 +298,7 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
         ]
         for stream, name in enumerate(names, start=1):
             function = drv.load(nvcc_fatbins.cubin("program.cu", arch), name, 0)
-            bound = launcher.bind(drv, function, program_params(*program_values), grid=(3, 1, 1), block=(THREADS, 1, 1))
+            bound = launcher.bind(drv, function, program_params(args), grid=(3, 1, 1), block=(THREADS, 1, 1))
             bound.launch(stream)
         copy = launcher.bind(
             drv,
@@ -295,7 +316,7 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
         assert launch["name"] == name and launch["block"] == f"{THREADS},1,1"
         found = mismatches(
             entry_params(ptx["program.cu"], name),
-            [list(p) for p in launcher.layout([s for _, s, _ in program_params(*program_values)])],
+            [list(p) for p in launcher.layout([s for _, s, _ in program_params(args)])],
             bytes.fromhex(launch["params"]),
             meant_program,
         )
@@ -345,23 +366,25 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
         torch.zeros(4, dtype=torch.int64),
     )
     bound = kernels.prepare_program(
-        prog,
-        operands,
-        peers,
-        0x7F00_0000_1000,
-        0x7F00_0000_2000,
-        channels=3,
-        rank=1,
-        world=2,
-        fingerprint=77,
-        half_bytes=1 << 20,
-        granule=4096,
-        timeout_ns=10**9,
-        dtype=torch.bfloat16,
-        op=0,
-        copy_bytes=8,
-        aligned=True,
-        all_channels=4,
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=3,
+            rank=1,
+            world=2,
+            fingerprint=77,
+            half_bytes=1 << 20,
+            granule=4096,
+            timeout_ns=10**9,
+            dtype=torch.bfloat16,
+            op=0,
+            copy_bytes=8,
+            aligned=True,
+            all_channels=4,
+        )
     )
     cuda_double.log_to(double, tmp_path / "calls.log")
     try:
@@ -404,9 +427,9 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
 def test_cuda_kernels_reduce_signal_and_wait_are_bound_and_carry_what_their_entries_declare(
     nvcc_fatbins, tmp_path
 ) -> None:
-    """The launches CuPy's Function made before the 2026-11-25 H100 run (whose results there did
-    not follow them) go through gpucomm's launcher: each on torch's stream, its words where the
-    kernel's PTX declares them, carrying the call's values, CuPy never touched."""
+    """CudaKernels' launches that CuPy's Function once made go through gpucomm's launcher: each on
+    torch's stream, its words where the kernel's PTX declares them, carrying the call's values,
+    CuPy never touched."""
     import torch
 
     from gpucomm.ops.contract import Region

@@ -21,6 +21,8 @@ import cuda_double
 from cuda_kernels_double import cuda_kernels_on_the_double
 from ptx_params import entry_params, mismatches, run_ptx
 
+from gpucomm.ops.launch_args import SmallArgs
+
 # A 2-rank call's values (addresses as a CPU's), then 8 ranks with a 1 s timeout (an i32 in Triton).
 CASES = {
     "world2": {"world": 2, "rank": 1, "timeout_ns": 120 * 10**9, "n": 4099, "channels": 2},
@@ -48,12 +50,12 @@ def _values(case: dict) -> dict:
     }
 
 
-def _prepare(kernels, v: dict, dtype, op):  # noqa: ANN001, ANN202
-    return kernels.prepare_small(
-        v["x"],
-        v["n"],
-        v["stages"],
-        v["flags"],
+def _args(v: dict, dtype, op) -> SmallArgs:  # noqa: ANN001
+    return SmallArgs(
+        x=v["x"],
+        n=v["n"],
+        stages=v["stages"],
+        flags=v["flags"],
         half_bytes=v["half_bytes"],
         state_addr=v["state_addr"],
         record_addr=v["record_addr"],
@@ -66,6 +68,10 @@ def _prepare(kernels, v: dict, dtype, op):  # noqa: ANN001, ANN202
         dtype=dtype,
         op=op,
     )
+
+
+def _prepare(kernels, v: dict, dtype, op):  # noqa: ANN001, ANN202
+    return kernels.prepare_small(_args(v, dtype, op))
 
 
 def _meant(v: dict, world: int) -> list[int]:
@@ -105,24 +111,7 @@ def _worker(double: str, log: str) -> dict:
         stream += 1
         for _ in range(2):
             bound.launch(stream)
-        grid, values, constexprs, options = small.arguments(
-            v["x"],
-            v["n"],
-            v["stages"],
-            v["flags"],
-            half_bytes=v["half_bytes"],
-            state_addr=v["state_addr"],
-            record_addr=v["record_addr"],
-            rank=v["rank"],
-            fingerprint=v["fingerprint"],
-            timeout_ns=v["timeout_ns"],
-            channels=v["channels"],
-            all_channels=v["all_channels"],
-            divisor=v["divisor"],
-            dtype=small.tl.bfloat16,
-            elem_bytes=2,
-            op=int(ReduceOp.AVG),
-        )
+        grid, values, constexprs, options = small.arguments(_args(v, torch.bfloat16, ReduceOp.AVG))
         ptx = triton_launch.compile_for(small.small_kernel, kernels._target(), values, constexprs, options).asm["ptx"]
         params = [p for p in small.small_kernel.params if not p.is_constexpr]
         # Triton turns an integer argument equal to 1 into a constant, unless told not to specialise it.

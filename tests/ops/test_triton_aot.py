@@ -42,6 +42,7 @@ def _variants() -> dict[str, tuple]:
     import triton.language as tl
 
     from gpucomm._kernels.triton import copy, flags, reduce
+    from gpucomm.ops import instruction_set
 
     variants = {
         "signal": (
@@ -95,7 +96,7 @@ def _variants() -> dict[str, tuple]:
                 },
                 {
                     "DTYPE": getattr(tl, dtype),
-                    "OP": getattr(reduce, f"OP_{op}"),
+                    "OP": getattr(instruction_set, f"OP_{op}"),
                     "K": 3,
                     "ALIGNED": True,
                     "BLOCK": 1024,
@@ -124,7 +125,7 @@ def _variants() -> dict[str, tuple]:
     for dtype, op in program_variants:
         constexprs = {
             "DTYPE": getattr(tl, dtype),
-            "OP": getattr(reduce, f"OP_{op}"),
+            "OP": getattr(instruction_set, f"OP_{op}"),
             "COPY_ELEM": tl.int64,
             "COPY_BYTES": 8,
             "ELEM_BYTES": {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4),
@@ -155,7 +156,7 @@ def _variants() -> dict[str, tuple]:
         lanes = 32 * small.NUM_WARPS
         constexprs = {
             "DTYPE": getattr(tl, dtype),
-            "OP": getattr(reduce, f"OP_{op}"),
+            "OP": getattr(instruction_set, f"OP_{op}"),
             "COPY": {8: tl.int64, 4: tl.int32, 2: tl.int16}[elem],
             "ELEM": elem,
             "ALIGNED": aligned,
@@ -438,8 +439,8 @@ def test_program_wait_decides_its_timeout_once_per_block(ptx, arch: int, variant
 
 
 # Measured on the sm_90 PTX (Triton 3.9): 16 loads of 16 bytes per thread in one iteration of the
-# REDUCE body at 2, 4 and 8 sources, all issued before the first fold or store (the kernel of
-# 2026-11-22 issued 1 per iteration of a loop over the sources). The floor is that count.
+# REDUCE body at 2, 4 and 8 sources, all issued before the first fold or store (the earlier
+# kernel issued 1 per iteration of a loop over the sources). The floor is that count.
 REDUCE_LOADS_FLOOR = 16
 # COPY: 8 loads of 16 bytes per thread per iteration before it stores (2 before).
 COPY_LOADS_FLOOR = 8

@@ -186,6 +186,7 @@ def cuda_kernels_on(nvcc_fatbins, library: str, index: int):  # noqa: ANN001, AN
 
 def test_cuda_kernels_for_gpu_1_launch_in_its_context_while_gpu_0_is_current(nvcc_fatbins, double) -> None:
     from gpucomm.ops.cuda_ops import reduce_kernel_name
+    from gpucomm.ops.launch_args import ProgramArgs
     from gpucomm.reduce_op import ReduceOp
 
     library, log, contexts = double
@@ -199,22 +200,24 @@ def test_cuda_kernels_for_gpu_1_launch_in_its_context_while_gpu_0_is_current(nvc
         torch.zeros(4, dtype=torch.int64),
     )
     program = kernels.prepare_program(
-        prog,
-        operands,
-        peers,
-        0x7F00_0000_1000,
-        0x7F00_0000_2000,
-        channels=2,
-        rank=1,
-        world=2,
-        fingerprint=7,
-        half_bytes=1 << 20,
-        granule=4096,
-        timeout_ns=10**9,
-        dtype=torch.float32,
-        op=0,
-        copy_bytes=4,
-        aligned=True,
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=2,
+            rank=1,
+            world=2,
+            fingerprint=7,
+            half_bytes=1 << 20,
+            granule=4096,
+            timeout_ns=10**9,
+            dtype=torch.float32,
+            op=0,
+            copy_bytes=4,
+            aligned=True,
+        )
     )
     program.launch(kernels._raw_stream())
     kernels.copy(out, a)
@@ -509,6 +512,7 @@ def _worker(library: str, log: str) -> dict:
     from triton.backends.compiler import GPUTarget
 
     from gpucomm.ops import launcher
+    from gpucomm.ops.launch_args import ProgramArgs
     from gpucomm.ops.triton_ops import HostOnlyTritonKernels
 
     launcher.driver(library)  # cuInit
@@ -522,23 +526,25 @@ def _worker(library: str, log: str) -> dict:
         torch.zeros(4, dtype=torch.int64),
     )
     bound = kernels.prepare_program(
-        prog,
-        operands,
-        peers,
-        0x7F12_3456_0008,
-        0x7F12_3456_1000,
-        channels=2,
-        rank=1,
-        world=2,
-        fingerprint=0xABCDE,
-        half_bytes=1 << 20,
-        granule=4096,
-        timeout_ns=120 * 10**9,
-        dtype=torch.float32,
-        op=0,
-        copy_bytes=8,
-        aligned=True,
-        all_channels=4,
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            0x7F12_3456_0008,
+            0x7F12_3456_1000,
+            channels=2,
+            rank=1,
+            world=2,
+            fingerprint=0xABCDE,
+            half_bytes=1 << 20,
+            granule=4096,
+            timeout_ns=120 * 10**9,
+            dtype=torch.float32,
+            op=0,
+            copy_bytes=8,
+            aligned=True,
+            all_channels=4,
+        )
     )
     bound.launch(0x100)
     bound.launch(0x101)

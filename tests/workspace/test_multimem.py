@@ -217,12 +217,12 @@ def test_multicast_view_matches_one_shot_and_says_why_not() -> None:
         text = "\n".join(seen)
         assert "differs" not in text, f"seed {seed}:\n{text}"
         assert (
-            "ordinary tensor: gpucomm.all_reduce: the multimem path cannot serve this call: the tensor is not in the symmetric heap"
-            in text
+            "ordinary tensor: gpucomm.all_reduce: the multimem path cannot serve this call: "
+            "the tensor is not in the symmetric heap" in text
         ), text
         assert (
-            "product: gpucomm.all_reduce: the multimem path cannot serve this call: the switch does not reduce torch.float32 with PRODUCT"
-            in text
+            "product: gpucomm.all_reduce: the multimem path cannot serve this call: "
+            "the switch does not reduce torch.float32 with PRODUCT" in text
         ), text
         if rank == 0:
             assert "timeout: gpucomm all_reduce" in text and "multimem barrier" in text, text

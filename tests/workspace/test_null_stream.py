@@ -20,6 +20,7 @@ import cuda_double
 import pytest
 import torch
 
+from gpucomm.ops.launch_args import ProgramArgs
 from gpucomm.toolchain import native
 
 NULL_STREAM = 0
@@ -47,22 +48,24 @@ def _every_kernel(kernels, regions) -> None:  # noqa: ANN001
         torch.zeros(4, dtype=torch.int64),
     )
     kernels.run_program(
-        prog,
-        operands,
-        peers,
-        0x7F00_0000_1000,
-        0x7F00_0000_2000,
-        channels=2,
-        rank=0,
-        world=2,
-        fingerprint=1,
-        half_bytes=1 << 20,
-        granule=4096,
-        timeout_ns=10**9,
-        dtype=torch.float32,
-        op=0,
-        copy_bytes=16,
-        aligned=True,
+        ProgramArgs(
+            prog,
+            operands,
+            peers,
+            0x7F00_0000_1000,
+            0x7F00_0000_2000,
+            channels=2,
+            rank=0,
+            world=2,
+            fingerprint=1,
+            half_bytes=1 << 20,
+            granule=4096,
+            timeout_ns=10**9,
+            dtype=torch.float32,
+            op=0,
+            copy_bytes=16,
+            aligned=True,
+        )
     )
 
 

@@ -1,0 +1,77 @@
+"""The program kernels' instruction set: every number the host writes into a table and the kernels read.
+
+The program builder (:mod:`gpucomm.ops.program`), the executors, the Triton kernels
+(``kernels/triton``) and the CUDA C++ kernels (``kernels/cuda``) take these numbers from here and
+nowhere else: the Python modules import them, and the CUDA sources receive them as ``-D`` options
+(:func:`cuda_defines`, passed by :func:`gpucomm.ops.cuda_ops.compile_options`), so that a change
+here reaches every kernel at its next compile.
+
+An instruction is ``WORDS`` int64 (its opcode first), an operand ``OPERAND_WORDS`` int64, a
+channel's error record ``RECORD_WORDS`` int64 (the kernels' docstrings lay them out). A flag holds
+``epoch << FP_BITS | fingerprint``. The reduce ops are :class:`gpucomm.ReduceOp`'s values, as the
+kernels' ``OP`` constexpr carries them.
+"""
+
+from __future__ import annotations
+
+from gpucomm.reduce_op import ReduceOp
+
+__all__ = [
+    "WORDS",
+    "OPERAND_WORDS",
+    "COPY",
+    "REDUCE",
+    "SYNC",
+    "FP_BITS",
+    "FP_MASK",
+    "RECORD_WORDS",
+    "TIMEOUT",
+    "MISMATCH",
+    "OP_SUM",
+    "OP_PRODUCT",
+    "OP_MIN",
+    "OP_MAX",
+    "OP_AVG",
+    "SMALL_SYNC_INSTRUCTION",
+    "cuda_defines",
+]
+
+WORDS = 8  # int64 per instruction
+OPERAND_WORDS = 3  # int64 per operand: [rank or -1, round, offset or address]
+COPY, REDUCE, SYNC = 1, 2, 3  # opcodes: an instruction's first word
+FP_BITS = 20  # low bits of a flag: the call's fingerprint; above them: the epoch
+FP_MASK = (1 << FP_BITS) - 1
+RECORD_WORDS = 8  # int64 per channel's error record: [kind, epoch, instruction, peers, seen, fingerprint]
+TIMEOUT, MISMATCH = 1, 2  # kinds of error record
+# The instruction a small kernel's error record names: the SYNC of the program it stands for
+# (COPY, SYNC, REDUCE).
+SMALL_SYNC_INSTRUCTION = 1
+
+# The reduce ops as the kernels see them (a constexpr OP): gpucomm.ReduceOp's values.
+OP_SUM = int(ReduceOp.SUM)
+OP_PRODUCT = int(ReduceOp.PRODUCT)
+OP_MIN = int(ReduceOp.MIN)
+OP_MAX = int(ReduceOp.MAX)
+OP_AVG = int(ReduceOp.AVG)
+
+# What the CUDA sources are given, by the name they read it under.
+_CUDA_NAMES = (
+    "WORDS",
+    "OPERAND_WORDS",
+    "COPY",
+    "REDUCE",
+    "SYNC",
+    "FP_BITS",
+    "RECORD_WORDS",
+    "TIMEOUT",
+    "MISMATCH",
+    "SMALL_SYNC_INSTRUCTION",
+)
+
+
+def cuda_defines() -> dict[str, int]:
+    """The instruction set as the CUDA sources read it: ``{"GPUCOMM_<NAME>": value}`` for each
+    number above (kernels/cuda/common.cuh turns them into constants and refuses to compile
+    without them)."""
+    values = globals()
+    return {f"GPUCOMM_{name}": values[name] for name in _CUDA_NAMES}
