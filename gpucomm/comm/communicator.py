@@ -546,6 +546,7 @@ class Communicator:
         serve: Callable[[object], Work],
         finish: Callable[[], None] | None = None,
         outputs: Sequence[torch.Tensor] = (),
+        blocking: bool = False,
         **fields: object,
     ) -> Work | None:
         """Route one validated call to a path, check that all ranks agree on it, log it, run it.
@@ -578,12 +579,16 @@ class Communicator:
         if host and fn in _POINT_TO_POINT:
             self._progress.drain()
         slot = self._flight.entered(self._calls, fn, tensor, fields)
+        on_stream = algo is not None and engine.stream is not None and async_op
+        side_stream = None
         try:
             if algo is not None and engine.stream is not None:
                 # A blocking call launches on the caller's current stream, an asynchronous one on
                 # the engine's (gpucomm.workspace.stream_order keeps them in call order).
                 on = self._on_stream if async_op else self._on_caller_stream
-                work = on(fn, engine, _Planned(engine, algo), serve, finish)
+                pending = on(fn, engine, _Planned(engine, algo), serve, finish)
+                finish = None  # queued on the stream after the collective
+                side_stream = engine.side_stream if async_op else None
             else:
                 # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
                 # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
@@ -594,21 +599,20 @@ class Communicator:
                 elif fn not in _POINT_TO_POINT and self.config.check != "off":
                     path = self._fallback.checked(_fingerprint(fn, tensor, fields), self._describe(fn, tensor, fields))
                 if queued:  # on the progress thread, in call order (gpucomm.progress)
-                    work = Work(
-                        [self._progress.submit(Queued(functools.partial(_to_end, serve, path), fn, self.rank))],
-                        finish=finish,
-                    )
+                    pending = [self._progress.submit(Queued(functools.partial(_to_end, serve, path), fn, self.rank))]
                 else:
-                    work = serve(path)
-                    if finish is not None:
-                        work = Work([work], finish=finish)
+                    pending = [serve(path)]
         except RuntimeError as err:
             raise translate(err) from err
-        work._on_error = translate
-        work.outputs = list(outputs)
-        work.blocking = self.config.blocking_wait
-        work.keep = (serve, finish)  # what the collective's buffers hang on, until it is complete
-        on_stream = algo is not None and engine.stream is not None and async_op
+        work = Work(
+            pending,
+            finish,
+            translate,
+            outputs=outputs,
+            blocking=blocking or self.config.blocking_wait,
+            keep=(serve, finish),  # what the collective's buffers hang on, until it is complete
+            side_stream=side_stream,
+        )
         if (on_stream and not capturing(engine.device)) or (async_op and (algo is None or queued)):
             # Works of one queue end in its order: a stream's, the progress thread's, a gloo group's.
             queue = engine if on_stream else self._progress if queued else self._fallback
@@ -627,20 +631,17 @@ class Communicator:
         path: _Planned,
         serve: Callable[[object], Work],
         finish: Callable[[], None] | None,
-    ) -> Work:
+    ) -> list[object]:
         """Queue a collective on the engine's CUDA stream, after the caller's stream and this
-        communicator's launches so far; its Work ends with the event recorded after it (and after
-        its write-back, when it has one)."""
+        communicator's launches so far; returns what its Work waits for: the path's Work and the
+        event recorded after the collective (and after its write-back, when it has one)."""
         with engine.on_stream():
             inner = serve(path)
             if finish is not None:
                 finish()
             end = torch.cuda.Event()
             end.record(engine.stream)
-        check = engine.executor.check
-        work = Work([inner, StreamEnd(end, engine.stream, check, fn, self.rank)])
-        work.side_stream = engine.side_stream
-        return work
+        return [inner, StreamEnd(end, engine.stream, engine.executor.check, fn, self.rank)]
 
     def _on_caller_stream(
         self,
@@ -649,9 +650,10 @@ class Communicator:
         path: _Planned,
         serve: Callable[[object], Work],
         finish: Callable[[], None] | None,
-    ) -> Work:
+    ) -> list[object]:
         """Queue a blocking collective on the caller's current stream, after this communicator's
-        launches so far, and its write-back after it there; the host goes on at once.
+        launches so far, and its write-back after it there; the host goes on at once. Returns
+        what its Work waits for.
 
         No end event, no watchdog: a kernel's error record is raised by the communicator's next
         call (every launch looks first), ``check()`` or a later Work's wait. With
@@ -661,11 +663,11 @@ class Communicator:
         if finish is not None:
             finish()
         if not self.config.blocking_wait or capturing(engine.device):
-            return inner
+            return [inner]
         stream = torch.cuda.current_stream(engine.device)
         end = torch.cuda.Event()
         end.record(stream)
-        return Work([inner, StreamEnd(end, stream, engine.executor.check, fn, self.rank)])
+        return [inner, StreamEnd(end, stream, engine.executor.check, fn, self.rank)]
 
     def _check_capturable(self, fn: str, engine: Engine | None, algo: str | None) -> None:
         """A collective captured into a CUDA graph must run entirely on the device."""
@@ -1138,8 +1140,7 @@ class Communicator:
         """
         fn = "barrier"
         self._check_usable(fn)
-        work = self._run(fn, None, True, lambda p: p.barrier())
-        work.blocking = True
+        work = self._run(fn, None, True, lambda p: p.barrier(), blocking=True)
         if async_op:
             return work
         work.wait()
