@@ -24,7 +24,8 @@ def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
     fillers = [
         (comm, roles.Ranks), (comm, roles.Group),
         (engine, roles.NodeWorkspace), (engine, role), (engine, p2p.MailEngine), (engine, hierarchical.NodeEngine),
-        (engine, Repeatable), (engine.flags, roles.FlagWords), (engine.mail, Mail), (engine.topology, hierarchical.Placement),
+        (engine, Repeatable), (engine.flags, roles.FlagWords), (engine.mail, Mail),
+        (engine.topology, hierarchical.Placement),
         (engine, DeviceWorkspace), (comm.heap("cpu"), SymmetricRegion),  # heap(): opens it
     ]  # fmt: skip
     unfilled = [f"{type(obj).__name__} as {role.__name__}" for obj, role in fillers if not isinstance(obj, role)]
