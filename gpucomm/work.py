@@ -133,11 +133,18 @@ class WaitedInThread:
 class Work:
     """Completion handle of one collective (see the module docstring).
 
+    Everything a Work knows is given to its constructor; nothing outside sets its state.
+
     Args:
         pending: what must complete first: torch.distributed Works (gloo), :class:`StreamEnd`, or
-            objects with ``is_completed()`` and ``wait()`` (send/recv's requests).
+            objects with ``is_completed()`` and ``wait()`` (send/recv's requests, other Works).
         finish: runs once, after ``pending`` completed, on the host.
         on_error: turns a failure into gpucomm's error (and marks the communicator broken).
+        outputs: the caller's output tensors, which :meth:`result` returns.
+        blocking: ``wait()`` blocks the host on a GPU too (GPUCOMM_BLOCKING_WAIT, a barrier).
+        keep: what the collective's buffers hang on, held until it is complete.
+        side_stream: where a GPU Future is completed (None off a GPU).
+        source: the sender's rank of a recv, where it is known at the start.
     """
 
     def __init__(
@@ -145,6 +152,12 @@ class Work:
         pending: Sequence[object] = (),
         finish: Callable[[], None] | None = None,
         on_error: Callable[[RuntimeError], BaseException] | None = None,
+        *,
+        outputs: Sequence[torch.Tensor] = (),
+        blocking: bool = False,
+        keep: tuple = (),
+        side_stream: torch.cuda.Stream | None = None,
+        source: int | None = None,
     ) -> None:
         self._pending = [_tracked(p) for p in pending]
         self._finish = finish
@@ -153,12 +166,27 @@ class Work:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._fail_lock = threading.Lock()  # one translation of a failure (it may ask the peers)
-        self.blocking = False  # GPUCOMM_BLOCKING_WAIT: wait() blocks the host on a GPU too
-        self.keep: tuple = ()  # buffers the collective uses, held until it is complete
-        self.side_stream: torch.cuda.Stream | None = None  # where a GPU Future is completed
-        self.source: int | None = None  # the sender's rank, for a completed recv
-        self.outputs: list[torch.Tensor] = []  # the caller's output tensors, for result()
+        self._keep = keep
+        self._source = source
+        self.blocking = blocking
+        self.side_stream = side_stream
+        self.outputs: list[torch.Tensor] = list(outputs)
         self.waiters: list[torch.futures.Future] = []  # Futures to complete when this work does
+
+    @property
+    def source(self) -> int | None:
+        """The sender's rank, for a completed recv: given at the start, learned by the finish
+        step of an any-source recv, or that of the Work this one waited on."""
+        if self._source is None:
+            for p in self._pending:
+                if isinstance(p, Work) and p.source is not None:
+                    return p.source
+        return self._source
+
+    @source.setter
+    def source(self, rank: int | None) -> None:
+        # Set by a recv's own finish step, once the sender is known.
+        self._source = rank
 
     # -- torch.distributed.Work ---------------------------------------------------------------
     def is_completed(self) -> bool:
@@ -175,7 +203,7 @@ class Work:
         except RuntimeError as err:
             self._fail(err)
             return True
-        self.keep = ()
+        self._keep = ()
         return True
 
     def is_success(self) -> bool:
@@ -256,7 +284,7 @@ class Work:
         with self._fail_lock:  # the caller and the watchdog may both see the failure
             if self._error is None:
                 self._error = err if self._on_error is None else self._on_error(err)
-        self.keep = ()
+        self._keep = ()
         with self._lock:
             waiters, self.waiters = self.waiters, []
         for future in waiters:

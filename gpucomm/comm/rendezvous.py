@@ -46,7 +46,8 @@ def _env_int(name: str, fn: str, default: int | None = None) -> int:
         if default is not None:
             return default
         raise ValueError(
-            f"gpucomm.{fn}: environment variable {name} is not set (init_method='env://' reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+            f"gpucomm.{fn}: environment variable {name} is not set (init_method='env://' reads RANK, WORLD_SIZE, "
+            "MASTER_ADDR, MASTER_PORT)"
         )
     try:
         return int(value)
@@ -62,7 +63,8 @@ def _local_layout(rank: int, world_size: int, fn: str) -> tuple[int, int]:
     local_rank = _env_int("LOCAL_RANK", fn, rank % local_world_size)
     if not 0 <= local_rank < local_world_size:
         raise ValueError(
-            f"gpucomm.{fn}: environment variable LOCAL_RANK must be in [0, {local_world_size}) (LOCAL_WORLD_SIZE), got {local_rank}"
+            f"gpucomm.{fn}: environment variable LOCAL_RANK must be in [0, {local_world_size}) (LOCAL_WORLD_SIZE), "
+            f"got {local_rank}"
         )
     return local_rank, local_world_size
 

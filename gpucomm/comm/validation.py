@@ -84,7 +84,8 @@ def check_splits(splits: Sequence[int] | None, world_size: int, total: int, fn: 
     if splits is None or len(splits) == 0:
         if total % world_size:
             raise ValueError(
-                f"gpucomm.{fn}: dim 0 of the tensor ({total}) must divide by world_size = {world_size} when {name} is not given"
+                f"gpucomm.{fn}: dim 0 of the tensor ({total}) must divide by world_size = {world_size} when {name} "
+                "is not given"
             )
         return [total // world_size] * world_size
     splits = list(splits)

@@ -394,6 +394,14 @@ class CheckedGloo:
             target.copy_(row[start : start + target.numel()])
         self._pool.give(slots)
 
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        """gloo's own send: a send is matched by its tag on the receiver, no call is checked."""
+        return self._native.send(tensor, dst, tag)  # type: ignore[attr-defined]
+
+    def recv(self, tensor: torch.Tensor, src: int | None, tag: int) -> Work:
+        """gloo's own recv, as :meth:`send`."""
+        return self._native.recv(tensor, src, tag)  # type: ignore[attr-defined]
+
     def barrier(self) -> Work:
         return self._small(self._slots(torch.device("cpu")))
 

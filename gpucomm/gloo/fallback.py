@@ -193,12 +193,13 @@ class GlooFallback:
 
     def recv(self, tensor: torch.Tensor, src: int | None, tag: int) -> Work:
         if src is not None:
-            work = Work([self.pg.recv([tensor], src, tag)])
-            work.source = src
-            return work
+            return Work([self.pg.recv([tensor], src, tag)], source=src)
         gloo_work = self.pg.recv_anysource([tensor], tag)
-        work = Work([gloo_work])
-        work._finish = lambda: setattr(work, "source", gloo_work._source_rank())
+
+        def learn_source() -> None:  # the sender is known once gloo's work has ended
+            work.source = gloo_work._source_rank()
+
+        work = Work([gloo_work], finish=learn_source)
         return work
 
     def barrier(self) -> Work:

@@ -60,7 +60,7 @@ from gpucomm.transport.workspace import buffer_layout
 if TYPE_CHECKING:
     from gpucomm.work import Work
 
-__all__ = ["FlightRecord", "FlightLog", "Call", "RankRecord", "PyRecorder", "recorder"]
+__all__ = ["FlightRecord", "FlightLog", "CallRecord", "RankRecord", "PyRecorder", "recorder"]
 
 MAGIC = 0x6770_6366_6C69_6768  # "gpcfligh"
 RING = 64  # calls kept per rank: enough to see a pattern, small enough to copy in a read
@@ -84,7 +84,7 @@ _INTERNAL_DIRS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class Call:
+class CallRecord:
     """One call as a rank recorded it."""
 
     seq: int  # the communicator's call number (equal on every rank of the group)
@@ -113,18 +113,18 @@ class RankRecord:
 
     rank: int  # global rank
     pid: int
-    calls: list[Call]  # oldest first, at most RING
+    calls: list[CallRecord]  # oldest first, at most RING
 
     @property
-    def current(self) -> Call | None:
+    def current(self) -> CallRecord | None:
         """The call it is in now, or None."""
         return self.calls[-1] if self.calls and self.calls[-1].running else None
 
     @property
-    def last_completed(self) -> Call | None:
+    def last_completed(self) -> CallRecord | None:
         return next((c for c in reversed(self.calls) if c.completed), None)
 
-    def find(self, group: str, seq: int) -> Call | None:
+    def find(self, group: str, seq: int) -> CallRecord | None:
         """Its call number ``seq`` of ``group``, if still in the ring."""
         return next((c for c in reversed(self.calls) if c.seq == seq and c.group == group), None)
 
@@ -381,7 +381,7 @@ class FlightRecord:
 
         slots = sorted(_SLOT.unpack_from(raw, _RING_AT + k * _SLOT.size) for k in range(RING))
         calls = [
-            Call(seq, text(name), text(dtype), n, text(op), root, text(group), text(site), entered, ended)
+            CallRecord(seq, text(name), text(dtype), n, text(op), root, text(group), text(site), entered, ended)
             for entry, seq, name, dtype, n, op, root, group, site, entered, ended in slots
             if entry > 0
         ]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from gpucomm import log
-from gpucomm.reliability.flight import Call, FlightLog, RankRecord
+from gpucomm.reliability.flight import CallRecord, FlightLog, RankRecord
 from gpucomm.roles import Ranks
 
 __all__ = ["timeout_story", "mismatch_story", "NodeStatus", "RankStatus", "node_status", "StatusSignal"]
@@ -26,7 +26,7 @@ def _ago(ns: int, now: int) -> str:
     return f"{max(0, now - abs(ns)) / 1e9:.1f} s"
 
 
-def describe_call(call: Call) -> str:
+def describe_call(call: CallRecord) -> str:
     """``all_reduce #6 (float32 x 4, op SUM) of the world group, called at train.py:41 in step``.
 
     A subgroup reads ``of group [2, 3]``, its global ranks.
@@ -94,7 +94,7 @@ def timeout_story(flight: FlightLog, comm: Ranks, missing: Sequence[int]) -> str
 _COLUMNS = ("collective", "dtype", "count", "op", "root", "call site")
 
 
-def _row(call: Call | None) -> list[str]:
+def _row(call: CallRecord | None) -> list[str]:
     if call is None:
         return ["(no record)", "", "", "", "", ""]
     return [
@@ -123,7 +123,7 @@ def mismatch_story(flight: FlightLog, comm: Ranks, seq: int, peers: Sequence[int
     )
 
 
-def _find(record: RankRecord | None, group: str, seq: int) -> Call | None:
+def _find(record: RankRecord | None, group: str, seq: int) -> CallRecord | None:
     return None if record is None else record.find(group, seq)
 
 
@@ -139,9 +139,9 @@ class RankStatus:
     rank: int  # global rank
     pid: int
     alive: bool
-    current: Call | None
-    last_completed: Call | None
-    failed: Call | None  # its latest call, if that ended in an error
+    current: CallRecord | None
+    last_completed: CallRecord | None
+    failed: CallRecord | None  # its latest call, if that ended in an error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +173,7 @@ class NodeStatus:
         return "\n".join([title, *_table(header, rows)])
 
 
-def _brief(call: Call) -> str:
+def _brief(call: CallRecord) -> str:
     return f"{call.name} #{call.seq} {call.group} at {call.site or '?'}"
 
 

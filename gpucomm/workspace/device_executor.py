@@ -180,7 +180,8 @@ class DeviceExecutor:
 
         # The launch holds its operand table's address, not the tensor: the closure holds the
         # binding, so that the executor dropping it (more buffers than _BINDINGS) frees nothing
-        # this launch reads. Without it an H100 run (2026-11-25) reduced another buffer's table.
+        # this launch reads. Without it the next table may take that memory, and the launch reduce
+        # another buffer (seen on an H100).
         def launch_on_caller(_binding: dict | None = bound) -> None:
             if not to_caller():
                 program.captured = True  # as Engine.program marks it in a capture

@@ -46,22 +46,14 @@ import torch
 
 from gpucomm import log
 from gpucomm.algorithms import (
-    allgather,
-    allreduce,
-    alltoall,
     hierarchical,
     p2p,
-    reducescatter,
-    rooted,
     select,
-    symmetric,
 )
 from gpucomm.capture import capturing
 from gpucomm.errors import UnsupportedError, WorkspaceUnavailableError
-from gpucomm.language import layout as device_layout
 from gpucomm.language.context import DeviceContext
 from gpucomm.ops.contract import Region
-from gpucomm.ops.device_guard import launching_on
 from gpucomm.ops.program import Builder, Program, overlaps
 from gpucomm.ops.registry import get_kernels
 from gpucomm.reduce_op import ReduceOp
@@ -69,10 +61,10 @@ from gpucomm.roles import Group
 from gpucomm.transport import Workspace, open_workspace
 from gpucomm.transport.heap import StoreAgreement, SymmetricHeap
 from gpucomm.transport.heap_open import agree, heap_kind, heap_of_its_own, vmm_heap
-from gpucomm.work import Work
-from gpucomm.workspace.channels import launch_channels, layout_channels
+from gpucomm.workspace.channels import layout_channels
+from gpucomm.workspace.collectives import EngineCollectives
 from gpucomm.workspace.layout import ALIGN, DataLayout, FlagLayout
-from gpucomm.workspace.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce, exact_in_any_order
+from gpucomm.workspace.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce
 from gpucomm.workspace.small import SmallAllReduce
 from gpucomm.workspace.stream_order import StreamOrder
 
@@ -107,15 +99,17 @@ class Topology:
 
 
 def engine_store_prefix(comm_prefix: str, transport: str, topology: Topology) -> str:
-    """Where an engine's ranks agree in the store: a communicator on a GPU opens two engines at
-    once (CUDA tensors on cuda_ipc, CPU tensors on shm), and a rank done with one must not read
-    its peers' handles of the other (seen on an H100, 2026-11-25, before the transport was part of
-    the prefix: rank 1 read rank 0's CUDA IPC handle as a shm one)."""
+    """Where an engine's ranks agree in the store: under the communicator's prefix, the
+    transport's, and the node's where the communicator spans nodes.
+
+    A communicator on a GPU opens two engines at once (CUDA tensors on cuda_ipc, CPU tensors on
+    shm); with the transport in the prefix a rank done with one never reads its peers' handles
+    of the other as its own."""
     node_tag = f"n{topology.node}/" if topology.hierarchical else ""
     return f"{comm_prefix}{transport}/{node_tag}"
 
 
-class Engine:
+class Engine(EngineCollectives):
     """The workspace path of one communicator (of its node's members when it spans nodes)."""
 
     def __init__(self, comm: Group, transport: str, kernels: str, device: torch.device, topology: Topology) -> None:
@@ -232,8 +226,8 @@ class Engine:
         kind, why = heap_kind(self.device, agreed)
         if why and self.rank == 0:  # one line per node, when the heap opens
             log.logger.warning(
-                f"gpucomm[rank {self.comm_rank}]: the symmetric heap is a CUDA IPC allocation (cudaIpcGetMemHandle), not "
-                f"virtual-memory mapped: {why}"
+                f"gpucomm[rank {self.comm_rank}]: the symmetric heap is a CUDA IPC allocation "
+                f"(cudaIpcGetMemHandle), not virtual-memory mapped: {why}"
             )
         agree_alloc = StoreAgreement(self._store, self.heap_prefix, self.rank, self.world_size, self.timeout)
         if kind == "vmm":
@@ -255,8 +249,8 @@ class Engine:
                 kind = "workspace"
                 if self.rank == 0:
                     log.logger.warning(
-                        f"gpucomm[rank {self.comm_rank}]: the symmetric heap is a CUDA IPC allocation (cudaIpcGetMemHandle): "
-                        f"the driver refused the virtual-memory one: {exc}"
+                        f"gpucomm[rank {self.comm_rank}]: the symmetric heap is a CUDA IPC allocation "
+                        f"(cudaIpcGetMemHandle): the driver refused the virtual-memory one: {exc}"
                     )
         if kind != "vmm":
             try:
@@ -382,8 +376,9 @@ class Engine:
                 if self.heap is not None:
                     if self.heap.kind == "workspace" and self.device.type == "cuda" and self.heap.live_blocks:
                         warnings.warn(
-                            f"gpucomm: {self.heap.live_blocks} symmetric tensor(s) of this communicator are still alive on "
-                            f"{self.device}; their memory (a CUDA IPC allocation) is freed now: do not use them any more",
+                            f"gpucomm: {self.heap.live_blocks} symmetric tensor(s) of this communicator are still "
+                            f"alive on {self.device}; their memory (a CUDA IPC allocation) is freed now: do not use "
+                            "them any more",
                             RuntimeWarning,
                             stacklevel=3,
                         )
@@ -480,285 +475,3 @@ class Engine:
     def local_of(self, comm_rank: int) -> int:
         """The local rank of a communicator rank on this node (flat: the same rank)."""
         return self.members.index(comm_rank)
-
-    # -- collectives (the same arguments as GlooFallback's methods, plus the algorithm) ---------
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
-        if algo == "hierarchical":
-            hierarchical.all_reduce(self, tensor, op)
-        elif algo == "oneshot_lang":
-            self._all_reduce_lang(tensor, op)
-        elif algo == select.SMALL:
-            self.small.run(tensor, op)
-        elif algo == "multimem" or self._multimem_by_default(tensor, op, algo):
-            self.multimem.run(tensor, op)
-        else:
-            fields, build = self._all_reduce_plan(tensor, op, algo)
-            self.run("all_reduce", fields, [Region.of(tensor)], build)
-        return self.completed()
-
-    def _all_reduce_lang(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the
-        program kernel's one-shot, bit for bit, as one launch of a kernel of the device API."""
-        self._lang_launch(tensor, op, ordered=False)()
-
-    def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp, ordered: bool) -> Callable[[], None]:
-        """The launch of :meth:`_all_reduce_lang` on ``tensor``'s buffer, its checks around it;
-        ``ordered``: first order the caller's stream after this communicator's launches (the
-        repeated call's path, :mod:`gpucomm.workspace.repeat`; the full path's caller does it)."""
-        if self.kernels.name != "triton":
-            raise UnsupportedError(
-                f"gpucomm.all_reduce: GPUCOMM_ALGO=oneshot_lang runs a Triton kernel; GPUCOMM_KERNELS={self.kernels.name} runs none"
-            )
-        from gpucomm._kernels.triton import oneshot
-
-        ctx = self.device_context("all_reduce")
-        # The grid follows the size as the program kernel's does (gpucomm.workspace.channels), within the
-        # channel slots of the device API.
-        nbytes = min(tensor.numel() * tensor.element_size(), ctx.stage_half_bytes)
-        channels = launch_channels(nbytes, min(self.channels, device_layout.CHANNEL_SLOTS))
-        # Triton's JIT launches on the current device: this engine's, whatever the caller's is.
-        launch = launching_on(
-            self.device,
-            oneshot.prepare(ctx, tensor.data_ptr(), tensor.numel(), tensor.dtype, int(op), self.world_size, channels),
-        )
-        check, on_cpu = ctx.check, self.stream is None
-        to_caller = self.order.to_caller if ordered and self.order is not None else None
-
-        def run() -> None:
-            check("all_reduce")
-            if to_caller is not None:
-                to_caller()
-            launch()
-            if on_cpu:
-                check("all_reduce")  # the launch has run: its errors are there now
-
-        return run
-
-    def _multimem_by_default(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> bool:
-        """``auto`` takes the multimem path on a GPU for a symmetric tensor whose fold is exact
-        in any order (integer SUM, MIN, MAX), above one-shot's sizes (the model's crossover:
-        docs/performance.md), where the switch is there."""
-        return (
-            self.device.type == "cuda"
-            and algo == "twoshot"
-            and select.forced_algo("all_reduce", self.knob_algo) == "auto"
-            and exact_in_any_order(tensor.dtype, op)
-            and not self.multimem.unsupported(tensor, op)
-        )
-
-    def symmetric_offset(self, tensor: torch.Tensor) -> int | None:
-        """The heap offset of ``tensor`` if it lies in the symmetric heap, else None."""
-        heap = self.heap
-        return heap.offset(tensor) if heap is not None and heap.contains(tensor) else None
-
-    def _all_reduce_plan(
-        self, tensor: torch.Tensor, op: ReduceOp, algo: str
-    ) -> tuple[tuple, Callable[[Builder], None]]:
-        """The fields and the build of an all_reduce: in place on a symmetric tensor where the
-        algorithm has a form that reads the peers' copies (two-shot), else through the halves.
-        The heap offset is part of the fields, so that ranks that pass tensors at different
-        offsets (or a symmetric tensor against an ordinary one) raise CommMismatchError."""
-        offset = self.symmetric_offset(tensor) if algo == "twoshot" else None
-        # In place only where it saves SYNCs: a tensor that fits one half moves in one piece
-        # with two SYNCs through the halves, against three in place (docs/performance.md:
-        # 8 x H100, 64 MiB workspace, in place ahead from 32 MiB, behind at 8 MiB); forced
-        # two-shot (GPUCOMM_ALGO) runs in place at any size.
-        nbytes = tensor.numel() * tensor.element_size()
-        if (
-            offset is not None
-            and nbytes <= self.half_bytes
-            and select.forced_algo("all_reduce", self.knob_algo) != "twoshot"
-        ):
-            offset = None
-        if offset is None:
-            return (tensor.dtype, tensor.numel(), op.name, algo), lambda b: allreduce.run(algo, b, tensor, op)
-        fields = (tensor.dtype, tensor.numel(), op.name, algo, "symmetric", offset)
-        return fields, lambda b: allreduce.twoshot_symmetric(b, tensor, op)
-
-    def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
-        """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
-        once), for :mod:`gpucomm.workspace.repeat`: the program and the buffer's address, no tensor."""
-        if algo == "oneshot_lang":
-            return self._lang_launch(tensor, op, ordered=True)
-        if algo == select.SMALL:
-            return self.small.repeat(tensor, op)
-        if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
-            launch = self.multimem.bind(tensor, op)
-            if self.stream is None:
-                return launch
-            on_caller = self.on_caller_stream
-
-            def launch_on_caller() -> None:
-                on_caller()
-                launch()
-
-            return launch_on_caller
-        fields, build = self._all_reduce_plan(tensor, op, algo)
-        region = Region.of(tensor)
-        program = self.program("all_reduce", fields, [region], build)
-        addrs = (region.addr,)
-        repeat = getattr(self.executor, "repeat", None)  # the device executor's launch, looked up once
-        if repeat is not None:
-            return repeat(program, addrs)
-        run = self.executor.run
-        return lambda: run(program, addrs)
-
-    def _in_place(self, algo: str, nbytes: int, *tensors: torch.Tensor) -> tuple[int, ...] | None:
-        """The heap offsets of ``tensors`` (the ones the peers read) where a direct collective
-        moving ``nbytes`` runs in place (gpucomm.algorithms.symmetric): all of them symmetric,
-        and more bytes than one half (below, one piece through the halves takes one sync, the
-        in-place program two)."""
-        if algo != "direct" or nbytes <= self.half_bytes:
-            return None
-        offsets = tuple(self.symmetric_offset(t) for t in tensors)
-        return None if None in offsets else offsets
-
-    def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp, *, algo: str) -> Work:
-        root = self.local_of(dst)
-        fields = (tensor.dtype, tensor.numel(), op.name, algo)
-        build = lambda b: rooted.reduce(algo, b, tensor, root, op)  # noqa: E731
-        offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
-        if offsets is not None:
-            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.reduce(b, tensor, root, op)  # noqa: E731
-        self.run("reduce", fields, [Region.of(tensor)], build, root)
-        return self.completed()
-
-    def broadcast(self, tensor: torch.Tensor, src: int, *, algo: str) -> Work:
-        root = self.local_of(src)
-        fields = (tensor.dtype, tensor.numel(), algo)
-        build = lambda b: rooted.broadcast(algo, b, tensor, root)  # noqa: E731
-        offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
-        if offsets is not None:
-            fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.broadcast(b, tensor, root)  # noqa: E731
-        self.run("broadcast", fields, [Region.of(tensor)], build, root)
-        return self.completed()
-
-    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, algo: str) -> Work:
-        mine, outs = Region.of(tensor), [Region.of(t) for t in outputs]
-        self.run(
-            "all_gather",
-            (tensor.dtype, tensor.numel(), algo),
-            [mine, *outs],
-            lambda b: allgather.run(algo, b, mine, outs),
-        )
-        return self.completed()
-
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, algo: str) -> Work:
-        mine, whole, size = Region.of(tensor), Region.of(output), tensor.numel() * tensor.element_size()
-        outs = [whole.sub(p * size, size) for p in range(self.world_size)]
-        fields = (tensor.dtype, tensor.numel(), algo)
-        build = lambda b: allgather.run(algo, b, mine, outs)  # noqa: E731
-        # In place where the input is symmetric (the peers read it); the output may be any tensor.
-        offsets = self._in_place(algo, whole.nbytes, tensor)
-        if offsets is not None:
-            fields, build = (
-                (*fields, "symmetric", offsets),
-                lambda b: symmetric.all_gather_into_tensor(b, whole, tensor),
-            )  # noqa: E731
-        self.run("all_gather_into_tensor", fields, [mine, whole], build)
-        return self.completed()
-
-    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int, *, algo: str) -> Work:
-        root = self.local_of(dst)
-        regions = [Region.of(tensor), *(Region.of(t) for t in outputs or ())]
-        fields = (tensor.dtype, tensor.numel(), algo)
-        self.run("gather", fields, regions, lambda b: rooted.gather(b, tensor, outputs, root), root)
-        return self.completed()
-
-    def scatter(self, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, src: int, *, algo: str) -> Work:
-        root = self.local_of(src)
-        regions = [Region.of(tensor), *(Region.of(t) for t in inputs or ())]
-        fields = (tensor.dtype, tensor.numel(), algo)
-        self.run("scatter", fields, regions, lambda b: rooted.scatter(b, tensor, inputs, root), root)
-        return self.completed()
-
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, algo: str) -> Work:
-        chunks, out = [Region.of(t) for t in inputs], Region.of(output)
-        fields = (output.dtype, output.numel(), op.name, algo)
-        self.run(
-            "reduce_scatter",
-            fields,
-            [*chunks, out],
-            lambda b: reducescatter.run(algo, b, chunks, out, output.dtype, op),
-        )
-        return self.completed()
-
-    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
-        whole, out, size = Region.of(input), Region.of(output), output.numel() * output.element_size()
-        chunks = [whole.sub(p * size, size) for p in range(self.world_size)]
-        fields = (output.dtype, output.numel(), op.name, algo)
-        build = lambda b: reducescatter.run(algo, b, chunks, out, output.dtype, op, source=whole)  # noqa: E731
-        # In place where the input is symmetric (the peers read it); the output may be any tensor.
-        offsets = self._in_place(algo, whole.nbytes, input)
-        if offsets is not None:
-            fields, build = (
-                (*fields, "symmetric", offsets),
-                lambda b: symmetric.reduce_scatter_tensor(b, out, whole, output.dtype, op),
-            )  # noqa: E731
-        self.run("reduce_scatter_tensor", fields, [whole, out], build)
-        return self.completed()
-
-    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, algo: str) -> Work:
-        self._all_to_all(
-            "all_to_all", (inputs[0].dtype, algo), [Region.of(t) for t in outputs], [Region.of(t) for t in inputs]
-        )
-        return self.completed()
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: Sequence[int] | None,
-        input_split_sizes: Sequence[int] | None,
-        *,
-        algo: str,
-    ) -> Work:
-        P = self.world_size
-        fields = (input.dtype, tuple(input.shape[1:]), algo)
-        self._all_to_all(
-            "all_to_all_single", fields, _split(output, output_split_sizes, P), _split(input, input_split_sizes, P)
-        )
-        return self.completed()
-
-    def _all_to_all(self, name: str, fields: tuple, outs: list[Region], ins: list[Region]) -> None:
-        """The two programs of :mod:`gpucomm.algorithms.alltoall` and the host's look at the headers."""
-        sizes = tuple(r.nbytes for r in ins + outs)
-        regions = [*outs, *ins]
-        announce = lambda b: alltoall.announce(
-            b, outs, ins, b.keep(self.upload(alltoall.size_table(outs, ins, torch.device("cpu"))))
-        )  # noqa: E731
-        first = self.program(name, (*fields, "announce"), regions, announce, local=sizes)
-        self.executor.run(first, tuple(r.addr for r in regions))
-        P = self.world_size
-        matrix = torch.stack(self.published(0, 16 * P)).view(torch.int64).tolist()  # one read of all headers
-        total = alltoall.rounds(matrix, self.half_bytes, self.members, name)
-        self.run(
-            name, (*fields, "deliver", total), regions, lambda b: alltoall.deliver(b, outs, ins, total), local=sizes
-        )
-
-    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, algo: str) -> Work:
-        return self.mail.isend(Region.of(tensor), self.local_of(dst), tag)
-
-    def recv(self, tensor: torch.Tensor, src: int | None, tag: int, *, algo: str) -> Work:
-        return self.mail.irecv(Region.of(tensor), None if src is None else self.local_of(src), tag)
-
-    def barrier(self, *, algo: str) -> Work:
-        self.run("barrier", (), [], lambda b: b.barrier_all())
-        return self.completed()
-
-    def completed(self) -> Work:
-        """The Work of a collective whose kernels were all issued (the communicator adds the
-        end of its stream on a GPU)."""
-        return Work()
-
-
-def _split(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[Region]:
-    """The regions of ``tensor``'s dim-0 splits (equal splits when ``splits`` is empty)."""
-    rows = tensor.shape[0] if tensor.dim() else 0
-    sizes = list(splits) if splits else [rows // parts] * parts
-    row_bytes = tensor[0].numel() * tensor.element_size() if rows else 0
-    whole, regions, offset = Region.of(tensor), [], 0
-    for rows_p in sizes:
-        regions.append(whole.sub(offset, rows_p * row_bytes))
-        offset += rows_p * row_bytes
-    return regions

@@ -285,7 +285,8 @@ def _fuzz_rank(rank: int, world_size: int, kernels: str, seed: int, draws: int) 
         spec = draw(seed, d, world_size)
         what = (
             f"{spec['fn']} {spec['dtype']} n={spec['n']} op={spec['op']} root={spec['root']} overlap={spec['overlap']} "
-            f"splits={spec['splits']} group={spec['group']} rows={spec['rows']} async={spec['async']} fault={spec['fault']}"
+            f"splits={spec['splits']} group={spec['group']} rows={spec['rows']} async={spec['async']} "
+            f"fault={spec['fault']}"
         )
         if not spec["group"]:
             verdict, broken = _one_draw(spec, rank, world_size, comm, reference)

@@ -124,7 +124,8 @@ class Checker:
         self.expect(f"{label} prefix of {PREFIX} alone {dtype} {op}", head, ref[:PREFIX])
         if not bool((_bits(head) == _bits(whole[:PREFIX])).all()):
             self.failures.append(
-                f"rank {self.rank}: {label}: the first {PREFIX} elements reduced alone differ from the same elements of {LARGE}"
+                f"rank {self.rank}: {label}: the first {PREFIX} elements reduced alone differ from the same elements "
+                f"of {LARGE}"
             )
 
     def reduce(self, label: str, n: int, dtype: str, op: str) -> None:
@@ -223,7 +224,8 @@ def _matrix(rank: int, world_size: int, seed: int, hierarchical: bool) -> tuple[
             gpucomm.destroy_process_group()
         if len(c.failures) == before:
             c.failures.append(
-                f"rank {rank}: a forced {algo} all_reduce matched the rank-order fold: the matrix cannot tell orders apart"
+                f"rank {rank}: a forced {algo} all_reduce matched the rank-order fold: the matrix cannot tell orders "
+                "apart"
             )
         else:
             c.failures.pop()

@@ -49,7 +49,8 @@ def _overlap_rank(rank: int, world_size: int, kernels: str, dtypes: list[str]) -
                 got = run_case(comm, fn, fill(rank, size, dtype), outs, ins, root)
                 if not torch.equal(got, expected):
                     problems.append(
-                        f"{fn} ({label}, {name}) on {path}, rank {rank}: got {got.tolist()}, separate buffers give {expected.tolist()}"
+                        f"{fn} ({label}, {name}) on {path}, rank {rank}: got {got.tolist()}, separate buffers give "
+                        f"{expected.tolist()}"
                     )
     for comm in paths.values():
         if comm is not world:

@@ -10,7 +10,7 @@ from gpucomm.toolchain import native
 
 INTERPRET = {"TRITON_INTERPRET": "1"}
 # Python function calls (and C calls) of one repeated 8-byte all_reduce at 2 ranks, counted with
-# sys.setprofile by this test on the 2-core VM (2026-11-23): the device path with the kernel launch
+# sys.setprofile by this test on a 2-core VM: the device path with the kernel launch
 # recorded, and the shared-memory path with the torch kernels, its wait for the peer counted as one
 # call (its polls depend on when the peer arrives). A ceiling a little above what was measured (21
 # and 26 with the flight record's C writer, 34 and 39 with its Python twin): more means work crept

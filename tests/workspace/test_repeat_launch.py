@@ -205,7 +205,7 @@ def test_a_dropped_binding_lives_while_the_fast_path_launches_it(tmp_path) -> No
     """More buffers than the executor keeps bindings for: the oldest binding is dropped, but the
     fast path still launches it, so its operand table (whose address the bound launch packed)
     must live on. On a GPU its memory went back to the allocator and the next table took it: the
-    launch reduced another buffer (an H100 run, 2026-11-25)."""
+    launch reduced another buffer (seen on an H100)."""
     double = cuda_double.build()
     for result in run_ranks(_evicted, 2, double, str(tmp_path), env=ENV, timeout=300):
         assert result == {"dropped": True, "table_alive": True, "launches": 1}

@@ -1,0 +1,296 @@
+"""The route of one call: from a validated :class:`~gpucomm.comm.call.Call` to its path and Work.
+
+:meth:`Router.route` takes a few named steps: number the call, choose its path (the workspace
+engine with an algorithm, gloo checked, or gloo), say it in the log and check it against a CUDA
+graph capture, record it in the flight record, start it where it runs (the caller's CUDA stream,
+the engine's, the progress thread, or this thread), build its :class:`~gpucomm.work.Work`, hand
+it to the watchdog, and wait for it unless the caller asked for the Work.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+
+from gpucomm import log
+from gpucomm.capture import capturing
+from gpucomm.comm.call import POINT_TO_POINT, UNEVEN_SIZES, Call
+from gpucomm.comm.path import Path
+from gpucomm.config import Config
+from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.gloo.fallback import GlooFallback
+from gpucomm.progress import Progress, Queued
+from gpucomm.reliability.flight import FlightLog
+from gpucomm.reliability.liveness import Liveness
+from gpucomm.reliability.story import mismatch_story, timeout_story
+from gpucomm.reliability.watchdog import watch
+from gpucomm.work import StreamEnd, Work
+from gpucomm.workspace.engine import Engine
+from gpucomm.workspace.path import EnginePath
+
+__all__ = ["Router"]
+
+# How gloo words a peer that died or never came: "Timed out waiting ...", "Connection closed by
+# peer", "Connection reset by peer", "Socket closed", "Broken pipe".
+_GLOO_PEER_FAILURES = (
+    "imed out",
+    "onnection closed",
+    "onnection reset",
+    "ocket closed",
+    "roken pipe",
+    "Read error",
+    "Write error",
+)
+
+
+class Router:
+    """The route of a call, for :class:`gpucomm.comm.communicator.Communicator` (its base)."""
+
+    # What the route reads and writes of the communicator (set by its constructor).
+    rank: int
+    global_ranks: list[int]
+    config: Config
+    timeout: float
+    _calls: int  # collective calls so far: equal on all ranks for the same call
+    _broken: BaseException | None
+    _closed: bool
+    _engines: dict[str, Engine]
+    _fallback: GlooFallback
+    _progress: Progress
+    _flight: FlightLog
+    _liveness: Liveness
+
+    def _check_usable(self, fn: str) -> None:
+        """Raise where no call may start: the communicator is closed, or broken by a failure."""
+        if self._closed:
+            raise GpucommError(f"gpucomm.{fn}: this communicator is closed")
+        if self._broken is not None:
+            raise CommBrokenError(
+                f"gpucomm.{fn}: the communicator failed earlier and cannot be used until it is destroyed "
+                f"(original error: {self._broken})"
+            ) from self._broken
+
+    def _route(self, call: Call) -> Work | None:
+        """Route one validated call to a path, check that all ranks agree on it, log it, run it.
+
+        Returns the call's Work where ``call.async_op``, else None once it has run (on a GPU:
+        once it is queued on the caller's stream). Raises the path's failure as gpucomm's error
+        (:meth:`_translate`), which breaks the communicator.
+        """
+        seq = self._number(call)
+        translate = self._translate(call.fn, seq, call.peer)
+        engine, algo = self._choose(call)
+        self._announce(call, engine, algo)
+        # An asynchronous call that would wait in the caller's thread (the host workspace runs it
+        # there; a checked gloo call agrees on fingerprints before gloo's collective may start),
+        # or any call behind one, runs on the progress thread, in call order.
+        host = algo is not None and engine.stream is None
+        waits = host or (algo is None and self.config.check != "off")
+        queued = waits and not call.point_to_point and (call.async_op or self._progress.busy())
+        if host and call.point_to_point:
+            self._progress.drain()
+        slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
+        on_gpu = algo is not None and engine.stream is not None
+        try:
+            path = self._path(call, seq, engine, algo)
+            if on_gpu:
+                pending = self._on_gpu(call, engine, path)
+            elif queued:  # on the progress thread, in call order (gpucomm.progress)
+                pending = [
+                    self._progress.submit(Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank))
+                ]
+            else:
+                # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
+                # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
+                # collective has run on return, send/recv progress in wait()).
+                pending = [call.serve(path)]
+        except RuntimeError as err:
+            raise translate(err) from err
+        work = Work(
+            pending,
+            None if on_gpu else call.finish,  # on a GPU the write-back is queued after the collective
+            translate,
+            outputs=call.outputs,
+            blocking=call.blocking or self.config.blocking_wait,
+            keep=(call,),  # what the collective's buffers hang on, until it is complete
+            side_stream=engine.side_stream if on_gpu and call.async_op else None,
+        )
+        self._watch(call, work, engine if on_gpu else None, algo, queued)
+        if call.async_op:
+            self._flight.completes_with(slot, work)
+            return work
+        work.wait()
+        self._flight.completed(slot)
+        return None
+
+    # -- the steps ----------------------------------------------------------------------------
+    def _number(self, call: Call) -> int:
+        """The call's number: collectives count, a send or recv takes the last one's."""
+        if not call.point_to_point:
+            self._calls += 1
+        return self._calls
+
+    def _choose(self, call: Call) -> tuple[Engine | None, str | None]:
+        """The workspace engine of the call's tensors and the algorithm it runs the call with;
+        (engine or None, None) where gloo serves the call."""
+        tensor = call.tensor
+        # A barrier has no tensor: it waits on the host's workspace where there is one, so that it
+        # returns once every rank has arrived, as torch.distributed's does.
+        engine = self._engines.get("cpu" if tensor is None else tensor.device.type)
+        if engine is None and tensor is None and self._engines:
+            engine = next(iter(self._engines.values()))
+        algo = engine.serves(call.fn, tensor) if engine is not None else None
+        return engine, algo
+
+    def _announce(self, call: Call, engine: Engine | None, algo: str | None) -> None:
+        """Log the call (GPUCOMM_DEBUG=INFO) and refuse one a CUDA graph cannot capture."""
+        if log.logger.isEnabledFor(logging.INFO):
+            detail = {"path": "gloo"} if algo is None else {"path": "workspace", **engine.describe(algo)}
+            log.logger.info(log.describe_call(self.rank, call.fn, call.tensor, **call.fields, **detail))
+        if call.tensor is not None and capturing(call.tensor.device):
+            _check_capturable(call.fn, engine, algo)
+
+    def _path(self, call: Call, seq: int, engine: Engine | None, algo: str | None) -> Path:
+        """The path that serves the call: the engine with its algorithm, else gloo, checked
+        (GPUCOMM_CHECK) for a collective."""
+        if algo is not None:
+            return EnginePath(engine, algo)
+        if not call.point_to_point and self.config.check != "off":
+            return self._fallback.checked(call.fingerprint(), self._describe(call, seq))
+        return self._fallback
+
+    def _on_gpu(self, call: Call, engine: Engine, path: Path) -> list[object]:
+        """Queue the call on a CUDA stream, its write-back after it there; what its Work waits
+        for. A blocking call goes on the caller's current stream, an asynchronous one on the
+        engine's (gpucomm.workspace.stream_order keeps them in call order)."""
+        if call.async_op:
+            return self._on_stream(call, engine, path)
+        return self._on_caller_stream(call, engine, path)
+
+    def _on_stream(self, call: Call, engine: Engine, path: Path) -> list[object]:
+        """Queue a collective on the engine's CUDA stream, after the caller's stream and this
+        communicator's launches so far; returns what its Work waits for: the path's Work and the
+        event recorded after the collective (and after its write-back, when it has one)."""
+        with engine.on_stream():
+            inner = call.serve(path)
+            if call.finish is not None:
+                call.finish()
+            end = torch.cuda.Event()
+            end.record(engine.stream)
+        return [inner, StreamEnd(end, engine.stream, engine.executor.check, call.fn, self.rank)]
+
+    def _on_caller_stream(self, call: Call, engine: Engine, path: Path) -> list[object]:
+        """Queue a blocking collective on the caller's current stream, after this communicator's
+        launches so far, and its write-back after it there; the host goes on at once. Returns
+        what its Work waits for.
+
+        No end event, no watchdog: a kernel's error record is raised by the communicator's next
+        call (every launch looks first), ``check()`` or a later Work's wait. With
+        GPUCOMM_BLOCKING_WAIT=1 an end event lets the host wait for the collective here."""
+        engine.on_caller_stream()
+        inner = call.serve(path)
+        if call.finish is not None:
+            call.finish()
+        if not self.config.blocking_wait or capturing(engine.device):
+            return [inner]
+        stream = torch.cuda.current_stream(engine.device)
+        end = torch.cuda.Event()
+        end.record(stream)
+        return [inner, StreamEnd(end, stream, engine.executor.check, call.fn, self.rank)]
+
+    def _watch(self, call: Call, work: Work, stream_engine: Engine | None, algo: str | None, queued: bool) -> None:
+        """Hand an asynchronous call's Work to the watchdog, with the queue whose order it ends
+        in: the engine's stream (``stream_engine``), the progress thread's, a gloo group's."""
+        on_stream = stream_engine is not None and call.async_op
+        if (on_stream and not capturing(stream_engine.device)) or (call.async_op and (algo is None or queued)):
+            queue = stream_engine if on_stream else self._progress if queued else self._fallback
+            watch(work, call.fn, self.timeout, self._fail, self.rank, queue=queue)
+
+    # -- failures -----------------------------------------------------------------------------
+    def _translate(self, fn: str, seq: int, peer: int | None) -> Callable[[RuntimeError], BaseException]:
+        """Turn a failure of call ``seq`` into gpucomm's error, and mark the communicator broken."""
+
+        def translate(err: RuntimeError) -> BaseException:
+            if isinstance(err, UnsupportedError):
+                return err  # raised before anything moved (a call that cannot be captured yet)
+            if isinstance(err, GpucommError):
+                self._flight.failed(seq)
+                self._tell(err, seq)
+                self._broken = err
+                return err
+            text = str(err)
+            if not any(sign in text for sign in _GLOO_PEER_FAILURES):
+                return err
+            # Stamped first: a peer still naming culprits reads that this rank failed, and does
+            # not name it if it exits before they are done (gpucomm.reliability.liveness).
+            self._flight.failed(seq)
+            record = self._flight.record
+            missing = (
+                [peer]
+                if peer is not None
+                else self._liveness.culprits(seq, failed_first=lambda r: record.failed_last(self.global_ranks[r]))
+            )
+            failure = CommTimeoutError(
+                fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}"
+            )
+            self._tell(failure, seq)
+            self._broken = failure
+            return failure
+
+        return translate
+
+    def _tell(self, err: GpucommError, seq: int) -> None:
+        """Add what the ranks involved are doing, from the node's flight records, to ``err``."""
+        if isinstance(err, CommTimeoutError) and err.missing:
+            err.tell(timeout_story(self._flight, self, err.missing))
+        elif isinstance(err, CommMismatchError) and err.peers:
+            err.tell(mismatch_story(self._flight, self, seq, err.peers))
+
+    def _describe(self, call: Call, seq: int) -> Callable[[list[int]], str]:
+        """The words of a gloo-path mismatch of call ``seq``, given the ranks that called something else."""
+        fn, tensor = call.fn, call.tensor
+
+        def describe(differ: list[int]) -> str:
+            options = ", ".join(f"{k}={v}" for k, v in call.fields.items()) or "no options"
+            size = "" if tensor is None else f", {tensor.numel()} x {tensor.dtype}"
+            return (
+                f"gpucomm.{fn} call {seq}: rank {self.rank} called {fn} with {options}{size}, but rank(s) {differ} "
+                f"called something else (a different collective, size, dtype, op or root)\n"
+                + mismatch_story(self._flight, self, seq, differ)
+            )
+
+        return describe
+
+    def _fail(self, error: BaseException) -> None:
+        """The watchdog found ``error``: the communicator is broken from now on; one line says
+        why; with GPUCOMM_ASYNC_ERROR_HANDLING=abort the process ends here."""
+        if self._closed:
+            return  # a collective cut short by destroy_process_group is no news
+        if self._broken is None:
+            self._broken = error
+        log.logger.error(f"gpucomm[rank {self.rank}]: watchdog: {error}")
+        if self.config.async_error_handling == "abort":
+            logging.shutdown()
+            os.abort()
+
+
+def _check_capturable(fn: str, engine: Engine | None, algo: str | None) -> None:
+    """A collective captured into a CUDA graph must run entirely on the device."""
+    reason = None
+    if algo is None:
+        reason = "it is served by gloo here"
+    elif engine.kernels.name == "torch":
+        reason = "the torch kernels wait on the host (use GPUCOMM_KERNELS=triton or cuda)"
+    elif fn in POINT_TO_POINT or fn in UNEVEN_SIZES or algo == "hierarchical":
+        reason = "its schedule is decided on the host between launches"
+    if reason is not None:
+        raise UnsupportedError(f"gpucomm.{fn}: cannot be captured in a CUDA graph: {reason}")
+
+
+def _to_end(serve: Callable[[Path], Work], path: Path) -> None:
+    """Run a call on ``path`` and wait for its end (on the progress thread)."""
+    serve(path).wait()
