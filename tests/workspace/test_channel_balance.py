@@ -136,9 +136,8 @@ def test_every_channel_gets_an_even_share_of_every_phase(collective: str, world:
             for i, phase in enumerate(work):
                 if _uneven(grid, phase):
                     mean = sum(phase) / grid
-                    uneven.append(
-                        f"{nbytes} B rank {rank} phase {i}: {grid} channels, {min(phase) / mean:.2f}-{max(phase) / mean:.2f} x the mean"
-                    )
+                    spread = f"{min(phase) / mean:.2f}-{max(phase) / mean:.2f}"
+                    uneven.append(f"{nbytes} B rank {rank} phase {i}: {grid} channels, {spread} x the mean")
                     break
     assert not uneven, "\n".join(uneven[:10])
 

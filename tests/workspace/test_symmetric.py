@@ -1,14 +1,14 @@
 """Symmetric tensors (gpucomm.empty): tensors in the node's symmetric heap, read in place.
 
-Every collective on symmetric tensors must give bitwise the bytes it gives on ordinary tensors
-with the same values (the in-place two-shot all_reduce included: same fold, same order), on
-every rank, with the torch kernels at 2 and 4 ranks and with the real Triton program kernel
-under the interpreter at 2 ranks. The in-place programs must really be in place: the two-shot
-all_reduce's has no workspace slot among its operands and three syncs, and broadcast, reduce,
-all_gather_into_tensor and reduce_scatter_tensor run theirs above one half. Ranks that disagree (different allocations, a symmetric tensor
-against an ordinary one) raise CommMismatchError; blocks are reused once their tensors are
-gone; a symmetric tensor stays readable after its group is destroyed. The heap opens at the
-first empty(), not before: a group that never asks for it maps and agrees nothing about it.
+Every collective on symmetric tensors must give bitwise the bytes it gives on ordinary tensors with
+the same values (the in-place two-shot all_reduce included: same fold, same order), on every rank,
+with the torch kernels at 2 and 4 ranks and with the real Triton program kernel under the
+interpreter at 2 ranks. The in-place programs must really be in place: the two-shot all_reduce's has
+no workspace slot among its operands and three syncs, and broadcast, reduce, all_gather_into_tensor
+and reduce_scatter_tensor run theirs above one half. Ranks that disagree (different allocations, a
+symmetric tensor against an ordinary one) raise CommMismatchError; blocks are reused once their
+tensors are gone; a symmetric tensor stays readable after its group is destroyed. The heap opens at
+the first empty(), not before: a group that never asks for it maps and agrees nothing about it.
 """
 
 from __future__ import annotations
