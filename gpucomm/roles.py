@@ -1,14 +1,15 @@
 """What a module reads of an object from a layer above it, as typing Protocols.
 
-gpucomm's modules form layers (docs/architecture.md: API -> communicator -> engine -> algorithms
-and executors -> kernels and workspace), and no module imports one above it, not even for an
-annotation (tests/test_import_graph.py). Some lower modules still work with a higher object:
-the engine reads its communicator's ranks and settings, the executors and the mailboxes read
-their engine's layout. They name a role instead of the class: the few attributes they read. The
-higher object fills the role by having them (structural typing, checked by a type checker where
-it passes itself down), so the lower module never names the class. The roles several modules
-share live here; a role only one module reads lives in that module. Each is runtime-checkable,
-so that tests/test_roles.py can check that its filler has every attribute it names.
+gpucomm's folders form layers (docs/architecture.md, "The folders are the layers": from ops and
+transport at the bottom through algorithms, workspace and comm up to distributed), and no module
+imports one above it, not even for an annotation (tests/test_import_graph.py). Some lower modules
+still work with a higher object: the engine reads its communicator's ranks and settings, the
+executors and the mailboxes read their engine's layout. They name a role instead of the class: the
+few attributes they read. The higher object fills the role by having them (structural typing,
+checked by a type checker where it passes itself down), so the lower module never names the class.
+The roles several modules share live here; a role only one module reads lives in that module. Each
+is runtime-checkable, so that tests/test_roles.py can check that its filler has every attribute it
+names.
 """
 
 from __future__ import annotations

@@ -368,8 +368,7 @@ def _tensor_list(tensors: object, fn: str, name: str) -> list[torch.Tensor]:
 def _all_of(works: list[Work | None], async_op: bool) -> Work | None:
     """One Work for several started calls (their results in order)."""
     started = [w for w in works if w is not None]
-    combined = Work(started)
-    combined.outputs = [t for w in started for t in w.outputs]
+    combined = Work(started, outputs=[t for w in started for t in w.outputs])
     if async_op:
         return combined
     combined.wait()
