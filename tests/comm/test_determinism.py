@@ -1,4 +1,4 @@
-"""Deterministic reductions by contract (issue 24; docs/algorithms.md, "Deterministic reductions").
+"""Deterministic reductions by contract (docs/algorithms.md, "Deterministic reductions").
 
 Every result must be bitwise equal to a reference that folds the ranks' inputs in rank order in
 the accumulation type (fp32 for fp32, bf16, fp16 and fp8, which gpucomm.comm.dtypes stages in fp32),

@@ -1,8 +1,8 @@
 """The NULL stream stays the NULL stream: a launch on the caller's default stream reaches the
 driver (or CuPy, or Triton's launcher) with stream handle 0, through every launch path.
 
-Why: the one H100 run so far (docs/results/2026-11-25-h100.md) ran a CuPy path that wrapped the
-handle as ``torch.cuda.ExternalStream(handle)``. For handle 0 torch does not wrap the NULL stream:
+Why: wrapping the handle as ``torch.cuda.ExternalStream(handle)`` loses it. For handle 0 torch does
+not wrap the NULL stream:
 it hands out a new non-blocking stream from its pool (pytorch issue #182960), which nothing orders
 against the default stream, so those kernels ran unordered against the work around them. On the
 default stream, torch's raw current-stream handle (``torch._C._cuda_getCurrentRawStream``, what
