@@ -395,7 +395,7 @@ def _string(raw: bytes, ident: int) -> str:
 
 class FlightLog:
     """What one communicator writes into its root's :class:`FlightRecord`: the two hooks of
-    ``Communicator._run`` (:meth:`entered`, :meth:`completed`) and the caller's call site.
+    ``Router._route`` (:meth:`entered`, :meth:`completed`) and the caller's call site.
 
     Args:
         record: the root communicator's record.

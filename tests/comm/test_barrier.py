@@ -12,9 +12,13 @@ def test_barrier_waits_on_the_host(monkeypatch):
     from gpucomm.comm.communicator import Communicator
 
     waits: list[bool] = []
+    calls = []
 
     class QueuedWork:
-        blocking = False
+        """The Work the route builds: ``blocking`` is the call's (or GPUCOMM_BLOCKING_WAIT's)."""
+
+        def __init__(self, blocking: bool) -> None:
+            self.blocking = blocking
 
         def wait(self) -> bool:
             waits.append(self.blocking)
@@ -22,8 +26,9 @@ def test_barrier_waits_on_the_host(monkeypatch):
 
     comm = Communicator.__new__(Communicator)
     comm._closed, comm._broken = False, None
-    monkeypatch.setattr(Communicator, "_run", lambda self, fn, tensor, async_op, serve, *rest, **kw: QueuedWork())
+    monkeypatch.setattr(Communicator, "_route", lambda self, call: calls.append(call) or QueuedWork(call.blocking))
     assert comm.barrier() is None
     assert waits == [True]
     work = comm.barrier(async_op=True)
     assert work.blocking is True
+    assert [(call.fn, call.blocking) for call in calls] == [("barrier", True)] * 2

@@ -133,13 +133,13 @@ def _fast_path(rank: int, world_size: int, kernels: str, calls: int) -> dict:
 
     device = init_cuda_group(rank, kernels)
     full = []
-    original = Communicator._run
+    original = Communicator._route
 
-    def counted(self, fn, *args, **kwargs):  # noqa: ANN001, ANN202
-        full.append(fn)
-        return original(self, fn, *args, **kwargs)
+    def counted(self, call):  # noqa: ANN001, ANN202
+        full.append(call.fn)
+        return original(self, call)
 
-    Communicator._run = counted
+    Communicator._route = counted
     t = torch.ones(N, device=device)
     total = torch.zeros(N, device=device)
     gpucomm.all_reduce(t)
