@@ -147,15 +147,17 @@ class DeviceExecutor:
         if self._kinds.tobytes() != self._no_kinds:  # two C calls: this runs around every launch
             raise self._error()
 
-    def repeat(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
-        """The launch of ``program`` on buffers at ``addrs`` (which has run), for the host's fast
-        path (:mod:`gpucomm.workspace.repeat`): what :meth:`run` does on a second call, looked up once."""
+    def bind(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
+        """The launch of ``program`` on buffers at ``addrs``: calling it does what :meth:`run`
+        does, with the binding looked up once, here (the engine's all_reduce calls it once, and
+        :mod:`gpucomm.workspace.repeat` keeps it). Not bound yet (or any more): it runs
+        :meth:`run`, which binds."""
         form = program.cache.get("device")
         bound = None if form is None else form["bound"].get(addrs)
         if self._on_gpu:
-            return self._repeat_on_caller_stream(program, addrs, bound)
+            return self._bind_on_caller_stream(program, addrs, bound)
         run = self.run
-        if bound is None:  # not bound (any more): run() binds it on the next call
+        if bound is None:
             return lambda: run(program, addrs)
         launch, check = bound["launch"], self.check
 
@@ -166,14 +168,15 @@ class DeviceExecutor:
 
         return launch_here
 
-    def _repeat_on_caller_stream(
+    def _bind_on_caller_stream(
         self, program: Program, addrs: tuple[int, ...], bound: dict | None
     ) -> Callable[[], None]:
         """A blocking call's launch on the caller's current stream, after the communicator's
         launches so far (:mod:`gpucomm.workspace.stream_order`: a C call and a comparison when the stream is
         the last one's). While a CUDA graph captures, the full path's steps: the program and its
         tables marked captured, so that they stay as long as the graph. With another device
-        current than this one, :meth:`run` (it makes this one current for the launch)."""
+        current than this one, or not bound yet, :meth:`run` (it makes this one current for the
+        launch, and binds)."""
         to_caller, check, run, stream = self.engine.order.to_caller, self.check, self.run, self._stream
         launch = None if bound is None else bound["launch"]
         index, current_device = self.device.index, torch._C._cuda_getDevice
