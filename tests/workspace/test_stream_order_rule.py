@@ -227,13 +227,13 @@ def _paths(rank: int, world_size: int) -> dict:
 
     InterpretedFunction.run = run
     full = []
-    original_run = Communicator._run
+    original_route = Communicator._route
 
-    def counted(self, fn, *args, **kwargs):  # noqa: ANN001, ANN202
-        full.append(fn)
-        return original_run(self, fn, *args, **kwargs)
+    def counted(self, call):  # noqa: ANN001, ANN202
+        full.append(call.fn)
+        return original_route(self, call)
 
-    Communicator._run = counted
+    Communicator._route = counted
 
     gpucomm.init_process_group(transport="shm", kernels="triton", workspace_bytes="64K", timeout=60)
     comm = gpucomm.get_default_communicator()
