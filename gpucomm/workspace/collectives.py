@@ -72,26 +72,44 @@ class EngineCollectives:
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
         if algo == "hierarchical":
             hierarchical.all_reduce(self, tensor, op)
-        elif algo == "oneshot_lang":
-            self._all_reduce_lang(tensor, op)
-        elif algo == select.SMALL:
-            self.small.run(tensor, op)
-        elif algo == "multimem" or self._multimem_by_default(tensor, op, algo):
-            self.multimem.run(tensor, op)
         else:
-            fields, build = self._all_reduce_plan(tensor, op, algo)
-            self.run("all_reduce", fields, [Region.of(tensor)], build)
+            self.bind_all_reduce(tensor, op, algo)()
         return self.completed()
 
-    def _all_reduce_lang(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the
-        program kernel's one-shot, bit for bit, as one launch of a kernel of the device API."""
-        self._lang_launch(tensor, op, ordered=False)()
+    def bind_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
+        """The launch of an all_reduce of ``tensor`` in place with ``op`` and ``algo`` (any but
+        ``hierarchical``): it holds the buffer's address and size, never the tensor.
 
-    def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp, ordered: bool) -> Callable[[], None]:
-        """The launch of :meth:`_all_reduce_lang` on ``tensor``'s buffer, its checks around it;
-        ``ordered``: first order the caller's stream after this communicator's launches (the
-        repeated call's path, :mod:`gpucomm.workspace.repeat`; the full path's caller does it)."""
+        Calling it runs the all_reduce: on a GPU on the caller's current stream, which it first
+        orders after this communicator's launches so far (:mod:`gpucomm.workspace.stream_order`;
+        nothing to do where the route has ordered it already). :meth:`all_reduce` calls it once;
+        :mod:`gpucomm.workspace.repeat` keeps it and calls it again, so that the first and the
+        repeated call run the same code. Raises UnsupportedError where the form ``algo`` names
+        cannot serve the call.
+        """
+        if algo == "oneshot_lang":
+            return self._lang_launch(tensor, op)
+        if algo == select.SMALL:
+            return self.small.bind(tensor, op)
+        if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
+            launch = self.multimem.bind(tensor, op)
+            if self.stream is None:
+                return launch
+            on_caller = self.on_caller_stream
+
+            def launch_on_caller() -> None:
+                on_caller()
+                launch()
+
+            return launch_on_caller
+        fields, build = self._all_reduce_plan(tensor, op, algo)
+        region = Region.of(tensor)
+        return self.executor.bind(self.program("all_reduce", fields, [region], build), (region.addr,))
+
+    def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
+        """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the
+        program kernel's one-shot, bit for bit, as one launch of a kernel of the device API, its
+        checks around it (:meth:`bind_all_reduce`)."""
         if self.kernels.name != "triton":
             raise UnsupportedError(
                 "gpucomm.all_reduce: GPUCOMM_ALGO=oneshot_lang runs a Triton kernel; "
@@ -110,7 +128,7 @@ class EngineCollectives:
             oneshot.prepare(ctx, tensor.data_ptr(), tensor.numel(), tensor.dtype, int(op), self.world_size, channels),
         )
         check, on_cpu = ctx.check, self.stream is None
-        to_caller = self.order.to_caller if ordered and self.order is not None else None
+        to_caller = self.order.to_caller if self.order is not None else None
 
         def run() -> None:
             check("all_reduce")
@@ -162,34 +180,6 @@ class EngineCollectives:
             return (tensor.dtype, tensor.numel(), op.name, algo), lambda b: allreduce.run(algo, b, tensor, op)
         fields = (tensor.dtype, tensor.numel(), op.name, algo, "symmetric", offset)
         return fields, lambda b: allreduce.twoshot_symmetric(b, tensor, op)
-
-    def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
-        """The launch of :meth:`all_reduce` of this shape on ``tensor``'s buffer (which has run
-        once), for :mod:`gpucomm.workspace.repeat`: the program and the buffer's address, no tensor."""
-        if algo == "oneshot_lang":
-            return self._lang_launch(tensor, op, ordered=True)
-        if algo == select.SMALL:
-            return self.small.repeat(tensor, op)
-        if algo == "multimem" or self._multimem_by_default(tensor, op, algo):
-            launch = self.multimem.bind(tensor, op)
-            if self.stream is None:
-                return launch
-            on_caller = self.on_caller_stream
-
-            def launch_on_caller() -> None:
-                on_caller()
-                launch()
-
-            return launch_on_caller
-        fields, build = self._all_reduce_plan(tensor, op, algo)
-        region = Region.of(tensor)
-        program = self.program("all_reduce", fields, [region], build)
-        addrs = (region.addr,)
-        repeat = getattr(self.executor, "repeat", None)  # the device executor's launch, looked up once
-        if repeat is not None:
-            return repeat(program, addrs)
-        run = self.executor.run
-        return lambda: run(program, addrs)
 
     def _in_place(self, algo: str, nbytes: int, *tensors: torch.Tensor) -> tuple[int, ...] | None:
         """The heap offsets of ``tensors`` (the ones the peers read) where a direct collective

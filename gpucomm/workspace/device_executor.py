@@ -147,16 +147,24 @@ class DeviceExecutor:
         if self._kinds.tobytes() != self._no_kinds:  # two C calls: this runs around every launch
             raise self._error()
 
-    def repeat(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
-        """The launch of ``program`` on buffers at ``addrs`` (which has run), for the host's fast
-        path (:mod:`gpucomm.workspace.repeat`): what :meth:`run` does on a second call, looked up once."""
+    def bind(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
+        """The launch of ``program`` on buffers at ``addrs``: calling it does what :meth:`run`
+        does, with the binding looked up once, here. The engine's all_reduce calls it, and
+        :mod:`gpucomm.workspace.repeat` keeps it: the first and the repeated call run this launch.
+
+        Binds ``program`` to ``addrs`` where it is not yet, as :meth:`run` does: after raising the
+        error an earlier launch recorded, and never inside a CUDA graph capture (UnsupportedError).
+        """
         form = program.cache.get("device")
         bound = None if form is None else form["bound"].get(addrs)
+        if bound is None:
+            self.check()
+            self._no_upload_in_capture(program)
+            if form is None:
+                form = program.cache["device"] = self._prepare(program)
+            bound = self._bind(program, form, addrs)
         if self._on_gpu:
-            return self._repeat_on_caller_stream(program, addrs, bound)
-        run = self.run
-        if bound is None:  # not bound (any more): run() binds it on the next call
-            return lambda: run(program, addrs)
+            return self._bind_on_caller_stream(program, addrs, bound)
         launch, check = bound["launch"], self.check
 
         def launch_here(_binding: dict = bound) -> None:  # keeps the binding's tables (see below)
@@ -166,27 +174,25 @@ class DeviceExecutor:
 
         return launch_here
 
-    def _repeat_on_caller_stream(
-        self, program: Program, addrs: tuple[int, ...], bound: dict | None
-    ) -> Callable[[], None]:
+    def _bind_on_caller_stream(self, program: Program, addrs: tuple[int, ...], bound: dict) -> Callable[[], None]:
         """A blocking call's launch on the caller's current stream, after the communicator's
         launches so far (:mod:`gpucomm.workspace.stream_order`: a C call and a comparison when the stream is
         the last one's). While a CUDA graph captures, the full path's steps: the program and its
         tables marked captured, so that they stay as long as the graph. With another device
         current than this one, :meth:`run` (it makes this one current for the launch)."""
         to_caller, check, run, stream = self.engine.order.to_caller, self.check, self.run, self._stream
-        launch = None if bound is None else bound["launch"]
+        launch = bound["launch"]
         index, current_device = self.device.index, torch._C._cuda_getDevice
 
         # The launch holds its operand table's address, not the tensor: the closure holds the
         # binding, so that the executor dropping it (more buffers than _BINDINGS) frees nothing
         # this launch reads. Without it the next table may take that memory, and the launch reduce
         # another buffer (seen on an H100).
-        def launch_on_caller(_binding: dict | None = bound) -> None:
+        def launch_on_caller(_binding: dict = bound) -> None:
             if not to_caller():
                 program.captured = True  # as Engine.program marks it in a capture
                 run(program, addrs)
-            elif launch is None or current_device() != index:
+            elif current_device() != index:
                 run(program, addrs)
             else:
                 check()

@@ -29,6 +29,7 @@ How a wait spends its time (:class:`Backoff`):
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -153,6 +154,11 @@ class HostExecutor:
         self._program = program
         for step in steps:
             step()
+
+    def bind(self, program: Program, addrs: tuple[int, ...]) -> Callable[[], None]:
+        """The launch of ``program`` on buffers at ``addrs``: :meth:`run` on them (its steps are
+        bound per epoch's parity, so there is nothing to look up once)."""
+        return functools.partial(self.run, program, addrs)
 
     # -- binding ----------------------------------------------------------------------------------
     def _bind(self, program: Program, parity: int, addrs: tuple[int, ...]) -> list[Step]:

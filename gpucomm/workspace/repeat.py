@@ -13,9 +13,11 @@ serves: asynchronous calls, staged dtypes (16-bit floats reduced in fp32 elsewhe
 as bytes), PREMUL_SUM, gloo, the hierarchical path, the torch kernels on a GPU (they wait on the
 host), ``GPUCOMM_BLOCKING_WAIT=1`` on a GPU and ``GPUCOMM_DEBUG=INFO`` (a line per call).
 
-On a GPU the kept launch goes on the caller's current stream, after the communicator's launches
-so far (:mod:`gpucomm.workspace.stream_order`), as the full path's blocking call does; inside a CUDA graph
-capture it takes the full path's steps (:meth:`gpucomm.workspace.device_executor.DeviceExecutor.repeat`).
+The kept launch is the one the first call ran (:meth:`gpucomm.workspace.engine.Engine.bind_all_reduce`,
+bound again here on the same program and buffers): on a GPU it goes on the caller's current
+stream, after the communicator's launches so far (:mod:`gpucomm.workspace.stream_order`), and inside
+a CUDA graph capture it takes the full path's steps
+(:meth:`gpucomm.workspace.device_executor.DeviceExecutor.bind`).
 
 Measured with ``python -m gpucomm._bench.host_time`` (docs/benchmarks.md, "Host time per call").
 """
@@ -59,7 +61,7 @@ class Repeatable(Protocol):
 
     def serves(self, fn: str, tensor: torch.Tensor | None) -> str | None: ...
 
-    def repeat_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
+    def bind_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
 
 
 class Seen(NamedTuple):
@@ -114,7 +116,7 @@ class Repeats:
         algo = engine.serves("all_reduce", tensor)
         if algo is None or algo == "hierarchical":
             return
-        launch = engine.repeat_all_reduce(tensor, rop, algo)
+        launch = engine.bind_all_reduce(tensor, rop, algo)
         if len(self._launches) >= _KEPT:
             self._launches.clear()
         call = flight.call("all_reduce", tensor, fields)

@@ -96,24 +96,11 @@ class SmallAllReduce:
         """All-reduce ``tensor`` in place on the current stream (every rank calls it)."""
         self.bind(tensor, op)()
 
-    def repeat(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
-        """The launch of :meth:`run` on ``tensor``'s buffer for :mod:`gpucomm.workspace.repeat`: first order
-        the caller's stream after this communicator's launches so far, as the full path does."""
-        launch = self.bind(tensor, op)
-        order = self.engine.order
-        if order is None:
-            return launch
-        to_caller = order.to_caller
-
-        def launch_on_caller() -> None:
-            to_caller()
-            launch()
-
-        return launch_on_caller
-
     def bind(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
         """The launch of :meth:`run` on ``tensor``'s buffer (its address and size, not the tensor),
-        its checks around it: packed on first use, then kept."""
+        its checks around it: packed on first use, then kept. On a GPU it first orders the
+        caller's current stream after this communicator's launches so far, as the full path does
+        (the launch :mod:`gpucomm.workspace.repeat` keeps)."""
         key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
         launch = self._launches.get(key)
         if launch is None:
@@ -133,8 +120,9 @@ class SmallAllReduce:
     def _prepare(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
         engine, executor = self.engine, self.engine.executor
         n = tensor.numel()
+        to_caller = None if engine.order is None else engine.order.to_caller
         if n == 0:  # every rank passes the same count: none of them syncs
-            return lambda: None
+            return (lambda: None) if to_caller is None else (lambda: to_caller() and None)
         # The call's fingerprint as a program of this shape has it, so that a rank running another
         # collective (or the program kernel's one-shot) at this epoch ends in CommMismatchError.
         name, fields = "all_reduce", (tensor.dtype, n, op.name, ALGO)
@@ -175,6 +163,7 @@ class SmallAllReduce:
         launch, index = prepared.launch, engine.device.index
 
         def run_on_current_stream() -> None:
+            to_caller()
             check()
             with torch.cuda.device(device):
                 launch(stream(index))

@@ -441,7 +441,7 @@ def test_the_device_apis_launches_for_gpu_1_run_with_it_current(double, jit_laun
         order=None,
     )
     monkeypatch.setattr(oneshot, "prepare", lambda *args: lambda: seen.append(("oneshot", contexts.device())))
-    Engine._lang_launch(engine, torch.zeros(64), ReduceOp.SUM, ordered=False)()
+    Engine._lang_launch(engine, torch.zeros(64), ReduceOp.SUM)()
     assert seen == [("device api", 1), ("oneshot", 1)]
     assert contexts.device() == 0
 

@@ -227,11 +227,11 @@ def _paths(rank: int, world_size: int) -> dict:
 
     InterpretedFunction.run = run
     full = []
-    original_run = Communicator._route
+    original_route = Communicator._route
 
     def counted(self, call):  # noqa: ANN001, ANN202
         full.append(call.fn)
-        return original_run(self, call)
+        return original_route(self, call)
 
     Communicator._route = counted
 
