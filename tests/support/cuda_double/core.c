@@ -112,6 +112,7 @@ DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
         case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
         case CUDA_ERROR_NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
         case CUDA_ERROR_INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case CUDA_ERROR_LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; break;
         case CUDA_ERROR_INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
         case CUDA_ERROR_INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
         case CUDA_ERROR_NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
@@ -267,6 +268,7 @@ enum { CAPTURES = 16, GRAPH_LAUNCHES = 64 };
 struct DoubleGraph {
     int launches;
     char *lines[GRAPH_LAUNCHES];
+    struct HostRun *runs[GRAPH_LAUNCHES];  // a captured launch of a host image, run at each replay; else NULL
 };
 
 static struct {
@@ -280,8 +282,13 @@ CUgraph double_capturing(CUstream stream) {
     return NULL;
 }
 
-void double_graph_add(CUgraph graph, const char *line) {
-    if (graph->launches < GRAPH_LAUNCHES) graph->lines[graph->launches++] = strdup(line);
+void double_graph_add(CUgraph graph, const char *line, struct HostRun *run) {
+    if (graph->launches < GRAPH_LAUNCHES) {
+        graph->runs[graph->launches] = run;
+        graph->lines[graph->launches++] = strdup(line);
+    } else if (run != NULL) {
+        double_host_run_free(run);
+    }
 }
 
 DOUBLE_API CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
@@ -322,17 +329,26 @@ DOUBLE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph
 }
 
 // Replaying a graph logs each captured launch again, as it was captured (its `stream` the one it was
-// captured on), with the stream replayed on as `graph_stream`.
+// captured on), with the stream replayed on as `graph_stream`, and runs it again where it launched
+// a host image's kernel: with the parameters it was captured with, as a GPU replays a graph.
 DOUBLE_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    for (int i = 0; i < exec->launches; i++)
+    for (int i = 0; i < exec->launches; i++) {
         double_log("cuGraphLaunch", "graph_stream=%#llx %s", (unsigned long long)(uintptr_t)stream, exec->lines[i]);
+        if (exec->runs[i] != NULL) {
+            CUresult ran = double_host_run(exec->runs[i]);
+            if (ran != CUDA_SUCCESS) return ran;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuGraphDestroy(CUgraph graph) {
     if (graph == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    for (int i = 0; i < graph->launches; i++) free(graph->lines[i]);
+    for (int i = 0; i < graph->launches; i++) {
+        free(graph->lines[i]);
+        if (graph->runs[i] != NULL) double_host_run_free(graph->runs[i]);
+    }
     free(graph);
     return CUDA_SUCCESS;
 }

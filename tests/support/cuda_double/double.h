@@ -32,6 +32,7 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_UNKNOWN = 999,
@@ -50,8 +51,29 @@ int double_initialised(void);
 
 // Stream capture (core.c), for launch.c: the graph a stream is capturing into, or NULL.
 CUgraph double_capturing(CUstream stream);
-// A launch captured into a graph: replayed (logged again) by every cuGraphLaunch of it.
-void double_graph_add(CUgraph graph, const char *line);
+// A launch captured into a graph: replayed (logged again, and run again where `run` is not NULL)
+// by every cuGraphLaunch of it.
+struct HostRun;
+void double_graph_add(CUgraph graph, const char *line, struct HostRun *run);
+
+// Host images (host_run.c): a module image that starts with HOST_IMAGE_TAG names a shared library
+// of kernels built for the host (gpucomm's CUDA C++ kernels under GPUCOMM_CUDA_EMULATE), which
+// exports `int gpucomm_host_launch(const char *kernel, unsigned grid_x, unsigned block_x,
+// void **params, unsigned long long seed)`: it runs a whole launch, every block and thread, and
+// returns 0 (non-zero: an unknown kernel). The text after the tag is the library's path, a
+// newline, then anything (`.entry name(` lines naming its kernels, so that cuModuleGetFunction
+// finds them as in PTX).
+#define HOST_IMAGE_TAG "//gpucomm-host-image "
+typedef int (*HostLaunch)(const char *kernel, unsigned grid_x, unsigned block_x, void **params, unsigned long long seed);
+// The library's launch entry for a host image (loaded once per path); NULL for any other image,
+// and for a host image whose library cannot be loaded (*failed set then).
+HostLaunch double_host_library(const unsigned char *image, int *failed);
+// One launch to run: the kernel, its grid and block, and its parameters packed at `offsets`.
+struct HostRun *double_host_run_new(HostLaunch launch, const char *name, unsigned grid_x, unsigned block_x,
+                                    const unsigned char *packed, size_t bytes, const size_t *offsets, int count);
+// Runs it now (returns CUDA_ERROR_LAUNCH_FAILED if the library refused it); frees nothing.
+CUresult double_host_run(const struct HostRun *run);
+void double_host_run_free(struct HostRun *run);
 
 // Test-only: whether DRIVER_DOUBLE_FAIL names `entry`, which then fails in this process with
 // CUDA_ERROR_OUT_OF_MEMORY (a rank whose driver refuses a call the others' make).

@@ -4,8 +4,9 @@
 // name (a cubin's string table does), so a launcher that asks for a kernel its cubin lacks fails
 // here as on a GPU. A module lives in the context current when it was loaded (its device; -1 where
 // none was), and its functions launch only there: a launch from another GPU's context fails with
-// CUDA_ERROR_INVALID_CONTEXT, as a handle of another context does on the driver. Launches are recorded, never run: name, grid, block, shared memory, stream and
-// the parameter bytes. Parameters passed as one buffer (cuLaunchKernel's `extra`,
+// CUDA_ERROR_INVALID_CONTEXT, as a handle of another context does on the driver. Launches are
+// recorded: name, grid, block, shared memory, stream and the parameter bytes. Only the kernels of a
+// host image (double.h, host_run.c) run; any other launch is recorded and runs nothing. Parameters passed as one buffer (cuLaunchKernel's `extra`,
 // CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) are recorded as given; parameters passed as an array of
 // pointers (`kernelParams`) can be read only with their sizes, which a test hands the double with
 // doubleSetParamInfo (the real driver reads them from the cubin) and cuFuncGetParamInfo answers.
@@ -29,6 +30,7 @@ struct DoubleModule {
     int device;  // of the context it was loaded into, -1: none was current
     size_t bytes;
     unsigned char *image;
+    HostLaunch host;  // a host image's launch entry (host_run.c); NULL: its launches run nothing
 };
 
 struct DoubleFunction {
@@ -70,14 +72,19 @@ static size_t image_bytes(const unsigned char *image) {
 DOUBLE_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!double_initialised()) return CUDA_ERROR_NOT_INITIALIZED;
     if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    int failed;
+    HostLaunch host = double_host_library(image, &failed);
+    if (failed) return CUDA_ERROR_INVALID_IMAGE;
     size_t bytes = image_bytes(image);
     CUmodule m = malloc(sizeof *m);
+    m->host = host;
     m->device = double_current_device();
     m->bytes = bytes;
     m->image = malloc(bytes);
     memcpy(m->image, image, bytes);
     *module = m;
-    double_log("cuModuleLoadData", "module=%#llx bytes=%zu elf=%d", (unsigned long long)(uintptr_t)m, bytes, memcmp(image, "\177ELF", 4) == 0);
+    double_log("cuModuleLoadData", "module=%#llx bytes=%zu elf=%d host=%d", (unsigned long long)(uintptr_t)m, bytes,
+               memcmp(image, "\177ELF", 4) == 0, host != NULL);
     return CUDA_SUCCESS;
 }
 
@@ -177,33 +184,44 @@ DOUBLE_API CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
 #define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
 
-// The parameter bytes of a launch, hex-encoded into out; the form they came in, or NULL if unreadable.
-static const char *param_bytes(char *out, CUfunction f, void **params, void **extra) {
+// The parameter bytes of a launch, packed into out (PARAM_BYTES) with their length in *bytes; the
+// form they came in, or NULL if unreadable.
+static const char *param_bytes(unsigned char *out, size_t *bytes, CUfunction f, void **params, void **extra) {
     if (extra != NULL) {
         const void *buffer = NULL;
-        size_t bytes = 0;
         int sized = 0;
         for (int i = 0; extra[i] != LAUNCH_PARAM_END; i += 2) {
             if (extra[i] == LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
-            else if (extra[i] == LAUNCH_PARAM_BUFFER_SIZE) bytes = *(size_t *)extra[i + 1], sized = 1;
+            else if (extra[i] == LAUNCH_PARAM_BUFFER_SIZE) *bytes = *(size_t *)extra[i + 1], sized = 1;
             else return NULL;
         }
-        if (buffer == NULL || !sized || bytes > PARAM_BYTES || params != NULL) return NULL;
-        double_hex(out, buffer, bytes);
+        if (buffer == NULL || !sized || *bytes > PARAM_BYTES || params != NULL) return NULL;
+        memcpy(out, buffer, *bytes);
         return "buffer";
     }
     int known = layout_of(f->name);
     if (params == NULL || known < 0) return NULL;
-    unsigned char packed[PARAM_BYTES] = {0};
+    memset(out, 0, PARAM_BYTES);
     size_t end = 0;
     for (int i = 0; i < layouts[known].count; i++) {
         size_t at = layouts[known].offsets[i], n = layouts[known].sizes[i];
         if (at + n > PARAM_BYTES) return NULL;
-        memcpy(packed + at, params[i], n);
+        memcpy(out + at, params[i], n);
         if (at + n > end) end = at + n;
     }
-    double_hex(out, packed, end);
+    *bytes = end;
     return "pointers";
+}
+
+// The run of a launch of a host image's kernel, its parameters at the offsets the test declared
+// (doubleSetParamInfo: the double cannot read them from a host library); NULL where the layout is
+// unknown or the packed bytes are shorter than it.
+static struct HostRun *host_run_of(CUfunction f, unsigned gx, unsigned bx, const unsigned char *packed, size_t bytes) {
+    int known = layout_of(f->name);
+    if (known < 0) return NULL;
+    int count = layouts[known].count;
+    if (count > 0 && layouts[known].offsets[count - 1] + layouts[known].sizes[count - 1] > bytes) return NULL;
+    return double_host_run_new(f->module->host, f->name, gx, bx, packed, bytes, layouts[known].offsets, count);
 }
 
 static CUresult record_launch(const char *entry, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -215,18 +233,38 @@ static CUresult record_launch(const char *entry, CUfunction f, unsigned gx, unsi
         return CUDA_ERROR_INVALID_CONTEXT;
     }
     if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
-    static char hex[2 * PARAM_BYTES + 1];
-    const char *form = param_bytes(hex, f, params, extra);
+    // On the stack: threads of one process may launch at once (a host image's launch takes a while).
+    unsigned char packed[PARAM_BYTES];
+    char hex[2 * PARAM_BYTES + 1];
+    size_t bytes = 0;
+    const char *form = param_bytes(packed, &bytes, f, params, extra);
     if (form == NULL) return CUDA_ERROR_INVALID_VALUE;
+    double_hex(hex, packed, bytes);
+    struct HostRun *run = NULL;
+    if (f->module->host != NULL) {
+        // A host image's kernel runs (a grid of y or z > 1 is beyond what gpucomm launches).
+        if (gy != 1 || gz != 1 || by != 1 || bz != 1) return CUDA_ERROR_INVALID_VALUE;
+        run = host_run_of(f, gx, bx, packed, bytes);
+        if (run == NULL) {
+            double_log(entry, "name=%s refused=1 host_layout_unknown=1", f->name);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
     launches++;
     char line[2 * PARAM_BYTES + 512];
     CUgraph graph = double_capturing(stream);
     snprintf(line, sizeof line, "name=%s grid=%u,%u,%u block=%u,%u,%u shared=%u stream=%#llx captured=%d loaded=%d form=%s params=%s", f->name, gx, gy,
              gz, bx, by, bz, shared, (unsigned long long)(uintptr_t)stream, graph != NULL, f->loaded, form, hex);
     f->loaded = 1;  // a lazy function loads at its first launch
-    if (graph != NULL) double_graph_add(graph, line);
     double_log(entry, "%s", line);
-    return CUDA_SUCCESS;
+    if (graph != NULL) {
+        double_graph_add(graph, line, run);  // runs at each replay, not now
+        return CUDA_SUCCESS;
+    }
+    if (run == NULL) return CUDA_SUCCESS;
+    CUresult ran = double_host_run(run);
+    double_host_run_free(run);
+    return ran;
 }
 
 DOUBLE_API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
