@@ -1,14 +1,19 @@
 """A test double of the CUDA driver: ``libcuda.so.1`` built from the C files of this folder.
 
 Tests and benchmarks load it in place of the driver (``gpucomm.toolchain.native``'s launcher takes its path;
-``ctypes.CDLL(build())`` reaches its test-only entry points). It runs nothing on a device: it
-records what a caller hands the driver, one line per call, appended to the file named by
+``ctypes.CDLL(build())`` reaches its test-only entry points). It has no device: it records what a
+caller hands the driver, one line per call, appended to the file named by
 ``DRIVER_DOUBLE_LOG`` when the library loads, or to the one :func:`log_to` names from then on
 (:func:`records` reads it back). A launch's line says
 the kernel's name, grid, block, shared memory, stream, whether a graph captured it, and its
 parameter bytes. Every line ends with ``ctx``: the device of the context current in the calling
 thread at that call (-1: none). The double has two GPUs (0 and 1), each with its primary context;
 a function launches only in the context its module was loaded in (tests/workspace/test_multi_device.py).
+
+A launch runs nothing, except the kernels of a host image (``double.h``, ``host_run.c``): a module
+image that names a library of kernels built for the host (gpucomm's CUDA C++ kernels under
+``GPUCOMM_CUDA_EMULATE``). Those run at their launch, with the parameters the caller packed, and a
+captured one at each replay of its graph (tests/ops/test_double_host_run.py).
 
 Adding entry points: put them in a ``.c`` file here (every ``*.c`` is compiled into the one
 library), include ``double.h``, mark each ``DOUBLE_API`` and record through ``double_log``. Types
