@@ -174,7 +174,7 @@ class TritonKernels:
             )
         if self.device.type == "cpu" and self._bound_on is None:  # the interpreter
             return small_kernel.prepare(args)
-        return self._bind(small_kernel.small_kernel, *small_kernel.arguments(args), loads_on_current=False)
+        return self._bind(small_kernel.small_kernel, *small_kernel.arguments(args))
 
     def _bind(
         self,
@@ -183,18 +183,15 @@ class TritonKernels:
         values: tuple,
         constexprs: dict,
         options: dict,
-        loads_on_current: bool = True,
     ) -> Any:
         """``kernel`` compiled for these arguments and its launch bound through gpucomm's launcher;
-        where the launcher cannot be built (GPUCOMM_NATIVE=0), Triton's compiled kernel's launch."""
+        where the launcher cannot be built (GPUCOMM_NATIVE=0), Triton's compiled kernel's launch,
+        compiled for and launched on this instance's device whatever device the caller has current."""
         drv = self._driver()
         if drv is None:
-            if loads_on_current:
-                with on_device(self.device):  # warmup compiles for, and loads into, the current device
-                    compiled = kernel.warmup(*values, grid=grid, **constexprs, **options)
-                return triton_launch.CompiledLaunch(compiled, grid, [*values, *constexprs.values()], self.device)
-            compiled = kernel.warmup(*values, grid=grid, **constexprs, **options)
-            return triton_launch.CompiledLaunch(compiled, grid, [*values, *constexprs.values()])
+            with on_device(self.device):  # warmup compiles for, and loads into, the current device
+                compiled = kernel.warmup(*values, grid=grid, **constexprs, **options)
+            return triton_launch.CompiledLaunch(compiled, grid, [*values, *constexprs.values()], self.device)
         compiled = triton_launch.compile_for(kernel, self._target(), values, constexprs, options)
         named = dict(zip(kernel.arg_names, values))
         return triton_launch.bind(compiled, drv, self._device_index(), grid, named)
