@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
 from gpucomm.ops import triton_launch, triton_ops
