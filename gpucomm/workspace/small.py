@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from gpucomm.capture import capturing
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SMALL_OPS, SmallArgs
@@ -110,6 +111,15 @@ class SmallAllReduce:
             if op not in SMALL_OPS:
                 raise UnsupportedError(
                     f"gpucomm.all_reduce: GPUCOMM_ALGO={ALGO} folds {[o.name for o in SMALL_OPS]}, not {op.name}"
+                )
+            if capturing(self.engine.device):
+                # Packing compiles the kernel and loads its module: no part of a graph, and a
+                # load mid-capture is what the program path refuses too (DeviceExecutor).
+                raise UnsupportedError(
+                    f"gpucomm.all_reduce: this call shape ({tensor.numel()} x {tensor.dtype}, {op.name}), on this "
+                    f"tensor, has not run outside a CUDA graph on this communicator, so its kernel is not compiled "
+                    f"and loaded yet; run the same call once eagerly (a warm-up step on the same tensor) before "
+                    f"capturing it"
                 )
             launch = self._prepare(tensor, op)
             if len(self._launches) >= _KEPT:
