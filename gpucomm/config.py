@@ -7,6 +7,7 @@ by :func:`gpucomm.comm.communicator.resolve` when the communicator is built.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -20,6 +21,8 @@ __all__ = [
     "CHECKS",
     "ASYNC_ERROR_HANDLING",
     "DEFAULT_TIMEOUT_S",
+    "CudaEmulation",
+    "cuda_emulation",
 ]
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
@@ -186,3 +189,52 @@ def _parse_bytes(value: object) -> int:
         return int(float(number) * _UNITS[unit])
     except ValueError:
         raise ValueError(f"gpucomm: a byte size like 4096, 64K or 8M was expected, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class CudaEmulation:
+    """``GPUCOMM_CUDA_EMULATE=1``: ``GPUCOMM_KERNELS=cuda`` serves CPU tensors with the CUDA C++
+    kernels built for the host (gpucomm.ops.cuda_emulate), as ``TRITON_INTERPRET=1`` makes
+    ``GPUCOMM_KERNELS=triton`` serve them.
+
+    ``threads``: threads per block of the host build (``GPUCOMM_CUDA_EMULATE_THREADS``, 64 to 1024,
+    default 512 as on a GPU; fewer make CI faster). ``seed``: the blocks' order
+    (``GPUCOMM_CUDA_EMULATE_SEED``, default 0); every rank must have the same one, since block c of a
+    rank waits for block c of its peers and the blocks of a launch run one after the other.
+    """
+
+    enabled: bool = False
+    threads: int = 512
+    seed: int = 0
+
+
+# program.cu has thread p signal and wait for rank p of up to 64 (its static_assert).
+MIN_EMULATED_THREADS = 64
+MAX_EMULATED_THREADS = 1024
+
+
+@functools.cache
+def cuda_emulation() -> CudaEmulation:
+    """The process's :class:`CudaEmulation`, read from the environment once, at its first use.
+
+    Raises:
+        ValueError: a value the variables do not take.
+    """
+    return _cuda_emulation(os.environ)
+
+
+def _cuda_emulation(env: Mapping[str, str]) -> CudaEmulation:
+    raw = env.get("GPUCOMM_CUDA_EMULATE", "").strip().lower()
+    if raw not in ("", "0", "1", "false", "true"):
+        raise ValueError(f"gpucomm: GPUCOMM_CUDA_EMULATE must be 0 or 1, got {raw!r}")
+    threads_text = env.get("GPUCOMM_CUDA_EMULATE_THREADS", "").strip() or "512"
+    threads = int(threads_text) if threads_text.isdigit() else -1
+    if not MIN_EMULATED_THREADS <= threads <= MAX_EMULATED_THREADS:
+        raise ValueError(
+            f"gpucomm: GPUCOMM_CUDA_EMULATE_THREADS must be {MIN_EMULATED_THREADS}..{MAX_EMULATED_THREADS}, "
+            f"got {threads_text!r}"
+        )
+    seed_text = env.get("GPUCOMM_CUDA_EMULATE_SEED", "").strip() or "0"
+    if not seed_text.isdigit() or int(seed_text) >= 1 << 64:
+        raise ValueError(f"gpucomm: GPUCOMM_CUDA_EMULATE_SEED must be an integer in [0, 2**64), got {seed_text!r}")
+    return CudaEmulation(raw in ("1", "true"), threads, int(seed_text))

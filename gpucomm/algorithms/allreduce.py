@@ -188,4 +188,4 @@ def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
 def tree_all_reduce(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     whole = Region.of(tensor)
     tree.reduce_up(b, whole, whole, tensor.dtype, op, root=0)
-    tree.broadcast_down(b, whole, root=0)
+    tree.broadcast_down(b, whole, root=0, unit=tensor.element_size())

@@ -78,11 +78,18 @@ def reduce_up(b: Builder, src: Region, out: Region | None, dtype: torch.dtype, o
             )
 
 
-def broadcast_down(b: Builder, region: Region, root: int) -> None:
-    """Copy the root's ``region`` into every rank's ``region`` (bytes)."""
+def broadcast_down(b: Builder, region: Region, root: int, unit: int = 1) -> None:
+    """Copy the root's ``region`` into every rank's ``region`` (bytes), in pieces of whole ``unit`` bytes.
+
+    After :func:`reduce_up` on the same region, ``unit`` must be its element size: then every piece
+    has the bounds of reduce_up's, so that the channel that wrote a byte of the root's result is
+    the channel that sends it on (channels of one rank never wait for each other). Cut in bytes
+    instead, 4099 float64 in two pieces broke at byte 16396 here and at element 2050 there, and
+    the second piece's first bytes were sent before another channel had reduced them.
+    """
     me, P = b.rank, b.world_size
     heap = Heap(P, root, me)
-    pieces = ranges(region.nbytes, b.half_bytes)
+    pieces = [(s * unit, c * unit) for s, c in ranges(region.nbytes // unit, b.half_bytes // unit)]
     n, d = len(pieces), heap.depth
     for rnd in range(n + heap.height):
         p = rnd - d  # the piece I handle in this round

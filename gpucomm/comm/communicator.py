@@ -68,6 +68,11 @@ def _attempt(step: Callable[[], object], failures: list[BaseException]) -> None:
         failures.append(exc)
 
 
+def _label(kernels: object) -> str:
+    """What the log calls ``kernels``: their label where they have one ("cuda (emulated)")."""
+    return getattr(kernels, "label", kernels.name)  # type: ignore[attr-defined]
+
+
 def _rank_device(local_rank: int) -> torch.device | None:
     """This rank's GPU: LOCAL_RANK modulo the visible devices (several ranks may share one)."""
     if not torch.cuda.is_available():
@@ -179,8 +184,11 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         the Triton interpreter is on, whatever kernels a GPU uses.
         """
         config = self.config
-        if config.kernels == "cuda" and self.device is None:
-            raise UnsupportedError("gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device, and this host has none")
+        if config.kernels == "cuda" and self.device is None and not kernels_run_on_cpu("cuda"):
+            raise UnsupportedError(
+                "gpucomm: GPUCOMM_KERNELS=cuda needs a CUDA device, and this host has none (GPUCOMM_CUDA_EMULATE=1 "
+                "runs the CUDA C++ kernels built for the host on CPU tensors)"
+            )
         if config.transport == "gloo":
             return {}
         if config.transport == "shm":
@@ -289,7 +297,7 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             if engine is None:
                 described[device_type] = "gloo"
             else:
-                described[device_type] = f"workspace transport={engine.transport} kernels={engine.kernels.name}"
+                described[device_type] = f"workspace transport={engine.transport} kernels={_label(engine.kernels)}"
         return described
 
     def status(self) -> NodeStatus:

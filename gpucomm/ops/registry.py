@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from gpucomm.config import cuda_emulation
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import Kernels
 
@@ -24,9 +25,12 @@ def _interpreting() -> bool:
 
 
 def kernels_run_on_cpu(name: str) -> bool:
-    """Whether the kernels ``name`` can serve CPU tensors here (Triton only under the interpreter)."""
-    return name in ("auto", "torch") or (
-        name == "triton" and (_interpreting() or (name, torch.device("cpu")) in _installed)
+    """Whether the kernels ``name`` can serve CPU tensors here (Triton only under the interpreter,
+    CUDA C++ only with ``GPUCOMM_CUDA_EMULATE=1``)."""
+    return (
+        name in ("auto", "torch")
+        or (name == "triton" and (_interpreting() or (name, torch.device("cpu")) in _installed))
+        or (name == "cuda" and cuda_emulation().enabled)
     )
 
 
@@ -68,10 +72,16 @@ def _make(name: str, device: torch.device) -> Kernels:
 
         return TritonKernels(device)
     # name == "cuda"
+    if device.type == "cpu" and cuda_emulation().enabled:
+        # The CUDA C++ kernels built for the host, as the Triton interpreter serves kernels=triton.
+        from gpucomm.ops.cuda_emulate import EmulatedCudaKernels
+
+        return EmulatedCudaKernels()
     if device.type != "cuda" or not torch.cuda.is_available():
         raise UnsupportedError(
             f"gpucomm: kernels=cuda needs a CUDA device, got {device} (CUDA available: "
-            f"{torch.cuda.is_available()}); use kernels=triton or kernels=torch"
+            f"{torch.cuda.is_available()}); use kernels=triton or kernels=torch, or set GPUCOMM_CUDA_EMULATE=1 "
+            f"to run the CUDA C++ kernels built for the host on CPU tensors"
         )
     try:
         module = importlib.import_module("gpucomm.ops.cuda_ops")

@@ -409,7 +409,8 @@ class Engine(EngineCollectives):
         return algo
 
     def describe(self, algo: str) -> dict[str, object]:
-        return {"algo": algo, "transport": self.transport, "kernels": self.kernels.name}
+        # The kernels' label where they have one: "cuda (emulated)" for the host-built CUDA C++ kernels.
+        return {"algo": algo, "transport": self.transport, "kernels": getattr(self.kernels, "label", self.kernels.name)}
 
     # -- programs -----------------------------------------------------------------------------
     def program(

@@ -58,20 +58,32 @@ __device__ __forceinline__ gc_u64 grid_threads() {
 // ---------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void store_release_sys(gc_i64* flag, gc_i64 value) {
+#ifdef GPUCOMM_HOST  // the host build's twin (kernels/cuda/host_shim.h)
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+#else
     asm volatile("st.release.sys.global.b64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+#endif
 }
 
 __device__ __forceinline__ gc_i64 load_acquire_sys(const gc_i64* flag) {
+#ifdef GPUCOMM_HOST
+    return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+#else
     gc_i64 value;
     asm volatile("ld.acquire.sys.global.b64 %0, [%1];" : "=l"(value) : "l"(flag) : "memory");
     return value;
+#endif
 }
 
 // Nanoseconds of the GPU's global timer; only differences are used.
 __device__ __forceinline__ gc_u64 global_timer_ns() {
+#ifdef GPUCOMM_HOST
+    return gpucomm_host::clock_ns();
+#else
     gc_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+#endif
 }
 
 // Wait, in this block alone, until every flag in flag_addrs[0..n) is >= epoch, or until
@@ -210,15 +222,23 @@ struct F64 {
 // accumulate in fp32 and round once, to nearest even, at the store. The conversions are those of
 // cuda_fp16.h / cuda_bf16.h, written out (see the top of this file).
 __device__ __forceinline__ float f16_to_f32(unsigned short bits) {
+#ifdef GPUCOMM_HOST
+    return gpucomm_host::f16_to_f32(bits);
+#else
     float value;
     asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
     return value;
+#endif
 }
 
 __device__ __forceinline__ unsigned short f32_to_f16_rn(float value) {
+#ifdef GPUCOMM_HOST
+    return gpucomm_host::f32_to_f16_rn(value);
+#else
     unsigned short bits;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
     return bits;
+#endif
 }
 
 // bf16 is the top half of an fp32: widening is exact.

@@ -73,3 +73,20 @@ def test_script_on_the_emulated_workspace_path(tmp_path: Path, nproc: int, kerne
     ][:5]
     if algo != "auto":
         assert all(f"algo={algo}" in line for line in calls if ": all_reduce " in line)
+
+
+def test_script_on_the_cuda_kernels_built_for_the_host(tmp_path: Path) -> None:
+    """GPUCOMM_CUDA_EMULATE=1 GPUCOMM_KERNELS=cuda GPUCOMM_TRANSPORT=shm: every collective of the script
+    on the CUDA C++ kernels built for the host, the same results as on the Triton kernels under the
+    interpreter and as torch.distributed's."""
+    with_torch = tmp_path / "with_torch.py"
+    with_torch.write_text(SCRIPT.read_text().replace("import gpucomm as dist", "import torch.distributed as dist"))
+    cuda = {**EMULATION, "GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64", "GPUCOMM_KERNELS": "cuda"}
+    got, log = _torchrun(SCRIPT, 3, tmp_path / "cuda", cuda)
+    triton, _ = _torchrun(SCRIPT, 3, tmp_path / "triton", {**EMULATION, "GPUCOMM_KERNELS": "triton"})
+    expected, _ = _torchrun(with_torch, 3, tmp_path / "torch")
+    assert got == triton == expected
+    calls = [line for line in log.splitlines() if line.startswith("gpucomm[rank")]
+    assert len(calls) >= 15 * 3, calls[:5]
+    off = [c for c in calls if "path=workspace" not in c or not c.endswith("kernels=cuda (emulated)")]
+    assert not off, off[:5]

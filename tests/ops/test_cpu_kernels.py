@@ -1,5 +1,6 @@
-"""copy and reduce of every kernel implementation that runs on CPU: torch, and Triton under the
-interpreter.
+"""copy and reduce of every kernel implementation that runs on CPU: torch, Triton under the
+interpreter, and the CUDA C++ kernels built for the host (gpucomm.ops.cuda_emulate, 64 threads a
+block, in this process: they need no variable set before an import).
 
 The Triton kernels need TRITON_INTERPRET=1 set before triton is imported, which this pytest
 process cannot promise (other test modules import triton too). So every Triton case runs in one
@@ -26,7 +27,7 @@ from gpucomm.ops.contract import Kernels
 from gpucomm.ops.reference import TorchKernels
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 
-IMPLS = ("torch", "triton")
+IMPLS = ("torch", "triton", "cuda")
 SIZES = (1, 7, 4099)
 KS = (1, 2, 3, 5)
 GUARD = 5  # poisoned elements after every region
@@ -297,6 +298,11 @@ def triton_verdicts() -> dict[str, str]:
 def _run(impl: str, name: str, request: pytest.FixtureRequest) -> None:
     if impl == "torch":
         _check(ALL_CASES[name], TorchKernels(), None)
+        return
+    if impl == "cuda":
+        from gpucomm.ops.cuda_emulate import EmulatedCudaKernels
+
+        _check(ALL_CASES[name], EmulatedCudaKernels(threads=64), TorchKernels())
         return
     verdicts = request.getfixturevalue("triton_verdicts")
     if verdicts[name]:

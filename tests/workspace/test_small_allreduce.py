@@ -1,5 +1,6 @@
-"""The small-message all_reduce (gpucomm.workspace.small, ``GPUCOMM_ALGO=oneshot_small``) under the Triton
-interpreter, across real processes on the shared-memory workspace: every op of fp32, fp16, bf16
+"""The small-message all_reduce (gpucomm.workspace.small, ``GPUCOMM_ALGO=oneshot_small``) of both kernel
+families, Triton's under the interpreter and CUDA C++'s built for the host (GPUCOMM_CUDA_EMULATE=1),
+across real processes on the shared-memory workspace: every op of fp32, fp16, bf16
 and int32 (fp64 and int64 at small sizes) at 1, 7 and 4099 elements against float64 references,
 bitwise the same on every rank and bitwise the program kernel's one-shot; repeated calls on one
 buffer (the host's fast path) with fresh inputs and this rank's halves poisoned before each;
@@ -17,6 +18,9 @@ import pytest
 from spawn import run_ranks
 
 INTERPRET = {"TRITON_INTERPRET": "1"}
+# The CUDA C++ kernels built for the host, 64 threads a block (512, the GPU's, in one case).
+EMULATE = {"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"}
+FAMILIES = {"triton": INTERPRET, "cuda": EMULATE}
 # 48 KiB halves: 4099 elements of 4 bytes fit one, as any message `auto` gives this path does.
 WORKSPACE = "128K"
 SIZES = (1, 7, 4099)
@@ -29,7 +33,9 @@ def _poison_my_halves(engine) -> None:
     ws.data(engine.rank, engine.p2p_bytes, 2 * engine.half_bytes).bytes.fill_(0xFF)
 
 
-def _matrix(rank: int, world_size: int, seed: int, channels: int | None) -> tuple[list[str], list[str]]:
+def _matrix(
+    rank: int, world_size: int, seed: int, channels: int | None, kernels: str = "triton"
+) -> tuple[list[str], list[str]]:
     import torch
     from collective_matrix import OPS, close_enough, digest, make_input, reference
 
@@ -37,7 +43,7 @@ def _matrix(rank: int, world_size: int, seed: int, channels: int | None) -> tupl
 
     knobs = {} if channels is None else {"channels": channels}
     gpucomm.init_process_group(
-        transport="shm", kernels="triton", algo="oneshot_small", workspace_bytes=WORKSPACE, timeout=60, **knobs
+        transport="shm", kernels=kernels, algo="oneshot_small", workspace_bytes=WORKSPACE, timeout=60, **knobs
     )
     comm = gpucomm.get_default_communicator()
     engine = comm._engines["cpu"]
@@ -83,10 +89,7 @@ def _matrix(rank: int, world_size: int, seed: int, channels: int | None) -> tupl
     return problems, digests
 
 
-@pytest.mark.parametrize("world_size, channels", [(2, None), (3, 3), (4, None)])
-def test_small_all_reduce_matches_the_reference_and_the_program_kernel(world_size: int, channels: int | None) -> None:
-    seed = random.randrange(1 << 30)
-    results = run_ranks(_matrix, world_size, seed, channels, env=INTERPRET, timeout=900)
+def _check_matrix(results: list, seed: int) -> None:
     problems = [f"rank {r}: {p}" for r, (probs, _) in enumerate(results) for p in probs]
     assert not problems, f"seed {seed}:\n" + "\n".join(problems[:40])
     digests = [d for _, d in results]
@@ -94,13 +97,39 @@ def test_small_all_reduce_matches_the_reference_and_the_program_kernel(world_siz
         assert d == digests[0], f"seed {seed}: rank {r}'s results differ bitwise from rank 0's"
 
 
-def _mismatch(rank: int, world_size: int) -> str:
+@pytest.mark.parametrize("world_size, channels", [(2, None), (3, 3), (4, None)])
+def test_small_all_reduce_matches_the_reference_and_the_program_kernel(world_size: int, channels: int | None) -> None:
+    seed = random.randrange(1 << 30)
+    _check_matrix(run_ranks(_matrix, world_size, seed, channels, env=INTERPRET, timeout=900), seed)
+
+
+@pytest.mark.parametrize("world_size, channels, threads", [(2, None, 512), (3, 3, 64), (4, None, 64), (8, 2, 64)])
+def test_cuda_small_all_reduce_matches_the_reference_and_the_program_kernel(
+    world_size: int, channels: int | None, threads: int
+) -> None:
+    """small.cu and program.cu built for the host: the same matrix, at 8 ranks too, and once with
+    the GPU's 512 threads a block."""
+    seed = random.randrange(1 << 30)
+    env = {**EMULATE, "GPUCOMM_CUDA_EMULATE_THREADS": str(threads)}
+    _check_matrix(run_ranks(_matrix, world_size, seed, channels, "cuda", env=env, timeout=900), seed)
+
+
+def test_both_families_give_the_same_bits() -> None:
+    """small.cu and kernels/triton/small.py (and each family's program kernel) on the same inputs."""
+    seed = random.randrange(1 << 30)
+    cuda = run_ranks(_matrix, 2, seed, None, "cuda", env=EMULATE, timeout=900)
+    triton = run_ranks(_matrix, 2, seed, None, "triton", env=INTERPRET, timeout=900)
+    _check_matrix(cuda, seed)
+    assert cuda[0][1] == triton[0][1], f"seed {seed}: the CUDA C++ and Triton kernels' results differ bitwise"
+
+
+def _mismatch(rank: int, world_size: int, kernels: str = "triton") -> str:
     import torch
 
     import gpucomm
 
     gpucomm.init_process_group(
-        transport="shm", kernels="triton", algo="oneshot_small", workspace_bytes=WORKSPACE, timeout=20
+        transport="shm", kernels=kernels, algo="oneshot_small", workspace_bytes=WORKSPACE, timeout=20
     )
     gpucomm.all_reduce(torch.ones(5))  # a first call that agrees
     try:
@@ -110,18 +139,19 @@ def _mismatch(rank: int, world_size: int) -> str:
     return "returned"
 
 
-def test_ranks_calling_different_shapes_raise_mismatch() -> None:
-    results = run_ranks(_mismatch, 2, env=INTERPRET, timeout=300)
+@pytest.mark.parametrize("kernels", ["triton", "cuda"])
+def test_ranks_calling_different_shapes_raise_mismatch(kernels: str) -> None:
+    results = run_ranks(_mismatch, 2, kernels, env=FAMILIES[kernels], timeout=300)
     assert results == ["mismatch [1]", "mismatch [0]"], results
 
 
-def _absent(rank: int, world_size: int, timeout: float) -> float:
+def _absent(rank: int, world_size: int, timeout: float, kernels: str = "triton") -> float:
     import torch
 
     import gpucomm
 
     gpucomm.init_process_group(
-        transport="shm", kernels="triton", algo="oneshot_small", workspace_bytes=WORKSPACE, timeout=timeout
+        transport="shm", kernels=kernels, algo="oneshot_small", workspace_bytes=WORKSPACE, timeout=timeout
     )
     gpucomm.all_reduce(torch.ones(5))
     gpucomm.barrier()
@@ -137,9 +167,10 @@ def _absent(rank: int, world_size: int, timeout: float) -> float:
     raise AssertionError("all_reduce with an absent peer returned")
 
 
-def test_an_absent_rank_makes_the_others_time_out() -> None:
+@pytest.mark.parametrize("kernels", ["triton", "cuda"])
+def test_an_absent_rank_makes_the_others_time_out(kernels: str) -> None:
     timeout = 3.0
-    results = run_ranks(_absent, 2, timeout, env=INTERPRET, timeout=300)
+    results = run_ranks(_absent, 2, timeout, kernels, env=FAMILIES[kernels], timeout=300)
     assert timeout * 0.9 <= results[0] <= timeout + 15, results
 
 

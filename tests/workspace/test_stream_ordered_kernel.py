@@ -1,5 +1,6 @@
-"""The stream-ordered path, checked without a GPU: the real Triton program kernel under the
-interpreter, across real processes, on the shared-memory workspace.
+"""The stream-ordered path, checked without a GPU: the real program kernel of both families (Triton's
+under the interpreter, CUDA C++'s built for the host with GPUCOMM_CUDA_EMULATE=1), across real
+processes, on the shared-memory workspace.
 
 - Launches per call: a collective on the program kernel is a fixed, small number of launches
   (one for every collective but all_to_all), counted where Triton starts a kernel.
@@ -19,17 +20,39 @@ from spawn import run_ranks
 
 INTERPRET = {"TRITON_INTERPRET": "1"}
 KNOBS = {"transport": "shm", "kernels": "triton", "workspace_bytes": "64K", "timeout": 60}
+# The CUDA C++ family: kernels=cuda, built for the host with 64 threads a block.
+FAMILIES = {
+    "triton": (INTERPRET, KNOBS),
+    "cuda": ({"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"}, {**KNOBS, "kernels": "cuda"}),
+}
+# The name of each family's program kernel in a launch record (the CUDA one's has its op and dtype).
+PROGRAM = {"triton": "program_kernel", "cuda": "gpucomm_program_"}
 
 
 class _Launches:
-    """Records every kernel launch of this process (interpreter mode)."""
+    """Records every kernel launch of this process: where Triton's interpreter runs a kernel, or
+    where a host-built CUDA C++ kernel is launched (gpucomm.ops.cuda_host.HostLaunch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, family: str = "triton") -> None:
+        self.calls: list[tuple] = []
+        launches = self
+        if family == "cuda":
+            from gpucomm.ops.cuda_host import HostLaunch
+
+            original = HostLaunch.__call__
+
+            def launch(self):  # noqa: ANN001, ANN202
+                launches.calls.append((self, (), {}))
+                return original(self)
+
+            HostLaunch.__call__ = launch
+            self._original = original
+            self._name = lambda fn: fn._name.decode()
+            return
         from triton.runtime.interpreter import InterpretedFunction
 
-        self.calls: list[tuple] = []
         self._original = InterpretedFunction.run
-        launches = self
+        self._name = lambda fn: fn.fn.__name__
 
         def run(fn, *args, **kwargs):  # noqa: ANN001, ANN202 (Triton's signature)
             launches.calls.append((fn, args, kwargs))
@@ -38,7 +61,7 @@ class _Launches:
         InterpretedFunction.run = run
 
     def names(self) -> list[str]:
-        return [fn.fn.__name__ for fn, _, _ in self.calls]
+        return [self._name(fn) for fn, _, _ in self.calls]
 
     def replay(self, calls: list[tuple]) -> None:
         for fn, args, kwargs in calls:
@@ -128,15 +151,15 @@ def _cases(rank: int, world_size: int, n: int):
 
 
 def _launches_and_replays(
-    rank: int, world_size: int, n: int, replays: int, channels: int
+    rank: int, world_size: int, n: int, replays: int, channels: int, family: str = "triton"
 ) -> dict[str, tuple[list[str], list[bool]]]:
     import dataclasses
 
     import gpucomm
     from gpucomm.comm.communicator import Communicator
 
-    launches = _Launches()
-    gpucomm.init_process_group(**KNOBS)
+    launches = _Launches(family)
+    gpucomm.init_process_group(**FAMILIES[family][1])
     world = gpucomm.get_default_communicator()
     results = {}
     for name, overrides, fill, call, check in _cases(rank, world_size, n):
@@ -164,24 +187,26 @@ def _launches_and_replays(
     return results
 
 
+@pytest.mark.parametrize("family", ["triton", "cuda"])
 @pytest.mark.parametrize("world_size,channels", [(2, 1), (3, 2), (4, 3)])
-def test_one_launch_per_collective_and_graph_replay(world_size: int, channels: int) -> None:
+def test_one_launch_per_collective_and_graph_replay(world_size: int, channels: int, family: str) -> None:
     # 1000 floats: one piece in a 64 KiB workspace; channels > 1 split every instruction.
-    results = run_ranks(_launches_and_replays, world_size, 1000, 3, channels, env=INTERPRET, timeout=600)
+    env = FAMILIES[family][0]
+    results = run_ranks(_launches_and_replays, world_size, 1000, 3, channels, family, env=env, timeout=600)
     for rank, per_case in enumerate(results):
         for name, (names, ok) in per_case.items():
-            assert names == ["program_kernel"], f"rank {rank}, {name}: launches {names}"
+            assert len(names) == 1 and names[0].startswith(PROGRAM[family]), f"rank {rank}, {name}: launches {names}"
             assert all(ok), f"rank {rank}, {name}: results of the call, each replay, the next call: {ok}"
 
 
-def _replays_across_pieces(rank: int, world_size: int, seed: int) -> list[bool]:
+def _replays_across_pieces(rank: int, world_size: int, seed: int, family: str = "triton") -> list[bool]:
     """A tensor of many pieces in a small workspace: one launch still, replayed with fresh data."""
     import torch
 
     import gpucomm
 
-    launches = _Launches()
-    gpucomm.init_process_group(**{**KNOBS, "workspace_bytes": "4K", "channels": 2, "algo": "twoshot"})
+    launches = _Launches(family)
+    gpucomm.init_process_group(**{**FAMILIES[family][1], "workspace_bytes": "4K", "channels": 2, "algo": "twoshot"})
     n = 3001  # fp32: 8 pieces of 1.5 KiB halves
     t = torch.empty(n)
 
@@ -204,20 +229,22 @@ def _replays_across_pieces(rank: int, world_size: int, seed: int) -> list[bool]:
     return ok
 
 
-def test_replay_of_a_many_piece_all_reduce() -> None:
+@pytest.mark.parametrize("family", ["triton", "cuda"])
+def test_replay_of_a_many_piece_all_reduce(family: str) -> None:
     seed = random.randrange(1 << 20)
-    for rank, ok in enumerate(run_ranks(_replays_across_pieces, 3, seed, env=INTERPRET, timeout=600)):
+    results = run_ranks(_replays_across_pieces, 3, seed, family, env=FAMILIES[family][0], timeout=600)
+    for rank, ok in enumerate(results):
         assert all(ok), f"seed {seed}, rank {rank}: one launch, then the call and 3 replays correct: {ok}"
 
 
-def _launch_counts(rank: int, world_size: int) -> dict[str, int]:
+def _launch_counts(rank: int, world_size: int, family: str = "triton") -> dict[str, int]:
     """Launches of one call of every collective, after a first call built its program."""
     import torch
 
     import gpucomm
 
-    launches = _Launches()
-    gpucomm.init_process_group(**KNOBS)
+    launches = _Launches(family)
+    gpucomm.init_process_group(**FAMILIES[family][1])
     P, n = world_size, 7
     x = torch.ones(n)
     calls = {
@@ -242,8 +269,9 @@ def _launch_counts(rank: int, world_size: int) -> dict[str, int]:
     return counts
 
 
-def test_launches_per_collective() -> None:
-    for rank, counts in enumerate(run_ranks(_launch_counts, 3, env=INTERPRET, timeout=600)):
+@pytest.mark.parametrize("family", ["triton", "cuda"])
+def test_launches_per_collective(family: str) -> None:
+    for rank, counts in enumerate(run_ranks(_launch_counts, 3, family, env=FAMILIES[family][0], timeout=600)):
         expected = {name: 1 for name in counts}
         expected["all_to_all_single"] = 2  # sizes announced, the host reads them, then delivery
         # Buffers made per call (all_gather's output list, gather's) are new addresses, hence new

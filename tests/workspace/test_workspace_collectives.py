@@ -5,7 +5,9 @@ size (0, 1, 7, 4099) at world sizes 2, 3 and 4, and again every collective × al
 dtype × op with 4099 elements in a 4 KiB workspace, where they span many pieces; a few small
 cases at 8 ranks; and the hierarchical all_reduce of 4 ranks pretending to be 2 nodes of 2.
 The real Triton kernels (TRITON_INTERPRET=1) run a lean subset that still touches every
-algorithm, every op and every dtype. Results are checked against float64 references,
+algorithm, every op and every dtype, and the CUDA C++ kernels built for the host
+(GPUCOMM_CUDA_EMULATE=1) run the same subset on the same inputs, bit for bit Triton's, and the torch
+kernels' whole matrix at 2, 3 and 4 ranks and the small cases at 8. Results are checked against float64 references,
 all_reduce results must be bitwise identical on every rank, and every call must say
 ``path=workspace`` with the forced algorithm in the GPUCOMM_DEBUG=INFO log.
 """
@@ -44,6 +46,44 @@ def test_eight_ranks_small_cases_torch_kernels() -> None:
     check_results(results, seed, labels_of(plan))
 
 
+# The CUDA C++ kernels built for the host (GPUCOMM_CUDA_EMULATE=1), 64 threads a block.
+EMULATE = {"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"}
+
+
+def _digests(results: list[dict]) -> dict[str, list[str]]:
+    """Rank 0's all_reduce digests per label (every rank's are the same: check_results)."""
+    return {label: digests for label, (_, digests, _) in results[0].items()}
+
+
+def _same_bits(results: list[dict], others: list[dict], seed: int, what: str) -> None:
+    for label, digests in _digests(results).items():
+        assert digests == _digests(others)[label], (
+            f"{label}, seed {seed}: all_reduce results differ bitwise from {what}"
+        )
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_every_collective_and_algorithm_cuda_kernels(world_size: int) -> None:
+    """The CUDA C++ program kernel built for the host: the torch kernels' whole matrix at 2, 3 and 4
+    ranks (every collective x algorithm x dtype x op x size, and the many-pieces pass), the small
+    cases at 8, on 1 to 3 channels; at 3 ranks the all_reduce results bitwise those of the torch kernels."""
+    seed = random.randrange(1 << 30)
+    if world_size == 8:
+        import torch
+        from collective_matrix import OPS
+
+        args = ((1, 7), (torch.float32, torch.bfloat16, torch.int64), OPS)
+        plan = [(algo, algo, {"algo": algo}, "full", args) for algo in ALGOS]
+    else:
+        plan = torch_plan(world_size)
+    knobs = {**_knobs("cuda"), "channels": {2: 1, 3: 2, 4: 3, 8: 2}[world_size]}
+    results = run_ranks(workspace_rank, world_size, seed, "cpu", knobs, plan, env=EMULATE, timeout=900)
+    check_results(results, seed, labels_of(plan), kernels="cuda")
+    if world_size == 3:  # the Triton test compares the families at 2, 3 and 4 ranks
+        reference = run_ranks(workspace_rank, world_size, seed, "cpu", _knobs("torch"), plan, timeout=900)
+        _same_bits(results, reference, seed, "the torch kernels'")
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_every_algorithm_op_and_dtype_triton_kernels(world_size: int) -> None:
     """The real Triton program kernel under the interpreter: every algorithm, each with every dtype
@@ -62,11 +102,23 @@ def test_every_algorithm_op_and_dtype_triton_kernels(world_size: int) -> None:
         ]
     if world_size == 4:
         plan.append(("hierarchical", "hierarchical", {"local_world_size": 2}, "lean", ((7, 4099),)))
+    if world_size == 3:
+        # Two pieces of float64 on two channels: reduce_up's and broadcast_down's pieces must share
+        # their bounds (a tree all_reduce once cut one in elements and the other in bytes).
+        import torch
+        from collective_matrix import OPS
+
+        plan.append(("tree in pieces", "tree", {"algo": "tree"}, "full", ((4099,), (torch.float64,), OPS[:1])))
     knobs = {**_knobs("triton"), "channels": {2: 1, 3: 2, 4: 3}[world_size]}
     results = run_ranks(
         workspace_rank, world_size, seed, "cpu", knobs, plan, env={"TRITON_INTERPRET": "1"}, timeout=600
     )
     check_results(results, seed, labels_of(plan), kernels="triton")
+    # The CUDA C++ kernels built for the host on the same plan and inputs: the same bits.
+    cuda = {**knobs, "kernels": "cuda"}
+    cuda_results = run_ranks(workspace_rank, world_size, seed, "cpu", cuda, plan, env=EMULATE, timeout=600)
+    check_results(cuda_results, seed, labels_of(plan), kernels="cuda")
+    _same_bits(cuda_results, results, seed, "the Triton kernels'")
 
 
 def _misuse(rank: int, world_size: int) -> list[str]:
