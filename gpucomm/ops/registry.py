@@ -29,7 +29,8 @@ def kernels_run_on_cpu(name: str) -> bool:
     CUDA C++ only with ``GPUCOMM_CUDA_EMULATE=1``)."""
     return (
         name in ("auto", "torch")
-        or (name == "triton" and (_interpreting() or (name, torch.device("cpu")) in _installed))
+        or (name, torch.device("cpu")) in _installed
+        or (name == "triton" and _interpreting())
         or (name == "cuda" and cuda_emulation().enabled)
     )
 

@@ -2,14 +2,17 @@
 
 ``cuda_kernels_on_the_double`` gives kernels whose images are nvcc's cubins (the ``nvcc_fatbins``
 fixture of tests/conftest.py), whose driver is the driver double (tests/support/cuda_double) and
-whose stream is a made-up handle (0xCAFE). ``OnTheGpu`` stands for what a Region's byte view says
+whose stream is a made-up handle (0xCAFE): their launches are recorded and run nothing.
+``cuda_kernels_running_on_the_double`` gives kernels for CPU tensors whose images are host images
+of the CUDA C++ kernels built for the host: every launch goes through gpucomm's launcher to the
+double, which runs it, so the packed parameters move data. ``OnTheGpu`` stands for what a Region's byte view says
 of GPU memory (a test sets ``OnTheGpu.device`` once torch is imported); ``NoCupy`` fails any use
 of CuPy; ``RecordingCupy`` records what CuPy's Functions would have been called with.
 """
 
 from __future__ import annotations
 
-__all__ = ["NoCupy", "OnTheGpu", "RecordingCupy", "cuda_kernels_on_the_double"]
+__all__ = ["NoCupy", "OnTheGpu", "RecordingCupy", "cuda_kernels_on_the_double", "cuda_kernels_running_on_the_double"]
 
 
 class NoCupy:
@@ -43,6 +46,47 @@ def cuda_kernels_on_the_double(nvcc_fatbins, double: str, arch: int):
     kernels._layouts = {}
     kernels._driver = launcher.driver(double)
     kernels._raw_stream = lambda: 0xCAFE
+    kernels._cupy = NoCupy()
+    return kernels
+
+
+def cuda_kernels_running_on_the_double(double: str):
+    """A CudaKernels for CPU tensors whose program and small kernels are the CUDA C++ kernels built
+    for the host (gpucomm.ops.cuda_host), loaded as host images by the driver double and launched
+    through gpucomm's launcher, with the GPU's block of GPUCOMM_THREADS threads. Only
+    prepare_program and prepare_small serve (the contract's copy and reduce ask for CUDA memory)."""
+    import ctypes
+
+    import torch
+
+    from gpucomm.ops import cuda_host, launcher
+    from gpucomm.ops.cuda_ops import DEFINES, PROGRAM_PARAMS, SMALL_PARAMS, CudaKernels
+
+    kernels = CudaKernels.__new__(CudaKernels)
+    kernels._device, kernels._index = torch.device("cpu"), 0
+    kernels._arch, kernels._binary_kind, kernels._sm_count = "host", "host", 4
+    kernels._modules, kernels._functions, kernels._tables, kernels._bound_functions = {}, {}, {}, {}
+    kernels._images, kernels._layouts = {}, {}
+    key = tuple(sorted((k, str(v)) for k, v in DEFINES.items()))
+    lib = ctypes.CDLL(double)
+    for file, spec in (("program.cu", PROGRAM_PARAMS), ("small.cu", SMALL_PARAMS)):
+        names = cuda_host.kernel_names(file, DEFINES)
+        path = cuda_host.library(file, DEFINES)
+        entries = "".join(f".entry {name}(\n" for name in names)
+        kernels._images[(file, key, "host")] = f"//gpucomm-host-image {path}\n{entries}".encode() + b"\0"
+        # The parameters as the launcher packs them, each at the next offset aligned to its size:
+        # what a cubin tells the driver, and the double cannot read from a host library.
+        offsets, sizes, at = [], [], 0
+        for _, size in spec:
+            at = -(-at // size) * size
+            offsets.append(at)
+            sizes.append(size)
+            at += size
+        for name in names:
+            n = len(spec)
+            lib.doubleSetParamInfo(name.encode(), n, (ctypes.c_size_t * n)(*offsets), (ctypes.c_size_t * n)(*sizes))
+    kernels._driver = launcher.driver(double)
+    kernels._raw_stream = lambda: 0
     kernels._cupy = NoCupy()
     return kernels
 

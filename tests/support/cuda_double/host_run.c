@@ -33,9 +33,13 @@ static struct {
 } libraries[LIBRARIES];
 static pthread_mutex_t libraries_lock = PTHREAD_MUTEX_INITIALIZER;
 
-// Launches run so far by this process: each launch's seed, so that the block order differs per
-// launch yet a run repeats exactly.
-static unsigned long long runs;
+// The seed of every launch: the blocks' order, which must be the same on every rank (blocks run one
+// after the other, and block b of each rank waits for block b of its peers): GPUCOMM_CUDA_EMULATE_SEED
+// as gpucomm's own host launches take it (gpucomm.config.cuda_emulation), 0 where unset.
+static unsigned long long launch_seed(void) {
+    const char *text = getenv("GPUCOMM_CUDA_EMULATE_SEED");
+    return text != NULL && *text != '\0' ? strtoull(text, NULL, 10) : 0;
+}
 
 HostLaunch double_host_library(const unsigned char *image, int *failed) {
     *failed = 0;
@@ -92,7 +96,7 @@ struct HostRun *double_host_run_new(HostLaunch launch, const char *name, unsigne
 CUresult double_host_run(const struct HostRun *run) {
     void *params[HOST_PARAMS];
     for (int i = 0; i < run->count; i++) params[i] = run->packed + run->offsets[i];
-    unsigned long long seed = __atomic_fetch_add(&runs, 1, __ATOMIC_RELAXED);
+    unsigned long long seed = launch_seed();
     int failed = run->launch(run->name, run->grid_x, run->block_x, params, seed);
     double_log("doubleHostRun", "name=%s grid=%u block=%u seed=%llu failed=%d", run->name, run->grid_x, run->block_x,
                seed, failed);

@@ -24,7 +24,7 @@
 
 #include "double.h"
 
-enum { NAME_BYTES = 256, MAX_PARAMS = 64, KNOWN_LAYOUTS = 64, PARAM_BYTES = 4096 };
+enum { NAME_BYTES = 256, MAX_PARAMS = 64, KNOWN_LAYOUTS = 128, PARAM_BYTES = 4096 };
 
 struct DoubleModule {
     int device;  // of the context it was loaded into, -1: none was current
