@@ -145,13 +145,15 @@ def _parse(name: str, value: object) -> object:
             raise ValueError(f"gpucomm: GPUCOMM_HEAP_BYTES must be 0 (no heap) or more, got {value!r}")
         return size
     if name == "timeout":
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f"gpucomm: GPUCOMM_TIMEOUT must be a number of seconds, got {value!r}") from None
-            return check_timeout(value, "init_process_group", "GPUCOMM_TIMEOUT")
-        return check_timeout(value, "init_process_group")
+        if not isinstance(value, str):
+            return check_timeout(value, "init_process_group")
+        try:
+            return check_timeout(float(value), "init_process_group", "GPUCOMM_TIMEOUT")
+        except ValueError:  # not a number, or out of range: the variable's own text in the message
+            raise ValueError(
+                f"gpucomm.init_process_group: GPUCOMM_TIMEOUT must be a positive number of seconds, finite and at "
+                f"most {MAX_TIMEOUT_S:g} (about 292 years), got {value!r}"
+            ) from None
     if name == "blocking_wait":
         text = str(value).strip().lower()
         if text not in ("0", "1", "false", "true"):
