@@ -82,6 +82,7 @@ class _Arrival:
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(world_size))
         self.root = f"gpucomm/w{world_size}/"
         self.nonce = "n" + secrets.token_hex(8)
+        self.absent = "\x00absent " + secrets.token_hex(8)  # a value never written (_get)
         self.foreign: list[str] = []  # what was found that no gpucomm rank writes
 
     def meet(self) -> str:
@@ -95,7 +96,7 @@ class _Arrival:
             if taken is not None:
                 if taken:
                     return taken
-                gen = self._join(self._first_open(gen + 1))
+                gen = self._join(self._first_open(gen + 1, read=True))
                 continue
             self._keep_own(gen)
             if time.monotonic() >= deadline:
@@ -110,12 +111,18 @@ class _Arrival:
         return f"{self.root}gen{gen}/{name}"
 
     def _get(self, key: str) -> str | None:
-        if not self.store.check([key]):
-            return None
-        return self.store.get(key).decode(errors="replace")
+        """``key``'s value, None where it is absent, without waiting: ``get`` would wait for a
+        key deleted since a ``check``. compare_set with a value never written returns the
+        value there, or the expected one where there is none, and changes nothing."""
+        found = self.store.compare_set(key, self.absent, self.absent).decode(errors="replace")
+        return None if found == self.absent else found
 
-    def _first_open(self, gen: int) -> int:
+    def _first_open(self, gen: int, read: bool = False) -> int:
+        """The first generation from ``gen`` without a record; ``read``: note the records passed
+        that are not gpucomm's (while this rank waits, they were written since it arrived)."""
         while self.store.check([self._key(gen, "record")]):
+            if read:
+                self._closed(gen)
             gen += 1
         return gen
 
@@ -159,13 +166,13 @@ class _Arrival:
         keys = [self._key(gen, f"rank{r}") for r in range(self.size)]
         if not self.store.check(keys):
             return None
-        nonces = [v.decode(errors="replace") for v in self.store.multi_get(keys)]
-        odd = [(k, v) for k, v in zip(keys, nonces) if not _NONCE.fullmatch(v)]
+        nonces = [self._get(key) for key in keys]
+        odd = [(k, v) for k, v in zip(keys, nonces) if v is None or not _NONCE.fullmatch(v)]
         if odd or nonces[0] != self.nonce:
             for key, value in odd:
                 self._note(key, value)
             return None  # a changed value counts as absent; its rank (or _keep_own) puts it back
-        return self._settle(gen, " ".join([secrets.token_hex(8), *nonces]))
+        return self._settle(gen, " ".join([secrets.token_hex(8), *nonces]))  # type: ignore[list-item]
 
     def _settle(self, gen: int, mine: str) -> str:
         key = self._key(gen, "record")
@@ -178,15 +185,16 @@ class _Arrival:
         taken = self._settle(gen, f"abort {self.rank} {self.nonce}")
         if taken:
             return taken
+        arrived = [self._get(self._key(gen, f"rank{r}")) for r in range(self.size)]
+        missing = [r for r, v in enumerate(arrived) if v is None or not _NONCE.fullmatch(v)]
         if self.foreign:
+            absent = f"; the arrivals of rank(s) {missing} were not there at the end" if missing else ""
             raise StoreInconsistentError(
                 f"gpucomm.{self.fn}: the rendezvous store holds values that no gpucomm rank wrote "
                 f"({'; '.join(self.foreign)}): another process writes to this store, so this init could not "
-                f"complete within {self.timeout:g} s. Give the job a store no one else reaches "
+                f"complete within {self.timeout:g} s{absent}. Give the job a store no one else reaches "
                 "(docs/reliability.md, ## Threats)"
             )
-        arrived = [self._get(self._key(gen, f"rank{r}")) for r in range(self.size)]
-        missing = [r for r, v in enumerate(arrived) if v is None or not _NONCE.fullmatch(v)]
         # Every rank there, but no record: rank 0 writes it, and it is rank 0 that this rank waits for.
         raise CommTimeoutError(
             self.fn,
