@@ -98,7 +98,8 @@ def _from_torch_group(group: dist.ProcessGroup | None) -> tuple[Communicator, bo
     store = dist.PrefixStore("gpucomm-hooks/", dist.distributed_c10d._get_process_group_store(group))
     fn = "ddp.GpucommState"
     global_ranks = dist.get_process_group_ranks(group)
-    rdv = rendezvous(None, group.rank(), group.size(), store, config.timeout, fn=fn, global_ranks=global_ranks)
+    named = None if group.size() == dist.get_world_size() else global_ranks  # the world: one numbering
+    rdv = rendezvous(None, group.rank(), group.size(), store, config.timeout, fn=fn, global_ranks=named)
     comm = Communicator(
         rdv.store,
         rdv.rank,

@@ -86,7 +86,9 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
 
     Attributes name what the error message says: the collective, the epoch (the communicator's
     step counter, equal on all ranks for the same step), the waiting rank and the ranks that were
-    still missing when the deadline passed.
+    still missing when the deadline passed. Where the raiser says which group it waited in
+    (``global_ranks``, the global rank of each group rank), the message names the group and both
+    numberings, and ``missing_global`` holds the missing ranks' global numbers.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
         detail: str = "",
         *,
         global_ranks: Sequence[int] | None = None,
+        world: bool = False,
     ) -> None:
         self.op = op
         self.epoch = epoch
@@ -106,15 +109,15 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
         self.missing = list(missing)
         self.timeout = timeout
         # global_ranks[r]: the global rank of group rank r (None: not said; rank and missing are
-        # then as the caller numbered them).
+        # then as the caller numbered them); world: the group is the world (one numbering).
         self.global_ranks = None if global_ranks is None else list(global_ranks)
         self.missing_global = self.missing if global_ranks is None else [self.global_ranks[r] for r in self.missing]
         where = f" epoch {epoch}" if epoch is not None else ""
         extra = f": {detail}" if detail else ""
         who, whom = f"rank {rank}", f"rank(s) {self.missing}"
         if self.global_ranks is not None:
-            if self.global_ranks == list(range(len(self.global_ranks))):
-                where += f" on the world (ranks {self.global_ranks})"
+            if world:
+                where += f" on the world of {len(self.global_ranks)} ranks"
             else:
                 where += f" on the group of global ranks {self.global_ranks}"
                 who = f"group rank {rank} (global {self.global_ranks[rank]})"

@@ -58,7 +58,8 @@ def draw_prefix(
 ) -> str:
     """A fresh key prefix ``gpucomm/<token>/`` of this init (collective over the ``world_size``
     ranks on ``store``: it returns once all have arrived); ``fn`` names the call, and
-    ``global_ranks`` the global rank of each group rank, in a timeout's error."""
+    ``global_ranks`` the global rank of each group rank (None: the group is the world), in a
+    timeout's error."""
     return _Arrival(store, rank, world_size, timeout, fn, global_ranks).meet()
 
 
@@ -79,6 +80,7 @@ class _Arrival:
         self.size = world_size
         self.timeout = timeout
         self.fn = fn
+        self.world = global_ranks is None
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(world_size))
         self.root = f"gpucomm/w{world_size}/"
         self.nonce = "n" + secrets.token_hex(8)
@@ -204,6 +206,7 @@ class _Arrival:
             self.timeout,
             detail="the rendezvous in the store did not complete",
             global_ranks=self.global_ranks,
+            world=self.world,
         )
 
 
@@ -217,16 +220,17 @@ def store_wait(
     waited_ranks: list[int],
     epoch: int | None = None,
     global_ranks: Sequence[int] | None = None,
+    world: bool = False,
 ) -> None:
     """``store.wait`` with a deadline that ends in :class:`CommTimeoutError` naming the absent ranks.
 
     ``waited_ranks[i]`` is the rank expected to write ``keys[i]``; ``global_ranks`` (optional)
-    the global rank of each rank of the group, for the message. Keys that all arrived by the
-    time the deadline's error is read count as arrived.
+    the global rank of each rank of the group, for the message (``world``: the group is the
+    world). Keys that all arrived by the time the deadline's error is read count as arrived.
     """
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout))
     except _STORE_ERRORS as err:
         missing = [r for r, k in zip(waited_ranks, keys) if not store.check([k])]
         if missing:
-            raise CommTimeoutError(op, epoch, rank, missing, timeout, global_ranks=global_ranks) from err
+            raise CommTimeoutError(op, epoch, rank, missing, timeout, global_ranks=global_ranks, world=world) from err

@@ -118,8 +118,11 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         if self.config.local_world_size is not None:
             self.local_world_size = self.config.local_world_size
         self.store = store
+        # How errors name this group: the world (None), or by its global ranks (the rule of
+        # gpucomm.reliability.flight.group_label).
+        named = None if flight is None and self.global_ranks == list(range(world_size)) else self.global_ranks
         if prefix is None:
-            prefix = draw_prefix(store, self.rank, world_size, self.config.timeout, fn, self.global_ranks)
+            prefix = draw_prefix(store, self.rank, world_size, self.config.timeout, fn, named)
         self.prefix = prefix
         # device: the GPU this rank was pinned to (init_process_group(device_id=...)); by default
         # the one of its local rank.
@@ -144,9 +147,10 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             rank=rank,
             waited_ranks=everyone,
             global_ranks=self.global_ranks,
+            world=named is None,
         )
         self._fallback = GlooFallback(
-            dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout, fn, self.global_ranks
+            dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout, fn, named
         )
         self._engines: dict[str, Engine] = {}  # device type -> the workspace engine serving it
         self._own_record: FlightRecord | None = None

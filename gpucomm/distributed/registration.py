@@ -73,7 +73,8 @@ def _create(options: object, backend_options: object = None) -> ProcessGroupGpuc
         comm = parent.subgroup(rdv.store, rdv.prefix, rank, global_ranks, seconds, fn, **pg_options.knobs())
         return ProcessGroupGpucomm(comm, name, pg_options)
     config = Config.from_env(timeout=seconds, **pg_options.knobs())
-    rdv = rendezvous(None, rank, size, options.store, config.timeout, fn=fn, global_ranks=global_ranks)  # type: ignore[attr-defined]
+    named = global_ranks if options.global_ranks_in_group else None  # type: ignore[attr-defined]
+    rdv = rendezvous(None, rank, size, options.store, config.timeout, fn=fn, global_ranks=named)  # type: ignore[attr-defined]
     comm = Communicator(
         rdv.store,
         rank,

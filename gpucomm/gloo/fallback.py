@@ -77,8 +77,8 @@ class GlooFallback:
         global_ranks: Sequence[int] | None = None,
     ) -> None:
         """Connect the group (collective). ``fn`` (the public call) and ``global_ranks`` (the
-        global rank of each rank here) name a failure: gloo's own is a raw DistStoreError (a
-        timeout) or DistNetworkError (a peer gone) naming a store key."""
+        global rank of each rank here; None: the group is the world) name a failure: gloo's own
+        is a raw DistStoreError (a timeout) or DistNetworkError (a peer gone) naming a store key."""
         self.rank = rank
         self.world_size = world_size
         try:
@@ -94,7 +94,8 @@ class GlooFallback:
                 peers,
                 timeout,
                 detail=f"connecting the gloo group failed ({type(err).__name__}: {reason})",
-                global_ranks=global_ranks,
+                global_ranks=list(range(world_size)) if global_ranks is None else global_ranks,
+                world=global_ranks is None,
             ) from err
         self._slot_pool = SlotPool(world_size)  # the buffers of checked calls (gpucomm.gloo.checked)
 

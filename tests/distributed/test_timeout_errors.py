@@ -31,7 +31,7 @@ def _init_without_rank_1(rank: int, world_size: int) -> str:
 def test_init_timeout_names_the_call_the_group_and_the_missing_rank() -> None:
     results = run_ranks(_init_without_rank_1, 2, timeout=60)
     assert results[0] == (
-        "CommTimeoutError: gpucomm init_process_group on the world (ranks [0, 1]): rank 0 timed out after 2 s "
+        "CommTimeoutError: gpucomm init_process_group on the world of 2 ranks: rank 0 timed out after 2 s "
         "waiting for rank(s) [1]: the rendezvous in the store did not complete"
     ), results
 
@@ -53,7 +53,7 @@ def _gloo_stalls_on_rank_1(rank: int, world_size: int) -> str:
 def test_a_gloo_connect_timeout_at_init_is_a_comm_timeout_error_naming_the_call() -> None:
     results = run_ranks(_gloo_stalls_on_rank_1, 2, timeout=60)
     expected = (
-        "CommTimeoutError: gpucomm init_process_group on the world (ranks [0, 1]): rank 0 timed out after 2 s "
+        "CommTimeoutError: gpucomm init_process_group on the world of 2 ranks: rank 0 timed out after 2 s "
         "waiting for rank(s) [1]: connecting the gloo group failed (DistStoreError: "
     )
     assert results[0].startswith(expected), results
