@@ -108,3 +108,29 @@ def test_a_communicator_subgroup_timeout_names_the_group_and_global_ranks() -> N
         "CommTimeoutError: gpucomm new_group on the group of global ranks [1, 2]: group rank 1 (global 2) timed out "
         "after 2 s waiting for group rank(s) [0] (global [1])"
     ), results
+
+
+def _inter_node_gloo_stalls_on_rank_1(rank: int, world_size: int) -> str:
+    import gpucomm
+    from gpucomm.algorithms import hierarchical
+
+    if rank == 1:
+
+        def stalled(self: object, *args: object) -> None:
+            time.sleep(4)  # its node's workspace made, but never connects the inter-node group
+            raise RuntimeError("rank 1 stalled before the inter-node group")
+
+        hierarchical.InterNode.__init__ = stalled
+    return _outcome(lambda: gpucomm.init_process_group(transport="shm", kernels="torch", timeout=2))
+
+
+def test_an_inter_node_gloo_connect_timeout_names_the_inter_node_group() -> None:
+    """Two "nodes" of one rank (GPUCOMM_LOCAL_WORLD_SIZE=1): the hierarchical path's inter-node
+    gloo group of global ranks [0, 1] (before: a raw DistStoreError naming a gloo key)."""
+    results = run_ranks(_inter_node_gloo_stalls_on_rank_1, 2, timeout=60, env={"GPUCOMM_LOCAL_WORLD_SIZE": "1"})
+    expected = (
+        "CommTimeoutError: gpucomm init (the inter-node gloo group) on the group of global ranks [0, 1]: group rank 0 "
+        "(global 0) timed out after 2 s waiting for group rank(s) [1] (global [1]): connecting the inter-node gloo "
+        "group failed (DistStoreError: "
+    )
+    assert results[0].startswith(expected), results
