@@ -7,8 +7,11 @@ by :func:`gpucomm.comm.communicator.resolve` when the communicator is built.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import math
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -23,6 +26,8 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "CudaEmulation",
     "cuda_emulation",
+    "MAX_TIMEOUT_S",
+    "check_timeout",
 ]
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
@@ -32,6 +37,10 @@ CHECKS = ("fingerprint", "full", "off")
 ASYNC_ERROR_HANDLING = ("raise", "abort")
 
 DEFAULT_TIMEOUT_S = 300.0
+# The longest timeout gpucomm takes: the longest wait Python's threading can make
+# (threading.TIMEOUT_MAX, 2**63 ns: about 292 years on Linux). Beyond it Event.wait, and
+# torch's timedelta conversions, raise an OverflowError in the middle of a call.
+MAX_TIMEOUT_S = threading.TIMEOUT_MAX
 # Data bytes per rank where GPUCOMM_WORKSPACE_BYTES leaves it to gpucomm: a quarter for the
 # send/recv mailboxes, then two halves that collectives alternate between, a large message
 # moving one half-sized piece per round (two SYNCs per piece for two-shot).
@@ -139,10 +148,15 @@ def _parse(name: str, value: object) -> object:
             raise ValueError(f"gpucomm: GPUCOMM_HEAP_BYTES must be 0 (no heap) or more, got {value!r}")
         return size
     if name == "timeout":
-        seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)  # type: ignore[arg-type]
-        if not seconds > 0:
-            raise ValueError(f"gpucomm: GPUCOMM_TIMEOUT must be a positive number of seconds, got {value!r}")
-        return float(seconds)
+        if not isinstance(value, str):
+            return check_timeout(value, "init_process_group")
+        try:
+            return check_timeout(float(value), "init_process_group", "GPUCOMM_TIMEOUT")
+        except ValueError:  # not a number, or out of range: the variable's own text in the message
+            raise ValueError(
+                f"gpucomm.init_process_group: GPUCOMM_TIMEOUT must be a positive number of seconds, finite and at "
+                f"most {MAX_TIMEOUT_S:g} (about 292 years), got {value!r}"
+            ) from None
     if name == "blocking_wait":
         text = str(value).strip().lower()
         if text not in ("0", "1", "false", "true"):
@@ -173,6 +187,32 @@ def _parse(name: str, value: object) -> object:
             raise ValueError(f"gpucomm: GPUCOMM_LOCAL_WORLD_SIZE must be >= 1, got {value!r}")
         return count
     raise AssertionError(name)  # unreachable: from_env checked the names
+
+
+def check_timeout(value: object, fn: str, name: str = "timeout") -> float:
+    """``value`` (a ``datetime.timedelta`` or a number of seconds) in seconds, checked.
+
+    Raises TypeError for another type, and ValueError naming ``fn``, ``name`` and the value for
+    one that is not a number of seconds in (0, :data:`MAX_TIMEOUT_S`]: zero, negative, nan,
+    infinite or too large (``1e300``, ``10**20``, ``timedelta.max``).
+    """
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond float's range
+            seconds = math.inf
+    else:
+        raise TypeError(
+            f"gpucomm.{fn}: {name} must be a datetime.timedelta or a number of seconds, got {type(value).__name__}"
+        )
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ValueError(
+            f"gpucomm.{fn}: {name} must be a positive number of seconds, finite and at most {MAX_TIMEOUT_S:g} "
+            f"(about 292 years), got {value!r}"
+        )
+    return seconds
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

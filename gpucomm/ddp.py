@@ -96,7 +96,10 @@ def _from_torch_group(group: dist.ProcessGroup | None) -> tuple[Communicator, bo
         )
     config = Config.from_env()
     store = dist.PrefixStore("gpucomm-hooks/", dist.distributed_c10d._get_process_group_store(group))
-    rdv = rendezvous(None, group.rank(), group.size(), store, config.timeout, fn="ddp.GpucommState")
+    fn = "ddp.GpucommState"
+    global_ranks = dist.get_process_group_ranks(group)
+    named = None if group.size() == dist.get_world_size() else global_ranks  # the world: one numbering
+    rdv = rendezvous(None, group.rank(), group.size(), store, config.timeout, fn=fn, global_ranks=named)
     comm = Communicator(
         rdv.store,
         rdv.rank,
@@ -105,7 +108,8 @@ def _from_torch_group(group: dist.ProcessGroup | None) -> tuple[Communicator, bo
         config=config,
         local_rank=rdv.local_rank,
         local_world_size=min(rdv.local_world_size, rdv.world_size),
-        global_ranks=dist.get_process_group_ranks(group),
+        global_ranks=global_ranks,
+        fn=fn,
     )
     return comm, True
 

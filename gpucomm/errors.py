@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from torch.distributed import DistBackendError, DistError
+from torch.distributed import DistBackendError, DistError, DistStoreError
 
 __all__ = [
     "GpucommError",
@@ -29,6 +29,7 @@ __all__ = [
     "CommMismatchError",
     "CommBrokenError",
     "KernelCompileError",
+    "StoreInconsistentError",
 ]
 
 
@@ -85,7 +86,9 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
 
     Attributes name what the error message says: the collective, the epoch (the communicator's
     step counter, equal on all ranks for the same step), the waiting rank and the ranks that were
-    still missing when the deadline passed.
+    still missing when the deadline passed. Where the raiser says which group it waited in
+    (``global_ranks``, the global rank of each group rank), the message names the group and both
+    numberings, and ``missing_global`` holds the missing ranks' global numbers.
     """
 
     def __init__(
@@ -96,17 +99,30 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
         missing: Sequence[int],
         timeout: float,
         detail: str = "",
+        *,
+        global_ranks: Sequence[int] | None = None,
+        world: bool = False,
     ) -> None:
         self.op = op
         self.epoch = epoch
         self.rank = rank
         self.missing = list(missing)
         self.timeout = timeout
+        # global_ranks[r]: the global rank of group rank r (None: not said; rank and missing are
+        # then as the caller numbered them); world: the group is the world (one numbering).
+        self.global_ranks = None if global_ranks is None else list(global_ranks)
+        self.missing_global = self.missing if global_ranks is None else [self.global_ranks[r] for r in self.missing]
         where = f" epoch {epoch}" if epoch is not None else ""
         extra = f": {detail}" if detail else ""
-        super().__init__(
-            f"gpucomm {op}{where}: rank {rank} timed out after {timeout:g} s waiting for rank(s) {self.missing}{extra}"
-        )
+        who, whom = f"rank {rank}", f"rank(s) {self.missing}"
+        if self.global_ranks is not None:
+            if world:
+                where += f" on the world of {len(self.global_ranks)} ranks"
+            else:
+                where += f" on the group of global ranks {self.global_ranks}"
+                who = f"group rank {rank} (global {self.global_ranks[rank]})"
+                whom = f"group rank(s) {self.missing} (global {self.missing_global})"
+        super().__init__(f"gpucomm {op}{where}: {who} timed out after {timeout:g} s waiting for {whom}{extra}")
 
 
 class CommMismatchError(_Story, GpucommError, DistBackendError):
@@ -138,3 +154,13 @@ class CommBrokenError(GpucommError, DistBackendError):
 
 class KernelCompileError(GpucommError):
     """A kernel failed to compile; the message carries the compiler's log."""
+
+
+class StoreInconsistentError(GpucommError, DistStoreError):
+    """The rendezvous store holds what gpucomm's ranks did not write there, or lost what they did.
+
+    Anyone who can reach a TCPStore may read and write every key (docs/reliability.md, ## Threats):
+    such writes can make an init fail with this error, which names the call and what was found,
+    never a rank. Also a ``torch.distributed.DistStoreError``, the type torch raises for its
+    stores' failures.
+    """

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gpucomm.config import check_timeout
 from gpucomm.errors import CommTimeoutError
 from gpucomm.progress import Queued
 
@@ -38,6 +39,7 @@ __all__ = ["Work", "StreamEnd", "WaitedInThread"]
 
 # A blocking wait on a GPU collective looks at its end event this often.
 _POLL_S = 1e-4
+_ZERO = datetime.timedelta(0)  # torch's Work.wait passes it (its kNoTimeout) for "no timeout of its own"
 
 
 class StreamEnd:
@@ -210,10 +212,14 @@ class Work:
         return self.is_completed() and self._error is None
 
     def wait(self, timeout: object = None) -> bool:
-        """Wait for the collective (module docstring); raises its error, translated."""
+        """Wait for the collective (module docstring); raises its error, translated.
+
+        ``timeout``: a timedelta or seconds; None, or zero (torch's ``kNoTimeout``), waits for
+        as long as the communicator's own timeout. Anything else must be a positive, finite
+        number of seconds (ValueError otherwise, :func:`gpucomm.config.check_timeout`)."""
+        seconds = None if timeout is None or timeout == 0 or timeout == _ZERO else check_timeout(timeout, "Work.wait")
         if self._error is not None:
             raise self._error
-        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         block = self.blocking or seconds is not None
         try:
             for p in self._pending:

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from gpucomm.algorithms import allgather, reducescatter, select
+from gpucomm.errors import CommTimeoutError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.program import Builder
 from gpucomm.ops.reference import fold_into
@@ -64,6 +65,23 @@ class Placement(Protocol):
         ...
 
 
+def _connect_failed(comm: Group, topology: Placement, err: BaseException) -> CommTimeoutError:
+    """The error of an inter-node group that could not connect: the group (this rank's local
+    index on every node) in group and global numbering, each other member waited for (gloo does
+    not say which peer it waited for)."""
+    members = [node[topology.local] for node in topology.nodes if topology.local < len(node)]
+    reason = str(err).splitlines()[0] if str(err) else ""
+    return CommTimeoutError(
+        "init (the inter-node gloo group)",
+        None,
+        topology.node,
+        [n for n in range(len(members)) if n != topology.node],
+        comm.timeout,
+        detail=f"connecting the inter-node gloo group failed ({type(err).__name__}: {reason})",
+        global_ranks=[comm.global_ranks[m] for m in members] if len(members) == len(topology.nodes) else None,
+    )
+
+
 class InterNode:
     """The torch.distributed group of the ranks that share this rank's local rank, one per node."""
 
@@ -76,7 +94,12 @@ class InterNode:
         # gloo connects every pair at construction, which every member does now (the engine
         # is built collectively); NCCL is built on first use by a CUDA tensor, which is also
         # collective (every member calls the same all_reduce).
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", self._store), self.rank, self.size, self.timeout)
+        try:
+            self._gloo = dist.ProcessGroupGloo(
+                dist.PrefixStore("gloo/", self._store), self.rank, self.size, self.timeout
+            )
+        except dist.DistError as err:  # gloo's raw DistStoreError (a timeout) or DistNetworkError
+            raise _connect_failed(comm, topology, err) from err
         self._nccl: dist.ProcessGroup | None = None
         # The accumulation-type copy of the last 16-bit tensor reduced, reused while the size
         # stays the same: the node's programs are cached by address (gpucomm.workspace.engine).

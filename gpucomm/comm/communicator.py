@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from gpucomm import log
+from gpucomm.comm.arrivals import draw_prefix, store_wait
 from gpucomm.comm.collectives import Collectives
 from gpucomm.comm.memory import SymmetricMemory
 from gpucomm.comm.point_to_point import PointToPoint
-from gpucomm.comm.rendezvous import draw_prefix
 from gpucomm.comm.validation import check_rank
-from gpucomm.config import Config
+from gpucomm.config import Config, check_timeout
 from gpucomm.errors import GpucommError, UnsupportedError, WorkspaceUnavailableError
 from gpucomm.gloo.fallback import GlooFallback
 from gpucomm.language.context import DeviceContext
@@ -104,12 +104,16 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         global_ranks: Sequence[int] | None = None,
         device: torch.device | None = None,
         flight: FlightRecord | None = None,
+        fn: str = "Communicator",
     ) -> None:
         """``prefix``: where its keys live in ``store``; None draws a fresh one from the store
         (collective), so that communicators built on one store never read each other's keys.
         ``flight``: the flight record of the parent communicator (a subgroup writes its calls
-        into it); None opens this communicator's own (collective)."""
+        into it); None opens this communicator's own (collective). ``fn``: the public call that
+        builds it, named by its errors (a timeout names the call, the group and the ranks it
+        waited for, in group and global numbering)."""
         self.config = config if config is not None else Config.from_env()
+        check_timeout(self.config.timeout, fn, "timeout")  # a Config built directly is unchecked
         log.enable(self.config.debug)
         self.rank = check_rank(rank, world_size, "Communicator", "rank")
         self.world_size = world_size
@@ -119,8 +123,11 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         if self.config.local_world_size is not None:
             self.local_world_size = self.config.local_world_size
         self.store = store
+        # How errors name this group: the world (None), or by its global ranks (the rule of
+        # gpucomm.reliability.flight.group_label).
+        named = None if flight is None and self.global_ranks == list(range(world_size)) else self.global_ranks
         if prefix is None:
-            prefix = draw_prefix(store, self.rank, world_size, self.config.timeout, "Communicator")
+            prefix = draw_prefix(store, self.rank, world_size, self.config.timeout, fn, named)
         self.prefix = prefix
         # device: the GPU this rank was pinned to (init_process_group(device_id=...)); by default
         # the one of its local rank.
@@ -134,7 +141,22 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         self._broken: BaseException | None = None
         self._closed = False
         self._liveness = Liveness(store, prefix, rank, world_size)
-        self._fallback = GlooFallback(dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout)
+        # Every rank arrived before gloo connects: a rank that never comes is named here, by the
+        # call, the group and its ranks; gloo's own wait would end in a raw DistStoreError.
+        everyone = list(range(world_size))
+        store_wait(
+            store,
+            self._liveness.keys(),
+            self.timeout,
+            op=fn,
+            rank=rank,
+            waited_ranks=everyone,
+            global_ranks=self.global_ranks,
+            world=named is None,
+        )
+        self._fallback = GlooFallback(
+            dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout, fn, named
+        )
         self._engines: dict[str, Engine] = {}  # device type -> the workspace engine serving it
         self._own_record: FlightRecord | None = None
         self._signal: StatusSignal | None = None
@@ -313,7 +335,12 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         self.close()
 
     def new_subgroup(
-        self, ranks: Sequence[int], timeout: float | None = None, sort: bool = True, **knobs: object
+        self,
+        ranks: Sequence[int],
+        timeout: float | None = None,
+        sort: bool = True,
+        fn: str = "new_group",
+        **knobs: object,
     ) -> Communicator | None:
         """Collective over this communicator: the members of ``ranks`` get a Communicator, the rest None.
 
@@ -331,7 +358,7 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             return None
         global_ranks = [self.global_ranks[r] for r in ranks]
         return self.subgroup(
-            self.store, f"{self.prefix}g{self._subgroups}/", ranks.index(self.rank), global_ranks, timeout, **knobs
+            self.store, f"{self.prefix}g{self._subgroups}/", ranks.index(self.rank), global_ranks, timeout, fn, **knobs
         )
 
     def subgroup(
@@ -341,12 +368,15 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         rank: int,
         global_ranks: Sequence[int],
         timeout: float | None = None,
+        fn: str = "new_group",
         **knobs: object,
     ) -> Communicator:
         """A subgroup of this communicator's ranks whose members agreed on ``store`` and
         ``prefix`` already (torch's name of the group: gpucomm.distributed.backend); collective over its
         members only. It keeps this communicator's device, node layout, knobs (but ``timeout``
         and ``knobs``) and flight record."""
+        if timeout is not None:
+            timeout = check_timeout(timeout, fn)
         return Communicator(
             store,
             rank,
@@ -358,6 +388,7 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             global_ranks=list(global_ranks),
             device=self.device,
             flight=self._flight.record,
+            fn=fn,
         )
 
     @property

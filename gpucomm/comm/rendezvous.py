@@ -1,13 +1,13 @@
 """Rendezvous: the ``torch.distributed.Store`` every gpucomm group keeps its keys in.
 
 ``env://`` (torchrun's variables), ``tcp://host:port``, ``file://path`` or a store passed in.
-Each init of the world takes a fresh *generation* from a counter in the store and rank 0 draws a
-random job token for it; every key gpucomm writes lives under
+Each init of the world meets in a fresh *generation* of the store, where rank 0 draws a random job
+token once every rank has arrived (:mod:`gpucomm.comm.arrivals`); every key gpucomm writes lives under
 ``gpucomm/<token>/`` (and a subgroup's under ``gpucomm/<token>/g<n>/``), so two inits, two groups
 or two jobs sharing a store never read each other's handles.
 
 Under torchrun the store is the elastic agent's, which outlives a restart of the workers: what
-attempt 0 wrote (the arrivals of its ranks, one short where a rank died before counting) is there
+attempt 0 wrote (the arrivals of its ranks, one short where a rank died before arriving) is there
 for attempt 1. On one node gpucomm keeps each attempt's keys under ``/worker/attempt_<N>/``
 (``TORCHELASTIC_RESTART_COUNT``), as torch's env:// rendezvous did for the agent store up to
 torch 2.4 (:func:`_agent_attempt_store` says why not across nodes).
@@ -18,14 +18,14 @@ from __future__ import annotations
 import datetime
 import errno
 import os
-import secrets
 import socket
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gpucomm.errors import CommTimeoutError
+from gpucomm.comm.arrivals import draw_prefix, store_wait
 
 __all__ = ["Rendezvous", "rendezvous", "draw_prefix", "store_wait"]
 
@@ -136,8 +136,10 @@ def rendezvous(
     store: dist.Store | None,
     timeout: float,
     fn: str = "init_process_group",
+    global_ranks: Sequence[int] | None = None,
 ) -> Rendezvous:
-    """Resolve rank, world size, node layout and the store; draw this init's prefix."""
+    """Resolve rank, world size, node layout and the store; draw this init's prefix (collective:
+    every rank arrives, or each raises by ``timeout``; ``fn`` and ``global_ranks`` for its error)."""
     if store is not None and init_method is not None:
         raise ValueError(f"gpucomm.{fn}: pass either store= or init_method=, not both")
     url = urllib.parse.urlparse(init_method or "env://")
@@ -167,7 +169,7 @@ def rendezvous(
             store.set_timeout(datetime.timedelta(seconds=timeout))
         else:
             store, rank, world_size = _registered(init_method, rank, world_size, timeout, fn)
-    prefix = draw_prefix(store, rank, world_size, timeout)
+    prefix = draw_prefix(store, rank, world_size, timeout, fn, global_ranks)
     return Rendezvous(store, prefix, rank, world_size, local_rank, local_world_size)
 
 
@@ -176,9 +178,10 @@ def _agent_attempt_store(store: dist.Store, world_size: int, local_world_size: i
     the job runs on one node; ``store`` itself elsewhere.
 
     The agent's store outlives a restart (torch 2.13's dynamic rendezvous keeps its shared
-    TCPStore server for every round), so without a prefix attempt 1 counts its arrivals on top of
-    attempt 0's: after a rank died before counting, every restart splits its ranks across two
-    generations. torch's env:// rendezvous put the agent store under this prefix up to torch 2.4.
+    TCPStore server for every round), so without a prefix attempt 1 meets where attempt 0's ranks
+    left their arrivals: rank 0 of attempt 1 can take the arrival of a rank killed while it waited
+    for that rank's own, and go on without the new process. Under this prefix each attempt starts
+    from an empty store. torch's env:// rendezvous put the agent store under this prefix up to torch 2.4.
     It dropped it (torch/distributed/rendezvous.py, pytorch issue #135712) because
     TORCHELASTIC_RESTART_COUNT is each agent's own count: an agent that restarts its workers for
     a peer node's failure or a new node does not add to it, so across nodes the prefixes can
@@ -203,40 +206,3 @@ def _registered(init_method: str, rank: int, world_size: int, timeout: float, fn
         f"gpucomm.{fn}: init_method must be env://, tcp://host:port, file://path or a scheme registered with "
         f"register_rendezvous_handler, got {init_method!r}"
     )
-
-
-def draw_prefix(store: dist.Store, rank: int, world_size: int, timeout: float, fn: str = "init_process_group") -> str:
-    """A fresh key prefix ``gpucomm/<token>/`` of this init (collective over the ``world_size``
-    ranks on ``store``); ``fn`` names the call in the timeout's error."""
-    # Every rank adds 1: the P arrivals of one init share (count - 1) // P, so a store reused
-    # by many inits (or many jobs) hands each init its own generation.
-    generation = (store.add("gpucomm/arrivals", 1) - 1) // world_size
-    key = f"gpucomm/gen{generation}/token"
-    if rank == 0:
-        store.set(key, secrets.token_hex(8))
-    store_wait(store, [key], timeout, op=fn, rank=rank, waited_ranks=[0])
-    token = store.get(key).decode()
-    return f"gpucomm/{token}/"
-
-
-def store_wait(
-    store: dist.Store,
-    keys: list[str],
-    timeout: float,
-    *,
-    op: str,
-    rank: int,
-    waited_ranks: list[int],
-    epoch: int | None = None,
-) -> None:
-    """``store.wait`` with a deadline that ends in :class:`CommTimeoutError` naming the absent ranks.
-
-    ``waited_ranks[i]`` is the rank expected to write ``keys[i]``.
-    """
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout))
-    except (RuntimeError, dist.DistStoreError) as err:
-        missing = [r for r, k in zip(waited_ranks, keys) if not store.check([k])]
-        if not missing:
-            raise
-        raise CommTimeoutError(op, epoch, rank, missing, timeout) from err

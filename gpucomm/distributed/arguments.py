@@ -6,10 +6,9 @@ Each function raises ``TypeError`` or ``ValueError`` naming the public call ``fn
 
 from __future__ import annotations
 
-import datetime
-
 import torch
 
+from gpucomm.config import check_timeout
 from gpucomm.distributed.backend import Options
 
 __all__ = ["device_for", "knobs_of", "options_for", "seconds_of", "transport_for"]
@@ -76,16 +75,10 @@ def device_for(device_id: object, fn: str) -> torch.device | None:
 
 
 def seconds_of(timeout: object, fn: str) -> float | None:
-    """``timeout`` (a timedelta or a number of seconds) in seconds; None stays None."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        return float(timeout)
-    raise TypeError(
-        f"gpucomm.{fn}: timeout must be a datetime.timedelta or a number of seconds, got {type(timeout).__name__}"
-    )
+    """``timeout`` (a timedelta or a number of seconds) in seconds; None stays None.
+
+    Raises ValueError naming ``fn`` and the value for one out of range (:func:`gpucomm.config.check_timeout`)."""
+    return None if timeout is None else check_timeout(timeout, fn)
 
 
 def knobs_of(pg_options: object, fn: str) -> dict[str, object]:

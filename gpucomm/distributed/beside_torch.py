@@ -110,7 +110,7 @@ class BesideTorch:
                 f"gpucomm.{fn}: rank(s) {outside} are not in the parent group (ranks {parent.global_ranks})"
             )
         knobs = {} if options is None else options.knobs()
-        comm = parent.new_subgroup([parent.global_ranks.index(r) for r in members], seconds, sort=sort, **knobs)
+        comm = parent.new_subgroup([parent.global_ranks.index(r) for r in members], seconds, sort=sort, fn=fn, **knobs)
         if comm is None:
             return GroupMember.NON_GROUP_MEMBER
         self.groups_made.append(comm)

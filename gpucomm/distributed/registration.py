@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from gpucomm.comm.communicator import Communicator
 from gpucomm.comm.rendezvous import rendezvous
-from gpucomm.config import Config
+from gpucomm.config import Config, check_timeout
 from gpucomm.distributed.backend import BACKEND_NAME, Options, ProcessGroupGpucomm
 
 __all__ = ["Lent"]
@@ -62,22 +62,19 @@ def _create(options: object, backend_options: object = None) -> ProcessGroupGpuc
     given = options.timeout  # type: ignore[attr-defined]
     if given == dist.default_pg_timeout if parent is not None else os.environ.get("GPUCOMM_TIMEOUT"):
         given = None
+    seconds = None if given is None else check_timeout(given, fn)
     if parent is not None:
         # rendezvous draws a fresh key prefix in this group's store (torch prefixed it with the
         # group's name, which every member agreed on), so that a group re-created on a reused
-        # store never reads the previous generation's workspace handles.
-        rdv = rendezvous(None, rank, size, options.store, parent.timeout, fn=fn)  # type: ignore[attr-defined]
-        comm = parent.subgroup(
-            rdv.store,
-            rdv.prefix,
-            rank,
-            global_ranks,
-            None if given is None else given.total_seconds(),
-            **pg_options.knobs(),
-        )
+        # store never reads the previous generation's workspace handles. The group's timeout
+        # bounds its making too, as torch's does.
+        timeout = parent.timeout if seconds is None else seconds
+        rdv = rendezvous(None, rank, size, options.store, timeout, fn=fn, global_ranks=global_ranks)  # type: ignore[attr-defined]
+        comm = parent.subgroup(rdv.store, rdv.prefix, rank, global_ranks, seconds, fn, **pg_options.knobs())
         return ProcessGroupGpucomm(comm, name, pg_options)
-    config = Config.from_env(timeout=given, **pg_options.knobs())
-    rdv = rendezvous(None, rank, size, options.store, config.timeout, fn=fn)  # type: ignore[attr-defined]
+    config = Config.from_env(timeout=seconds, **pg_options.knobs())
+    named = global_ranks if options.global_ranks_in_group else None  # type: ignore[attr-defined]
+    rdv = rendezvous(None, rank, size, options.store, config.timeout, fn=fn, global_ranks=named)  # type: ignore[attr-defined]
     comm = Communicator(
         rdv.store,
         rank,
@@ -87,6 +84,7 @@ def _create(options: object, backend_options: object = None) -> ProcessGroupGpuc
         local_rank=rdv.local_rank,
         local_world_size=min(rdv.local_world_size, size),
         global_ranks=global_ranks,
+        fn=fn,
     )
     return ProcessGroupGpucomm(comm, name, pg_options)
 

@@ -133,6 +133,7 @@ def init_process_group(
         local_rank=rdv.local_rank,
         local_world_size=rdv.local_world_size,
         device=device,
+        fn=fn,
     )
     if dist.is_initialized():
         # torch's default group is another backend's (the script initialized torch first, with

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from gpucomm.errors import CommTimeoutError
 from gpucomm.gloo.checked import CheckedGloo, SlotPool
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.work import Work
@@ -66,10 +67,36 @@ class _Staged:
 class GlooFallback:
     """Collectives of one group on gloo."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        timeout: float,
+        fn: str = "Communicator",
+        global_ranks: Sequence[int] | None = None,
+    ) -> None:
+        """Connect the group (collective). ``fn`` (the public call) and ``global_ranks`` (the
+        global rank of each rank here; None: the group is the world) name a failure: gloo's own
+        is a raw DistStoreError (a timeout) or DistNetworkError (a peer gone) naming a store key."""
         self.rank = rank
         self.world_size = world_size
-        self.pg = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
+        try:
+            self.pg = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
+        except dist.DistError as err:
+            # gloo does not say which peer it waited for: each of the others, as far as it tells.
+            peers = [r for r in range(world_size) if r != rank]
+            reason = str(err).splitlines()[0] if str(err) else ""
+            raise CommTimeoutError(
+                fn,
+                None,
+                rank,
+                peers,
+                timeout,
+                detail=f"connecting the gloo group failed ({type(err).__name__}: {reason})",
+                global_ranks=list(range(world_size)) if global_ranks is None else global_ranks,
+                world=global_ranks is None,
+            ) from err
         self._slot_pool = SlotPool(world_size)  # the buffers of checked calls (gpucomm.gloo.checked)
 
     def checked(self, fingerprint: int, describe: Callable[[list[int]], str]) -> CheckedGloo:

@@ -50,6 +50,10 @@ class Liveness:
         store.set(f"{self.prefix}proc/{rank}", f"{self.host} {os.getpid()} {self.pid_space}")
         self._known: list[tuple[str, str, str]] | None = None
 
+    def keys(self) -> list[str]:
+        """Every rank's key of its process (written at init): a rank's arrival."""
+        return [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
+
     def one_host(self) -> bool:
         """Whether every rank published this host's name (waits for all of them: collective)."""
         return all(host == self.host for host, _, _ in self._procs())
@@ -61,7 +65,7 @@ class Liveness:
         died.
         """
         if self._known is None:
-            keys = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
+            keys = self.keys()
             self.store.wait(keys)
             known = []
             for key in keys:

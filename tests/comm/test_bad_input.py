@@ -136,7 +136,7 @@ def _bad_knobs(rank: int, world_size: int) -> list[str]:
         ({"kernels": "cuda"}, gpucomm.UnsupportedError, "GPUCOMM_KERNELS=cuda needs a CUDA device"),
         ({"transport": "cuda_ipc"}, gpucomm.UnsupportedError, "GPUCOMM_TRANSPORT=cuda_ipc needs a CUDA device"),
         ({"workspace_bytes": 16}, ValueError, "GPUCOMM_WORKSPACE_BYTES must be at least"),
-        ({"timeout": -1}, ValueError, "GPUCOMM_TIMEOUT must be a positive number"),
+        ({"timeout": -1}, ValueError, "init_process_group: timeout must be a positive number"),
         ({"bogus": 1}, TypeError, "unknown knob(s) ['bogus']"),
     ]:
         try:
