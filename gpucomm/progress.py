@@ -30,6 +30,10 @@ from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError
 __all__ = ["Progress", "Queued"]
 
 
+def _ran() -> None:
+    """What a :class:`Queued` that has ended holds instead of its collective."""
+
+
 class Queued:
     """One collective in a :class:`Progress` queue: the part of a :class:`gpucomm.work.Work` that
     ends when the progress thread has run it (``is_completed``, ``wait``, ``get_future``).
@@ -49,7 +53,10 @@ class Queued:
         self._future: torch.futures.Future = torch.futures.Future()
 
     def end(self, error: BaseException | None) -> None:
-        """Called once by the progress thread when the collective has run (or failed)."""
+        """Called once by the progress thread when the collective has run (or failed), or by
+        the close that dropped it. What it ran is dropped: a Work the caller keeps holds no
+        workspace, path or buffer past its end."""
+        self.run = _ran
         self._error = error
         self._ended.set()
         if error is None:

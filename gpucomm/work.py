@@ -285,6 +285,7 @@ class Work:
             if self._error is None:
                 self._error = err if self._on_error is None else self._on_error(err)
         self._keep = ()
+        self._finish = None  # never runs now: what it would write back is let go
         with self._lock:
             waiters, self.waiters = self.waiters, []
         for future in waiters:

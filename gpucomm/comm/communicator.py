@@ -38,6 +38,7 @@ from gpucomm.progress import Progress
 from gpucomm.reliability.flight import FlightLog, FlightRecord, group_label
 from gpucomm.reliability.liveness import Liveness
 from gpucomm.reliability.story import NodeStatus, StatusSignal, node_status
+from gpucomm.reliability.watchdog import forget as forget_watched
 from gpucomm.reliability.watchdog import stop as stop_watchdog
 from gpucomm.workspace.engine import Engine
 from gpucomm.workspace.repeat import Repeats
@@ -246,6 +247,12 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
     def close(self) -> None:
         """Free the workspace, the flight record and the gloo group. Idempotent.
 
+        When it returns, every workspace segment is unmapped and its memory given back, whatever
+        Works the caller still holds (they end with the error recorded for them: a collective
+        dropped from the queue, cut short); only a symmetric heap whose tensors the caller still
+        holds stays, until the last of them is freed (docs/reliability.md). Nothing it leaves
+        refers back to the communicator, which goes with its last reference.
+
         Every step is tried past one that fails (a broken communicator's device may refuse its
         synchronize: the rest is still freed), and the first failure is raised after the last."""
         if self._closed:
@@ -255,6 +262,7 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         failures: list[BaseException] = []
         try:
             _attempt(self._progress.close, failures)  # before the workspace goes: its collectives run on it
+            self._let_go()
             _attempt(self._close_engines, failures)
             _attempt(self._close_record, failures)
         finally:
@@ -265,6 +273,14 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
                     stop_watchdog()
         if failures:
             raise failures[0]
+
+    def _let_go(self) -> None:
+        """Drop what holds the workspaces or the Works of calls: the kept launches, the pending
+        calls of the flight log, the watchdog's queues of this communicator."""
+        self._repeat.clear()
+        self._flight.forget()
+        for queue in (self._progress, self._fallback, *self._engines.values()):
+            forget_watched(queue)
 
     def _release_threads(self) -> None:
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""
