@@ -176,7 +176,8 @@ class Progress:
                         f"gpucomm.{queued.name}: not run: an asynchronous collective queued before it failed "
                         f"(original error: {self._failure})"
                     )
-                queued.run()
+                with torch.no_grad():  # as the caller's thread runs it (gpucomm.comm.route)
+                    queued.run()
             except Exception as err:  # noqa: BLE001 - handed to the Work, which raises it in wait()
                 error = err
                 if self._failure is None:

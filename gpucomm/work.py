@@ -274,7 +274,10 @@ class Work:
                 return
             finish, self._finish = self._finish, None
             if finish is not None:
-                finish()
+                # Outside autograd whatever thread gets here: the write-back of a staged result
+                # into an nn.Parameter is an in-place write on its data, as torch's gloo makes.
+                with torch.no_grad():
+                    finish()
             self._finished = True
             waiters, self.waiters = self.waiters, []
         for future in waiters:

@@ -97,18 +97,21 @@ class Router:
         slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
         on_gpu = algo is not None and engine.stream is not None
         try:
-            path = self._path(call, seq, engine, algo)
-            if on_gpu:
-                pending = self._on_gpu(call, engine, path)
-            elif queued:  # on the progress thread, in call order (gpucomm.progress)
-                pending = [
-                    self._progress.submit(Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank))
-                ]
-            else:
-                # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
-                # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
-                # collective has run on return, send/recv progress in wait()).
-                pending = [call.serve(path)]
+            # Outside autograd, as torch's process groups write: a tensor that requires grad (an
+            # nn.Parameter) is written in place on its data (so are the finish steps: gpucomm.work).
+            with torch.no_grad():
+                path = self._path(call, seq, engine, algo)
+                if on_gpu:
+                    pending = self._on_gpu(call, engine, path)
+                elif queued:  # on the progress thread, in call order (gpucomm.progress)
+                    pending = [
+                        self._progress.submit(Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank))
+                    ]
+                else:
+                    # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
+                    # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
+                    # collective has run on return, send/recv progress in wait()).
+                    pending = [call.serve(path)]
         except RuntimeError as err:
             raise translate(err) from err
         work = Work(
