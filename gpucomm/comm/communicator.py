@@ -275,10 +275,9 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             raise failures[0]
 
     def _let_go(self) -> None:
-        """Drop what holds the workspaces or the Works of calls: the kept launches, the pending
-        calls of the flight log, the watchdog's queues of this communicator."""
+        """Drop what holds the workspaces or the Works of calls: the kept launches and the
+        watchdog's queues of this communicator."""
         self._repeat.clear()
-        self._flight.forget()
         for queue in (self._progress, self._fallback, *self._engines.values()):
             forget_watched(queue)
 

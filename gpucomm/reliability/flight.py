@@ -458,10 +458,6 @@ class FlightLog:
         else:
             self._pending.append((at, self.record.entries, work))
 
-    def forget(self) -> None:
-        """Drop the asynchronous calls still pending (their communicator is closed)."""
-        self._pending = []
-
     def _sweep(self) -> None:
         still = []
         for at, entry, work in self._pending:
@@ -475,11 +471,8 @@ class FlightLog:
 
     def failed(self, seq: int) -> None:
         """Stamp call ``seq`` of this communicator as failed now, if its slot still runs it.
-        Called where the error is translated: for an asynchronous call, maybe after later calls.
-        Nothing once the record is closed (its root communicator was destroyed)."""
-        if self.record.closed:
-            return
-        at = self.record.slot_of(seq, self._group_id)
+        Called where the error is translated: for an asynchronous call, maybe after later calls."""
+        at = None if self.record.closed else self.record.slot_of(seq, self._group_id)
         if at is not None and self.record.running(at):
             self.record.end(at, ok=False)
 
