@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gpucomm.errors import CommTimeoutError
-from gpucomm.progress import Queued
+from gpucomm.progress import Queued, wait_gloo
 
 __all__ = ["Work", "StreamEnd", "WaitedInThread"]
 
@@ -329,7 +329,7 @@ def _wait_one(pending: object, block: bool, timeout: float | None) -> None:
         pending.wait(block, timeout)
     elif isinstance(pending, (WaitedInThread, Work, Queued)):
         pending.wait(timeout)
-    elif timeout is not None and isinstance(pending, torch.distributed.Work):
-        pending.wait(datetime.timedelta(seconds=timeout))
+    elif isinstance(pending, torch.distributed.Work):
+        wait_gloo(pending, timeout)
     else:
         pending.wait()  # type: ignore[attr-defined]

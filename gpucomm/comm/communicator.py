@@ -34,7 +34,7 @@ from gpucomm.errors import GpucommError, UnsupportedError, WorkspaceUnavailableE
 from gpucomm.gloo.fallback import GlooFallback
 from gpucomm.language.context import DeviceContext
 from gpucomm.ops.registry import kernels_run_on_cpu
-from gpucomm.progress import Progress
+from gpucomm.progress import Progress, exiting
 from gpucomm.reliability.flight import FlightLog, FlightRecord, group_label
 from gpucomm.reliability.liveness import Liveness
 from gpucomm.reliability.story import NodeStatus, StatusSignal, node_status
@@ -46,6 +46,9 @@ from gpucomm.workspace.repeat import Repeats
 __all__ = ["Communicator", "release_all"]
 
 
+# How long the process's exit waits for a communicator's progress thread to stop (one that waits
+# on gloo sees the exit within 0.5 ms; one inside a workspace collective ends at that one's deadline).
+_EXIT_JOIN_S = 2.0
 # Communicators not closed yet: their threads are stopped at exit (release_all).
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
@@ -56,6 +59,7 @@ def release_all() -> None:
     progress thread and gloo's threads (the inter-node groups' too). Nothing collective happens:
     peers may be gone already, and the process's exit frees the workspaces."""
     stop_watchdog()
+    exiting()  # the progress threads' waits on gloo end now: they are joined before the interpreter goes
     for comm in list(_LIVE):
         comm._release_threads()
 
@@ -285,7 +289,9 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""
         self._closed = True
         _LIVE.discard(self)
-        self._progress.close(wait=False)
+        # Joined, for a bounded time: a thread still inside a torch call when the interpreter
+        # finalises aborts the process (gpucomm.progress.wait_gloo).
+        self._progress.close(wait=True, timeout=_EXIT_JOIN_S)
         try:
             for engine in self._engines.values():
                 if engine.inter is not None:
