@@ -34,13 +34,17 @@ __all__ = ["resolving", "is_lazy"]
 F = TypeVar("F", bound=Callable[..., object])
 
 
+def _lazy(value: object) -> bool:
+    """A contiguous conjugate or negative view: served on a copy. (A strided one is left to
+    validation, which refuses it as it refuses a strided plain tensor.)"""
+    return isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg()) and value.is_contiguous()
+
+
 def is_lazy(value: object) -> bool:
-    """Whether ``value`` is a conjugate or negative view, or a list or tuple holding one."""
-    if isinstance(value, torch.Tensor):
-        return value.is_conj() or value.is_neg()
+    """Whether ``value`` is a lazy view served on a copy, or a list or tuple holding one."""
     if isinstance(value, (list, tuple)):
-        return any(isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()) for t in value)
-    return False
+        return any(_lazy(t) for t in value)
+    return _lazy(value)
 
 
 class _Resolved:
@@ -51,7 +55,7 @@ class _Resolved:
 
     def resolve(self, value: object) -> object:
         if isinstance(value, torch.Tensor):
-            if not (value.is_conj() or value.is_neg()):
+            if not _lazy(value):
                 return value
             # clone() keeps the lazy bits; resolve_*() give plain memory (contiguous if the view is).
             copy = value.resolve_conj().resolve_neg()

@@ -100,6 +100,12 @@ def _rank_views(rank, world_size):
         else:
             gpucomm.recv(t, 0)
         check("send/recv", t, means(x0))
+        try:  # a strided view is refused, as a strided plain tensor is, on every rank
+            gpucomm.all_reduce(lazy(x.clone())[::2])
+            wrong.append(f"{kind}: a strided view was taken")
+        except ValueError as exc:
+            if "contiguous" not in str(exc):
+                wrong.append(f"{kind}: strided view: {exc}")
     gpucomm.destroy_process_group()
     return wrong
 
