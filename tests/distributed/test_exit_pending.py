@@ -8,8 +8,8 @@ rank 0's last atexit handler has run, so that the pending call fails while rank 
 finalises. Before, the progress thread blocked in gloo's ``wait`` woke up then and the process
 aborted ("terminate called without an active exception"): 9 of 10 jobs on the 2-core CI machine.
 Now the exit stops gpucomm's threads first: every rank 0 exits with status 0 and nothing on
-stderr. 10 jobs by default (14 s on that machine, load average 8); the 50 of the requirement with
-``--run-slow`` (45 s there).
+stderr. 10 jobs by default (5 s on that machine, 14 s at a load average of 8); the 50 of the
+requirement with ``--run-slow`` (43-45 s there, loaded).
 """
 
 from __future__ import annotations
