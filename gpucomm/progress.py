@@ -20,14 +20,60 @@ another state by then): each ends with :class:`CommBrokenError` naming the first
 from __future__ import annotations
 
 import collections
+import datetime
 import threading
+import time
 from collections.abc import Callable
 
 import torch
 
 from gpucomm.errors import CommBrokenError, CommTimeoutError, GpucommError
 
-__all__ = ["Progress", "Queued"]
+__all__ = ["Progress", "Queued", "wait_gloo", "exiting"]
+
+# Set once the process exits (gpucomm.comm.communicator.release_all): gpucomm's own threads stop
+# waiting on gloo's works.
+_EXITING = threading.Event()
+_OWN = threading.local()  # ``polls`` is True in gpucomm's own threads (the progress threads)
+# How a thread of gpucomm's own polls a gloo work: the first look after 20 us, then twice as long
+# each time up to 0.5 ms (at most 0.5 ms late for a collective that runs longer; a 2-rank gloo
+# all_reduce of 4 KiB takes about 100 us on the 2-core CI machine).
+_FIRST_PAUSE_S = 2e-5
+_MAX_PAUSE_S = 5e-4
+
+
+def exiting() -> None:
+    """The process exits: every wait of gpucomm's own threads on a gloo work ends now (it raises)."""
+    _EXITING.set()
+
+
+def wait_gloo(work: object, timeout: float | None = None) -> None:
+    """Wait for the torch gloo ``work`` (``timeout`` in seconds, as its ``wait``); raise its error.
+
+    In a caller's thread this is gloo's own ``wait``. gpucomm's own threads poll instead: a thread
+    blocked inside gloo's ``wait`` when the interpreter finalises (a rank whose script ends with an
+    asynchronous collective a peer never joins) is ended where it takes the GIL back, inside a C++
+    destructor, and the process aborts ("terminate called without an active exception"). A
+    polling thread sees :func:`exiting` and returns, so that the process's exit can join it first.
+    """
+    if getattr(_OWN, "polls", False):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = _FIRST_PAUSE_S
+        while not work.is_completed():  # type: ignore[attr-defined]
+            if _EXITING.is_set():
+                raise GpucommError("gpucomm: the process is exiting: the collective was left unfinished")
+            if deadline is not None and time.monotonic() >= deadline:
+                break  # gloo's wait raises its own timeout
+            time.sleep(pause)
+            pause = min(2 * pause, _MAX_PAUSE_S)
+    if timeout is None:
+        work.wait()  # type: ignore[attr-defined]
+    else:
+        work.wait(datetime.timedelta(seconds=timeout))  # type: ignore[attr-defined]
+
+
+def _ran() -> None:
+    """What a :class:`Queued` that has ended holds instead of its collective."""
 
 
 class Queued:
@@ -49,7 +95,10 @@ class Queued:
         self._future: torch.futures.Future = torch.futures.Future()
 
     def end(self, error: BaseException | None) -> None:
-        """Called once by the progress thread when the collective has run (or failed)."""
+        """Called once by the progress thread when the collective has run (or failed), or by
+        the close that dropped it. What it ran is dropped: a Work the caller keeps holds no
+        workspace, path or buffer past its end."""
+        self.run = _ran
         self._error = error
         self._ended.set()
         if error is None:
@@ -137,9 +186,10 @@ class Progress:
             self._cond.notify()
         return queued
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking collectives; with ``wait``, let the one running end (its waits have a
-        deadline) and end the rest with an error, then join the thread. Idempotent."""
+        deadline) and end the rest with an error, then join the thread (for at most ``timeout``
+        seconds, if given). Idempotent."""
         with self._cond:
             self._closing = True
             dropped = list(self._queue)
@@ -151,9 +201,10 @@ class Progress:
         with self._cond:
             self._outstanding -= len(dropped)
         if wait and thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)
 
     def _loop(self) -> None:
+        _OWN.polls = True  # its waits on gloo end when the process exits (wait_gloo)
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
@@ -169,7 +220,8 @@ class Progress:
                         f"gpucomm.{queued.name}: not run: an asynchronous collective queued before it failed "
                         f"(original error: {self._failure})"
                     )
-                queued.run()
+                with torch.no_grad():  # as the caller's thread runs it (gpucomm.comm.route)
+                    queued.run()
             except Exception as err:  # noqa: BLE001 - handed to the Work, which raises it in wait()
                 error = err
                 if self._failure is None:

@@ -33,7 +33,7 @@ import torch
 
 from gpucomm.config import check_timeout
 from gpucomm.errors import CommTimeoutError
-from gpucomm.progress import Queued
+from gpucomm.progress import Queued, wait_gloo
 
 __all__ = ["Work", "StreamEnd", "WaitedInThread"]
 
@@ -280,7 +280,10 @@ class Work:
                 return
             finish, self._finish = self._finish, None
             if finish is not None:
-                finish()
+                # Outside autograd whatever thread gets here: the write-back of a staged result
+                # into an nn.Parameter is an in-place write on its data, as torch's gloo makes.
+                with torch.no_grad():
+                    finish()
             self._finished = True
             waiters, self.waiters = self.waiters, []
         for future in waiters:
@@ -291,6 +294,7 @@ class Work:
             if self._error is None:
                 self._error = err if self._on_error is None else self._on_error(err)
         self._keep = ()
+        self._finish = None  # never runs now: what it would write back is let go
         with self._lock:
             waiters, self.waiters = self.waiters, []
         for future in waiters:
@@ -331,7 +335,7 @@ def _wait_one(pending: object, block: bool, timeout: float | None) -> None:
         pending.wait(block, timeout)
     elif isinstance(pending, (WaitedInThread, Work, Queued)):
         pending.wait(timeout)
-    elif timeout is not None and isinstance(pending, torch.distributed.Work):
-        pending.wait(datetime.timedelta(seconds=timeout))
+    elif isinstance(pending, torch.distributed.Work):
+        wait_gloo(pending, timeout)
     else:
         pending.wait()  # type: ignore[attr-defined]

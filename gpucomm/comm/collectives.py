@@ -15,6 +15,7 @@ import torch
 
 from gpucomm.comm import dtypes
 from gpucomm.comm.call import Call, sent_as
+from gpucomm.comm.lazy_views import is_lazy, resolving
 from gpucomm.comm.route import Router
 from gpucomm.comm.validation import (
     check_numel,
@@ -83,6 +84,8 @@ class Collectives(Router):
                     raise self._translate(fn, self._calls, None)(err) from err
                 self._flight.completed(slot)
                 return None
+        if is_lazy(tensor):  # a conjugate or negative view: served on a copy (gpucomm.comm.lazy_views)
+            return resolving(Collectives.all_reduce)(self, tensor, op, async_op)
         self._check_usable(fn)
         check_tensor(tensor, fn, device=self.device)
         rop, scale, name = _operator(op, fn)
@@ -105,6 +108,7 @@ class Collectives(Router):
             )
         return work
 
+    @resolving
     def reduce(
         self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False
     ) -> Work | None:
@@ -133,6 +137,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` of ``src`` into ``tensor`` on every rank."""
         fn = "broadcast"
@@ -151,6 +156,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """``tensor_list[i]`` = ``tensor`` of rank i, on every rank.
 
@@ -175,6 +181,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def all_gather_into_tensor(
         self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, async_op: bool = False
     ) -> Work | None:
@@ -203,6 +210,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def gather(
         self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, async_op: bool = False
     ) -> Work | None:
@@ -239,6 +247,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def scatter(
         self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, async_op: bool = False
     ) -> Work | None:
@@ -269,6 +278,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def reduce_scatter(
         self, output: torch.Tensor, input_list: list[torch.Tensor], op: object = ReduceOp.SUM, async_op: bool = False
     ) -> Work | None:
@@ -300,6 +310,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def reduce_scatter_tensor(
         self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False
     ) -> Work | None:
@@ -331,6 +342,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def all_to_all(
         self, output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], async_op: bool = False
     ) -> Work | None:
@@ -364,6 +376,7 @@ class Collectives(Router):
             )
         )
 
+    @resolving
     def all_to_all_single(
         self,
         output: torch.Tensor,

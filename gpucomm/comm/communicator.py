@@ -34,10 +34,11 @@ from gpucomm.errors import GpucommError, UnsupportedError, WorkspaceUnavailableE
 from gpucomm.gloo.fallback import GlooFallback
 from gpucomm.language.context import DeviceContext
 from gpucomm.ops.registry import kernels_run_on_cpu
-from gpucomm.progress import Progress
+from gpucomm.progress import Progress, exiting
 from gpucomm.reliability.flight import FlightLog, FlightRecord, group_label
 from gpucomm.reliability.liveness import Liveness
 from gpucomm.reliability.story import NodeStatus, StatusSignal, node_status
+from gpucomm.reliability.watchdog import forget as forget_watched
 from gpucomm.reliability.watchdog import stop as stop_watchdog
 from gpucomm.workspace.engine import Engine
 from gpucomm.workspace.repeat import Repeats
@@ -45,6 +46,9 @@ from gpucomm.workspace.repeat import Repeats
 __all__ = ["Communicator", "release_all"]
 
 
+# How long the process's exit waits for a communicator's progress thread to stop (one that waits
+# on gloo sees the exit within 0.5 ms; one inside a workspace collective ends at that one's deadline).
+_EXIT_JOIN_S = 2.0
 # Communicators not closed yet: their threads are stopped at exit (release_all).
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
@@ -55,6 +59,7 @@ def release_all() -> None:
     progress thread and gloo's threads (the inter-node groups' too). Nothing collective happens:
     peers may be gone already, and the process's exit frees the workspaces."""
     stop_watchdog()
+    exiting()  # the progress threads' waits on gloo end now: they are joined before the interpreter goes
     for comm in list(_LIVE):
         comm._release_threads()
 
@@ -276,6 +281,12 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
     def close(self) -> None:
         """Free the workspace, the flight record and the gloo group. Idempotent.
 
+        When it returns, every workspace segment is unmapped and its memory given back, whatever
+        Works the caller still holds (they end with the error recorded for them: a collective
+        dropped from the queue, cut short); only a symmetric heap whose tensors the caller still
+        holds stays, until the last of them is freed (docs/reliability.md). Nothing it leaves
+        refers back to the communicator, which goes with its last reference.
+
         Every step is tried past one that fails (a broken communicator's device may refuse its
         synchronize: the rest is still freed), and the first failure is raised after the last."""
         if self._closed:
@@ -285,6 +296,7 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         failures: list[BaseException] = []
         try:
             _attempt(self._progress.close, failures)  # before the workspace goes: its collectives run on it
+            self._let_go()
             _attempt(self._close_engines, failures)
             _attempt(self._close_record, failures)
         finally:
@@ -296,11 +308,20 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         if failures:
             raise failures[0]
 
+    def _let_go(self) -> None:
+        """Drop what holds the workspaces or the Works of calls: the kept launches and the
+        watchdog's queues of this communicator."""
+        self._repeat.clear()
+        for queue in (self._progress, self._fallback, *self._engines.values()):
+            forget_watched(queue)
+
     def _release_threads(self) -> None:
         """At exit: stop gloo's threads now, leave the workspaces to the process's end."""
         self._closed = True
         _LIVE.discard(self)
-        self._progress.close(wait=False)
+        # Joined, for a bounded time: a thread still inside a torch call when the interpreter
+        # finalises aborts the process (gpucomm.progress.wait_gloo).
+        self._progress.close(wait=True, timeout=_EXIT_JOIN_S)
         try:
             for engine in self._engines.values():
                 if engine.inter is not None:

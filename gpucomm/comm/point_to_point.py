@@ -10,6 +10,7 @@ import torch
 
 from gpucomm.comm import dtypes
 from gpucomm.comm.call import Call, sent_as
+from gpucomm.comm.lazy_views import resolving
 from gpucomm.comm.route import Router
 from gpucomm.comm.validation import check_rank, check_tensor
 from gpucomm.work import Work
@@ -23,20 +24,24 @@ class PointToPoint(Router):
     world_size: int
     device: torch.device | None
 
+    @resolving
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst``; matched by a ``recv`` with the same tag on ``dst``."""
         self._p2p("send", tensor, dst, tag).wait()
 
+    @resolving
     def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (any rank if None); returns the sender's rank."""
         work = self._p2p("recv", tensor, src, tag)
         work.wait()
         return work.source if work.source is not None else src  # type: ignore[return-value]
 
+    @resolving
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to ``dst`` and return at once; ``wait()`` on the Work completes it."""
         return self._p2p("isend", tensor, dst, tag)
 
+    @resolving
     def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> Work:
         """Post a receive into ``tensor`` and return at once; after ``wait()``, ``source`` names the sender."""
         return self._p2p("irecv", tensor, src, tag)

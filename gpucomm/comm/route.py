@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -96,18 +97,21 @@ class Router:
         slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
         on_gpu = algo is not None and engine.stream is not None
         try:
-            path = self._path(call, seq, engine, algo)
-            if on_gpu:
-                pending = self._on_gpu(call, engine, path)
-            elif queued:  # on the progress thread, in call order (gpucomm.progress)
-                pending = [
-                    self._progress.submit(Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank))
-                ]
-            else:
-                # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
-                # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
-                # collective has run on return, send/recv progress in wait()).
-                pending = [call.serve(path)]
+            # Outside autograd, as torch's process groups write: a tensor that requires grad (an
+            # nn.Parameter) is written in place on its data (so are the finish steps: gpucomm.work).
+            with torch.no_grad():
+                path = self._path(call, seq, engine, algo)
+                if on_gpu:
+                    pending = self._on_gpu(call, engine, path)
+                elif queued:  # on the progress thread, in call order (gpucomm.progress)
+                    pending = [
+                        self._progress.submit(Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank))
+                    ]
+                else:
+                    # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
+                    # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
+                    # collective has run on return, send/recv progress in wait()).
+                    pending = [call.serve(path)]
         except RuntimeError as err:
             raise translate(err) from err
         work = Work(
@@ -212,33 +216,42 @@ class Router:
 
     # -- failures -----------------------------------------------------------------------------
     def _translate(self, fn: str, seq: int, peer: int | None) -> Callable[[RuntimeError], BaseException]:
-        """Turn a failure of call ``seq`` into gpucomm's error, and mark the communicator broken."""
+        """Turn a failure of call ``seq`` into gpucomm's error, and mark the communicator broken.
+
+        The function holds the communicator weakly: a Work the caller keeps past
+        ``destroy_process_group`` keeps nothing of it alive. A failure seen once the communicator
+        is closed (or gone) is the close's doing: it is told as such, and nothing of the closed
+        communicator (its flight record, its peers) is asked."""
+        owner = weakref.ref(self)
 
         def translate(err: RuntimeError) -> BaseException:
             if isinstance(err, UnsupportedError):
                 return err  # raised before anything moved (a call that cannot be captured yet)
+            comm = owner()
+            if comm is None or comm._closed:
+                return _closed_error(fn, err)
             if isinstance(err, GpucommError):
-                self._flight.failed(seq)
-                self._tell(err, seq)
-                self._broken = err
+                comm._flight.failed(seq)
+                comm._tell(err, seq)
+                comm._broken = err
                 return err
             text = str(err)
             if not any(sign in text for sign in _GLOO_PEER_FAILURES):
                 return err
             # Stamped first: a peer still naming culprits reads that this rank failed, and does
             # not name it if it exits before they are done (gpucomm.reliability.liveness).
-            self._flight.failed(seq)
-            record = self._flight.record
+            comm._flight.failed(seq)
+            record = comm._flight.record
             missing = (
                 [peer]
                 if peer is not None
-                else self._liveness.culprits(seq, failed_first=lambda r: record.failed_last(self.global_ranks[r]))
+                else comm._liveness.culprits(seq, failed_first=lambda r: record.failed_last(comm.global_ranks[r]))
             )
             failure = CommTimeoutError(
-                fn, seq, self.rank, missing, self.timeout, detail=f"gloo: {text.splitlines()[0]}"
+                fn, seq, comm.rank, missing, comm.timeout, detail=f"gloo: {text.splitlines()[0]}"
             )
-            self._tell(failure, seq)
-            self._broken = failure
+            comm._tell(failure, seq)
+            comm._broken = failure
             return failure
 
         return translate
@@ -251,16 +264,19 @@ class Router:
             err.tell(mismatch_story(self._flight, self, seq, err.peers))
 
     def _describe(self, call: Call, seq: int) -> Callable[[list[int]], str]:
-        """The words of a gloo-path mismatch of call ``seq``, given the ranks that called something else."""
-        fn, tensor = call.fn, call.tensor
+        """The words of a gloo-path mismatch of call ``seq``, given the ranks that called something else.
+        It holds the communicator weakly, as :meth:`_translate` does (a failed call's traceback
+        keeps its path, and the path this function)."""
+        fn, tensor, rank, owner = call.fn, call.tensor, self.rank, weakref.ref(self)
 
         def describe(differ: list[int]) -> str:
             options = ", ".join(f"{k}={v}" for k, v in call.fields.items()) or "no options"
             size = "" if tensor is None else f", {tensor.numel()} x {tensor.dtype}"
+            comm = owner()
+            story = "" if comm is None or comm._closed else mismatch_story(comm._flight, comm, seq, differ)
             return (
-                f"gpucomm.{fn} call {seq}: rank {self.rank} called {fn} with {options}{size}, but rank(s) {differ} "
-                f"called something else (a different collective, size, dtype, op or root)\n"
-                + mismatch_story(self._flight, self, seq, differ)
+                f"gpucomm.{fn} call {seq}: rank {rank} called {fn} with {options}{size}, but rank(s) {differ} "
+                f"called something else (a different collective, size, dtype, op or root)\n" + story
             )
 
         return describe
@@ -276,6 +292,16 @@ class Router:
         if self.config.async_error_handling == "abort":
             logging.shutdown()
             os.abort()
+
+
+def _closed_error(fn: str, err: RuntimeError) -> GpucommError:
+    """The error of a collective cut short by its communicator's close: the error recorded for it
+    where it is gpucomm's (a queued call dropped, a timeout), else one saying so."""
+    if isinstance(err, GpucommError):
+        return err
+    return GpucommError(
+        f"gpucomm.{fn}: the communicator was closed before this collective ended ({str(err).splitlines()[0]})"
+    )
 
 
 def _check_capturable(fn: str, engine: Engine | None, algo: str | None) -> None:

@@ -42,6 +42,7 @@ import torch
 
 from gpucomm.errors import CommMismatchError
 from gpucomm.ops.reference import fold_into
+from gpucomm.progress import wait_gloo
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.work import Work
 
@@ -220,7 +221,7 @@ class CheckedGloo:
         """The large form's exchange of fingerprints alone, waited for in the call: gloo's own
         collective, whose sizes depend on the call, may start only once they match."""
         slots = self._slots(torch.device("cpu"))
-        self._exchange(slots).wait()  # type: ignore[attr-defined]
+        wait_gloo(self._exchange(slots))
         self._verify(slots)
         self._pool.give(slots)
 
@@ -363,7 +364,7 @@ class CheckedGloo:
         if max(sizes) <= capacity(fn, P):
             for row, piece in zip(slots.send, sends):
                 row[start : start + piece.numel()].copy_(piece)
-        self._exchange(slots).wait()  # type: ignore[attr-defined]
+        wait_gloo(self._exchange(slots))
         self._verify(slots)
         matrix = slots.data(16 * P, torch.int64)[1].tolist() if header_fits else self._sizes(sizes)
         for sender in range(P):
@@ -385,7 +386,7 @@ class CheckedGloo:
         of a size every rank knows once the fingerprints have matched."""
         mine = torch.tensor(sizes, dtype=torch.int64).repeat(self._size, 1)
         theirs = torch.empty_like(mine)
-        self._pg.alltoall_base(theirs, mine, [], []).wait()  # type: ignore[attr-defined]
+        wait_gloo(self._pg.alltoall_base(theirs, mine, [], []))
         return theirs.tolist()
 
     def _delivered(self, fn: str, slots: _Slots, receives: Sequence[torch.Tensor]) -> None:

@@ -299,6 +299,7 @@ class FlightRecord:
         self._mine = memoryview(self.workspace.data(node.index(me)).bytes.numpy())
         self._views = {g: self.workspace.data(i).bytes for i, g in enumerate(node)}
         self._interned: dict[str, int] = {"": 0}
+        self.closed = False
         _HEADER.pack_into(self._mine, 0, MAGIC, os.getpid(), 1, 0)
         self.writer = recorder(self._mine, _teacher(weakref.ref(self)))  # writes the ring, for every FlightLog here
 
@@ -309,6 +310,7 @@ class FlightRecord:
 
     def close(self) -> None:
         """Unmap every segment. Idempotent."""
+        self.closed = True
         self.writer.close()
         self._mine.release()
         self._views = {}
@@ -470,7 +472,7 @@ class FlightLog:
     def failed(self, seq: int) -> None:
         """Stamp call ``seq`` of this communicator as failed now, if its slot still runs it.
         Called where the error is translated: for an asynchronous call, maybe after later calls."""
-        at = self.record.slot_of(seq, self._group_id)
+        at = None if self.record.closed else self.record.slot_of(seq, self._group_id)
         if at is not None and self.record.running(at):
             self.record.end(at, ok=False)
 

@@ -34,7 +34,7 @@ from gpucomm.capture import enter_thread_local_capture_mode
 from gpucomm.errors import CommTimeoutError
 from gpucomm.work import Work
 
-__all__ = ["watch", "stop", "POLL_S", "GRACE_S"]
+__all__ = ["watch", "forget", "stop", "POLL_S", "GRACE_S"]
 
 # How often pending works are looked at: a failure is reported within this much of happening.
 POLL_S = 0.05
@@ -82,6 +82,12 @@ class _Watchdog:
             if pending is None:
                 pending = self._queues[queue] = collections.deque()
             pending.append(entry)
+
+    def forget(self, queue: Hashable) -> None:
+        """Stop watching the works of ``queue`` (its communicator is closed: they end with the
+        close's error, and no communicator is left to tell)."""
+        with self._lock:
+            self._queues.pop(queue, None)
 
     def pending(self) -> int:
         with self._lock:
@@ -154,6 +160,11 @@ def watch(
     work of each.
     """
     _WATCHDOG.watch(work, name, timeout, fail, rank, queue)
+
+
+def forget(queue: Hashable) -> None:
+    """Stop watching the works of ``queue`` (:meth:`_Watchdog.forget`)."""
+    _WATCHDOG.forget(queue)
 
 
 def stop() -> None:

@@ -97,6 +97,7 @@ def heap_of_its_own(
         device=device,
         timeout=timeout,
         size_knob="GPUCOMM_HEAP_BYTES",
+        views_keep_memory=True,  # never unmapped under a symmetric tensor the caller holds
     )
     try:
         regions = [workspace.data(p, 0, nbytes) for p in range(world_size)]

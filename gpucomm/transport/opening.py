@@ -27,13 +27,17 @@ def open_workspace(
     device: torch.device,
     timeout: float,
     size_knob: str = "GPUCOMM_WORKSPACE_BYTES",
+    views_keep_memory: bool = False,
 ) -> Workspace:
     """Open the symmetric workspace of ``kind`` ("shm" or "cuda_ipc") on every rank.
 
     All ranks must call this simultaneously with the same ``prefix``, ``world_size``,
     ``data_bytes`` and ``flag_count``; the prefix must not have been used by an earlier open.
     Flags are all zero when it returns. ``size_knob`` is the knob a user lowers to make the
-    buffers smaller (named in the advice of a /dev/shm without room).
+    buffers smaller (named in the advice of a /dev/shm without room). Closing it gives its
+    memory back at once, whoever still views it, unless ``views_keep_memory`` (the symmetric
+    heap: a segment the caller's tensors view stays until the last of them is freed; shm only,
+    a CUDA IPC allocation is freed at close).
 
     Raises:
         CommTimeoutError: a peer did not publish its handle (or did not open) within ``timeout``.
@@ -64,7 +68,14 @@ def open_workspace(
     device = torch.device(device)
     handshake = Handshake(store, prefix, rank, world_size, float(timeout), transport=kind)
     if kind == "shm":
-        return open_shm(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device, size_knob=size_knob)
+        return open_shm(
+            handshake,
+            data_bytes=data_bytes,
+            flag_count=flag_count,
+            device=device,
+            size_knob=size_knob,
+            views_keep_memory=views_keep_memory,
+        )
     if kind == "cuda_ipc":
         return open_cuda_ipc(handshake, data_bytes=data_bytes, flag_count=flag_count, device=device)
     raise ValueError(f"open_workspace: kind must be 'shm' or 'cuda_ipc', got {kind!r}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import mmap
 import os
 import re
 import secrets
@@ -36,6 +35,7 @@ import stat
 import torch
 
 from gpucomm.errors import CommMismatchError, GpucommError, WorkspaceUnavailableError
+from gpucomm.transport.mapping import Mapping
 from gpucomm.transport.processes import alive, pid_space
 from gpucomm.transport.workspace import Handshake, Workspace, buffer_layout
 
@@ -196,12 +196,11 @@ def _no_room(path: str, size: int, ranks: int, exc: OSError) -> str:
     return f"{folder} has {free} bytes free of {total}, and {need} ({exc.strerror})"
 
 
-def _map(fd: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
-    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    # Through a memoryview: the tensor holds it, and it holds an export of the mapping, so that
-    # mm.close() refuses (BufferError) while any view of the tensor lives (a symmetric tensor of
-    # the heap, a Region kept past close); torch.frombuffer(mm) would leave no export behind.
-    return mm, torch.frombuffer(memoryview(mm), dtype=torch.uint8)
+def _map(fd: int, size: int) -> tuple[Mapping, torch.Tensor]:
+    # The tensor holds an export of the mapping: nothing unmaps addresses a view can still read
+    # (a symmetric tensor of the heap, a Region kept past close); see gpucomm.transport.mapping.
+    mapping = Mapping(fd, size)
+    return mapping, mapping.tensor
 
 
 def _parse_handle(raw: bytes, peer: int, token: str, size: int) -> str:
@@ -227,7 +226,7 @@ def _parse_handle(raw: bytes, peer: int, token: str, size: int) -> str:
     return name
 
 
-def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, torch.Tensor]:
+def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[Mapping, torch.Tensor]:
     """Map ``peer``'s segment ``name`` into this process (this rank is ``rank``)."""
     path = os.path.join(SHM_DIR, name)
     try:
@@ -270,11 +269,15 @@ def _open_peer(name: str, peer: int, size: int, rank: int) -> tuple[mmap.mmap, t
 
 
 class _Segments:
-    """The mappings of one shm workspace, and its own segment's name until it is unlinked."""
+    """The mappings of one shm workspace, and its own segment's name until it is unlinked.
 
-    def __init__(self) -> None:
-        self.maps: list[mmap.mmap] = []
+    ``evict``: what :meth:`release` does with a mapping still viewed (:class:`Mapping`): give its
+    memory back now (a workspace), or leave it to its last view (the symmetric heap)."""
+
+    def __init__(self, evict: bool) -> None:
+        self.maps: list[Mapping] = []
         self.own_path: str | None = None
+        self.evict = evict
 
     def unlink_own(self) -> None:
         path, self.own_path = self.own_path, None
@@ -287,13 +290,8 @@ class _Segments:
     def release(self) -> None:
         self.unlink_own()
         maps, self.maps = self.maps, []
-        for mm in maps:
-            try:
-                mm.close()
-            except BufferError:
-                # Someone still holds a Region's tensor: the mapping stays valid for it and is
-                # unmapped when the last view is garbage-collected.
-                pass
+        for mapping in maps:
+            mapping.release(self.evict)
 
 
 def open_shm(
@@ -303,10 +301,14 @@ def open_shm(
     flag_count: int,
     device: torch.device,
     size_knob: str = "GPUCOMM_WORKSPACE_BYTES",
+    views_keep_memory: bool = False,
 ) -> Workspace:
     """Create, publish and map the shm workspace (module docstring).
 
-    ``size_knob`` as :func:`create_segment`'s ``knob``. Raises ValueError for a device other than
+    ``size_knob`` as :func:`create_segment`'s ``knob``. ``views_keep_memory``: a segment some
+    view still holds at close stays mapped until its last view is freed (the symmetric heap,
+    whose tensors are the caller's); otherwise close gives every segment's memory back at once
+    (:mod:`gpucomm.transport.mapping`). Raises ValueError for a device other than
     the CPU; otherwise as :func:`gpucomm.transport.open_workspace`.
     """
     if device.type != "cpu":
@@ -316,7 +318,7 @@ def open_shm(
     token = _prefix_token(handshake.prefix)
     reap_dead()
     name = f"gpucomm_{token}_{_space_token()}_{os.getpid():x}_{secrets.token_hex(8)}_r{rank}"
-    segments = _Segments()
+    segments = _Segments(evict=not views_keep_memory)
     views: list[torch.Tensor | None] = [None] * world_size
     try:
         path = os.path.join(SHM_DIR, name)

@@ -89,8 +89,8 @@ class Repeats:
         ):
             return None  # the full path validates whatever is not a plain tensor
         seen = self._launches.get((tensor.data_ptr(), tensor.numel(), tensor.dtype, op))
-        if seen is None or not tensor.is_contiguous() or tensor.device.type != seen.device_type:
-            return None
+        if seen is None or not tensor.is_contiguous() or tensor.device.type != seen.device_type or tensor.is_neg():
+            return None  # (a negative view has its tensor's address, and stands for other values)
         return seen
 
     def learn(
