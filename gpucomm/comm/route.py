@@ -167,7 +167,7 @@ class Router:
         """The path that serves the call: the engine with its algorithm, else gloo, checked
         (GPUCOMM_CHECK) for a collective."""
         if algo is not None:
-            return EnginePath(engine, algo)
+            return EnginePath(engine, algo, call.fields.get("user_dtype"))  # type: ignore[arg-type]
         if not call.point_to_point and self.config.check != "off":
             return self._fallback.checked(call.fingerprint(), self._describe(call, seq))
         return self._fallback

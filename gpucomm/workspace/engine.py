@@ -165,6 +165,7 @@ class Engine(EngineCollectives):
         self._heap_workspace: Workspace | None = None  # the heap's own shm / CUDA IPC buffers
         self._heap_tries = 0  # opens that failed: each try agrees under a prefix of its own
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
+        self.caller: str | None = None  # the caller's dtype where it is not the wire's (calling)
         self._device_context: DeviceContext | None = None  # gpucomm.language's, built on first use
         # On a GPU a blocking call launches on the caller's current stream; an asynchronous one
         # on a stream of this communicator's own, after the caller's (as ProcessGroupNCCL's);
@@ -330,6 +331,16 @@ class Engine(EngineCollectives):
         if self.order is not None:
             self.order.to_caller()
 
+    @contextlib.contextmanager
+    def calling(self, caller: str | None) -> Iterator[None]:
+        """Serve one call whose caller passed ``caller`` (a dtype's name; None: the wire's own):
+        it joins the identity of every program the call runs (:meth:`program`)."""
+        self.caller = caller
+        try:
+            yield
+        finally:
+            self.caller = None
+
     def upload(self, table: torch.Tensor) -> torch.Tensor:
         """``table`` (host memory) copied to this engine's device without waiting for the device.
 
@@ -425,8 +436,11 @@ class Engine(EngineCollectives):
 
         ``fields`` (what every rank must agree on: dtype, count, op, algorithm, ...) go into the
         fingerprint; ``regions`` (this rank's buffers) and ``local`` (what may differ between
-        ranks, such as all_to_all's split sizes) only into the cache key.
+        ranks, such as all_to_all's split sizes) only into the cache key. The caller's dtype,
+        where it is not the wire's (:meth:`calling`), joins the fields.
         """
+        if self.caller is not None:
+            fields = (*fields, "caller", self.caller)
         key = (name, fields, root, local, tuple(r.nbytes for r in regions), overlaps(regions))
         program = self._programs.get(key)
         if program is None:
