@@ -9,11 +9,12 @@ Layout of one rank's workspace (:mod:`gpucomm.workspace.layout`, which ``python 
 reads too)::
 
     flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state |
-            device API: bank (slots x P) | device state]
+            device API: bank (slots x P) | device state | identity: 2 x channels x P x 2]
            sync flag c * P + p is channel c's flag written by rank p; state is
            [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner;
            the device API (gpucomm.language) has a bank and state of its own, which the
-           program kernel never touches (gpucomm/language/layout.py)
+           program kernel never touches (gpucomm/language/layout.py); identity slot
+           (parity, c, p): the call's words that rank p stores beside its flag (FlagLayout)
     data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2]
 
 The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of

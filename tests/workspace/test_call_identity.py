@@ -77,3 +77,75 @@ def test_dtypes_that_stage_alike_raise_on_every_rank(path: str) -> None:
         assert not silent, f"{path}, rank {rank}: no CommMismatchError for {silent}"
         written = [name for name, _, untouched in results if not untouched]
         assert not written, f"{path}, rank {rank}: the caller's tensor was written for {written}"
+
+
+def _colliding_counts(limit: int) -> list[tuple[int, int]]:
+    """Pairs of fp32 SUM all_reduce counts below ``limit`` whose flags carry the same 20-bit
+    fingerprint on a 2-rank shared-memory workspace (the algorithm ``auto`` picks is part of it)."""
+    import torch
+
+    from gpucomm.algorithms import select
+    from gpucomm.ops.program import fingerprint
+
+    first: dict[int, int] = {}
+    pairs = []
+    for n in range(1, limit):
+        algo = select.choose("all_reduce", 4 * n, 2, "shm", "auto")
+        fp = fingerprint("all_reduce", (torch.float32, n, "SUM", algo), None)
+        if fp in first:
+            pairs.append((first[fp], n))
+        else:
+            first[fp] = n
+    return pairs
+
+
+def test_counts_whose_fingerprints_collide_have_different_identities() -> None:
+    import torch
+
+    from gpucomm.algorithms import select
+    from gpucomm.ops.program import identity
+
+    pairs = _colliding_counts(200_000)
+    assert len(pairs) > 1000  # the 20 bits alone: thousands of look-alikes
+    for a, b in pairs:
+        ids = [
+            identity(
+                "all_reduce", (torch.float32, n, "SUM", select.choose("all_reduce", 4 * n, 2, "shm", "auto")), None
+            )
+            for n in (a, b)
+        ]
+        assert ids[0] != ids[1] and ids[0][0] != ids[1][0], (a, b)  # the exact word alone differs
+
+
+def _count_pairs(rank: int, world_size: int, knobs: dict, pairs: list) -> list[tuple[tuple, bool, bool]]:
+    import torch
+
+    import gpucomm
+
+    results = []
+    for pair in pairs:
+        gpucomm.init_process_group(timeout=20, **knobs)
+        t = torch.full((pair[rank],), float(rank + 1))
+        raised = False
+        try:
+            gpucomm.all_reduce(t)
+        except gpucomm.CommMismatchError:
+            raised = True
+        gpucomm.destroy_process_group()
+        results.append((tuple(pair), raised, bool((t == rank + 1).all())))
+    return results
+
+
+@pytest.mark.parametrize("path", ["shm", "triton"])
+def test_counts_whose_fingerprints_collide_raise_on_every_rank(path: str) -> None:
+    """The issue's pair, and the first colliding pairs above 20 Ki, 40 Ki and 63 Ki elements."""
+    pairs = _colliding_counts(110_000)
+    sweep = [(18882, 102440), *(next((a, b) for a, b in pairs if b >= low) for low in (20_000, 40_000, 63_000))]
+    assert len(set(sweep)) == 4
+    assert (18882, 102440) in pairs  # they still collide in 20 bits: the identity words tell them apart
+    per_rank = run_ranks(_count_pairs, 2, PATHS[path], sweep, timeout=300, env=ENV.get(path))
+    for rank, results in enumerate(per_rank):
+        silent = [pair for pair, raised, _ in results if not raised]
+        assert not silent, f"{path}, rank {rank}: no CommMismatchError for counts {silent}"
+        written = [pair for pair, _, untouched in results if not untouched]
+        assert not written, f"{path}, rank {rank}: the caller's tensor was written for counts {written}"
