@@ -32,7 +32,7 @@ Identity. Every rank compares the exact identity of the call at every SYNC, befo
 is written (the first SYNC of a program is a full barrier, and data reaches the caller's
 buffers only after it). The flag carries 20 bits of a CRC of the call (``fingerprint``), and
 beside each flag the writer stores the call's two identity words (:func:`identity`: the dtype
-and count exactly, 48 bits of a hash of the rest), each tagged with its epoch's low 15 bits,
+and count exactly, 47 bits of a hash of the rest), each tagged with its epoch's low 15 bits,
 into the reader's identity slot of that epoch's parity (gpucomm.workspace.layout.FlagLayout);
 it stores them before its release store of the flag, and the reader loads them after its
 acquire load. A reader compares the words whose tag is its epoch's; a word with another tag
@@ -78,7 +78,6 @@ from gpucomm.ops.contract import Region
 from gpucomm.ops.instruction_set import (
     COPY,
     FP_BITS,
-    IDENT_MASK,
     MISMATCH,
     OPERAND_WORDS,
     RECORD_WORDS,
@@ -125,13 +124,14 @@ def fingerprint(name: str, fields: Sequence[object], root: int | None) -> int:
 
 
 # The dtypes a call's exact identity word names, by code (their place here, plus one; 0: no
-# dtype, 255: one this list lacks). Names, not objects: a torch without one still numbers the rest.
+# dtype, 127: one this list lacks). Names, not objects: a torch without one still numbers the rest.
 _DTYPE_NAMES = (
     "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "int8", "int16",
     "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128", "float8_e4m3fn",
     "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
 )  # fmt: skip
-_COUNT_BITS = 40  # of the exact word: the element count; the 8 above it, the dtype's code
+_COUNT_BITS = 40  # of the exact word: the element count; the 7 above it, the dtype's code
+_PRESENT = 1 << 47  # set in both words: an identity is never 0, and a kernel argument always an int64
 
 
 def identity(name: str, fields: Sequence[object], root: int | None) -> tuple[int, int]:
@@ -139,22 +139,23 @@ def identity(name: str, fields: Sequence[object], root: int | None) -> tuple[int
     each flag: the first holds the caller's dtype and element count exactly (the dtype of
     ``fields[0]``, or the ``"caller"`` field's where the caller's differs from the wire's, and
     the count ``fields[1]``; counts of 2**40 elements and more share their low bits, the hash
-    tells them apart); the second 48 bits of a BLAKE2b hash of the whole description
+    tells them apart); the second 47 bits of a BLAKE2b hash of the whole description
     (collective, dtype, count, op, algorithm, root and the rest of ``fields``). So calls that
-    differ in dtype or count never match, and others only if 48 bits of a cryptographic hash
-    collide, against 20 bits of a CRC (linear: thousands of fp32 counts shared their bits).
+    differ in dtype or count never match, and others only if 47 bits of a cryptographic hash
+    collide (94 bits compared in all), against 20 bits of a CRC (linear: thousands of fp32
+    counts shared their bits). The top bit of each word is always set (``_PRESENT``).
     """
     text = "|".join(str(f) for f in (name, *fields, root))
-    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & IDENT_MASK
+    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % _PRESENT
     dtype, count = None, 0
     if len(fields) >= 2 and isinstance(fields[0], torch.dtype) and isinstance(fields[1], int):
         dtype, count = str(fields[0]).removeprefix("torch."), fields[1]
     for key, value in zip(fields, fields[1:]):
         if key == "caller":
             dtype = value
-    code = 0 if dtype is None else (_DTYPE_NAMES.index(dtype) + 1 if dtype in _DTYPE_NAMES else 255)
-    exact = (code << _COUNT_BITS | count % (1 << _COUNT_BITS)) & IDENT_MASK
-    return exact, digest
+    code = 0 if dtype is None else (_DTYPE_NAMES.index(dtype) + 1 if dtype in _DTYPE_NAMES else 127)
+    exact = _PRESENT | code << _COUNT_BITS | count % (1 << _COUNT_BITS)
+    return exact, _PRESENT | digest
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ class Program:
     name: str
     fingerprint: int
     root: int | None
-    identity: tuple[int, int] = (0, 0)  # the call's identity words (:func:`identity`)
+    identity: tuple[int, int] = (0, 0)  # the call's identity words (:func:`identity`): < 2**IDENT_BITS
     instructions: list[tuple] = field(default_factory=list)
     syncs: int = 0
     dtype: torch.dtype | None = None

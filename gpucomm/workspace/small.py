@@ -27,9 +27,9 @@ import torch
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SMALL_OPS, SmallArgs
-from gpucomm.ops.program import fingerprint
+from gpucomm.ops.program import fingerprint, identity
 from gpucomm.reduce_op import ReduceOp
-from gpucomm.roles import NodeWorkspace
+from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import launch_channels
 from gpucomm.workspace.stream_order import StreamOrder
 
@@ -55,6 +55,7 @@ class SmallEngine(NodeWorkspace, Protocol):
     channels_by_size: bool  # a launch's grid follows its size (else every channel)
     executor: object  # gpucomm.workspace.device_executor.DeviceExecutor where the kernels are Triton's or CUDA C++'s
     caller: str | None  # the caller's dtype, where the call's wire form has another (Engine.calling)
+    flags: FlagWords  # where the identity slots start
 
     @property
     def order(self) -> StreamOrder | None: ...  # None off a GPU
@@ -152,6 +153,8 @@ class SmallAllReduce:
             divisor=engine.world_size,
             dtype=tensor.dtype,
             op=op,
+            ident_word=engine.flags.identity,
+            identity=identity(name, fields, None),
         )
         prepared = engine.kernels.prepare_small(args)
         check = executor.check

@@ -100,7 +100,9 @@ def test_cuda_kernels_get_the_numbers_from_the_loader() -> None:
     for name in isa.cuda_defines():
         assert f"-D{name}={isa.cuda_defines()[name]}" in options, name
     assert isa.cuda_defines() == {
-        f"GPUCOMM_{name}": EXPECTED[name] for name in NAMES if name not in ("FP_MASK", "IDENT_MASK") and not name.startswith("OP_")
+        f"GPUCOMM_{name}": EXPECTED[name]
+        for name in NAMES
+        if name not in ("FP_MASK", "IDENT_MASK") and not name.startswith("OP_")
     }
     header = kernel_source(HEADER)
     for name in isa.cuda_defines():

@@ -79,9 +79,10 @@ def test_dtypes_that_stage_alike_raise_on_every_rank(path: str) -> None:
         assert not written, f"{path}, rank {rank}: the caller's tensor was written for {written}"
 
 
-def _colliding_counts(limit: int) -> list[tuple[int, int]]:
+def _colliding_counts(limit: int, forced: str = "auto") -> list[tuple[int, int]]:
     """Pairs of fp32 SUM all_reduce counts below ``limit`` whose flags carry the same 20-bit
-    fingerprint on a 2-rank shared-memory workspace (the algorithm ``auto`` picks is part of it)."""
+    fingerprint on a 2-rank shared-memory workspace (the algorithm, ``forced`` or the one
+    ``auto`` picks, is part of it)."""
     import torch
 
     from gpucomm.algorithms import select
@@ -90,7 +91,7 @@ def _colliding_counts(limit: int) -> list[tuple[int, int]]:
     first: dict[int, int] = {}
     pairs = []
     for n in range(1, limit):
-        algo = select.choose("all_reduce", 4 * n, 2, "shm", "auto")
+        algo = select.choose("all_reduce", 4 * n, 2, "shm", "auto") if forced == "auto" else forced
         fp = fingerprint("all_reduce", (torch.float32, n, "SUM", algo), None)
         if fp in first:
             pairs.append((first[fp], n))
@@ -124,7 +125,7 @@ def _count_pairs(rank: int, world_size: int, knobs: dict, pairs: list) -> list[t
 
     results = []
     for pair in pairs:
-        gpucomm.init_process_group(timeout=20, **knobs)
+        gpucomm.init_process_group(timeout=20, **knobs, **({"algo": pair[2]} if len(pair) > 2 else {}))
         t = torch.full((pair[rank],), float(rank + 1))
         raised = False
         try:
@@ -142,6 +143,9 @@ def test_counts_whose_fingerprints_collide_raise_on_every_rank(path: str) -> Non
     pairs = _colliding_counts(110_000)
     sweep = [(18882, 102440), *(next((a, b) for a, b in pairs if b >= low) for low in (20_000, 40_000, 63_000))]
     assert len(set(sweep)) == 4
+    if path == "triton":  # the small kernel's SYNC too (on a GPU it serves up to 64 KiB)
+        small = _colliding_counts(60_000, "oneshot_small")
+        sweep += [small[0] + ("oneshot_small",)]
     assert (18882, 102440) in pairs  # they still collide in 20 bits: the identity words tell them apart
     per_rank = run_ranks(_count_pairs, 2, PATHS[path], sweep, timeout=300, env=ENV.get(path))
     for rank, results in enumerate(per_rank):
