@@ -72,10 +72,13 @@ class Collectives(Router):
             async_op: return a Work instead of waiting.
         """
         fn = "all_reduce"
-        # One call at a time per communicator, in call order (docs/reliability.md, "Threads"): the
-        # lock is taken before the repeat lookup, so a repeated call from another thread waits too.
-        with self._lock:
-            if not async_op:
+        if not async_op:
+            # One call at a time per communicator, in call order (docs/reliability.md, "Threads"):
+            # the repeat lookup and launch under the lock the route takes, acquired and released
+            # by hand (a with-statement costs twice as much on the hot path).
+            lock = self._lock
+            lock.acquire()
+            try:
                 seen = self._repeat.find(tensor, op)
                 if seen is not None and self._broken is None and not self._closed and self._progress.idle():
                     self._calls += 1
@@ -86,27 +89,30 @@ class Collectives(Router):
                         raise self._translate(fn, self._calls, None)(err) from err
                     self._flight.completed(slot)
                     return None
-            self._check_usable(fn)
-            check_tensor(tensor, fn, device=self.device)
-            rop, scale, name = _operator(op, fn)
-            st = dtypes.staged([tensor], rop, fn, scale)
-            wire = st.wire[0]
-            work = self._route(
-                Call(
-                    fn,
-                    wire,
-                    lambda path: path.all_reduce(wire, st.op),
-                    async_op=async_op,
-                    finish=st.write_back,
-                    outputs=[tensor],
-                    fields={"op": name, **sent_as(tensor, wire)},
-                )
+            finally:
+                lock.release()
+        self._check_usable(fn)
+        check_tensor(tensor, fn, device=self.device)
+        rop, scale, name = _operator(op, fn)
+        st = dtypes.staged([tensor], rop, fn, scale)
+        wire = st.wire[0]
+        work = self._route(  # in call order from here (Router._route takes the lock)
+            Call(
+                fn,
+                wire,
+                lambda path: path.all_reduce(wire, st.op),
+                async_op=async_op,
+                finish=st.write_back,
+                outputs=[tensor],
+                fields={"op": name, **sent_as(tensor, wire)},
             )
-            if not async_op and wire is tensor and scale is None:
+        )
+        if not async_op and wire is tensor and scale is None:
+            with self._lock:
                 self._repeat.learn(
                     self._engines.get(tensor.device.type), self.config, self._flight, tensor, op, rop, {"op": name}
                 )
-            return work
+        return work
 
     def reduce(
         self, tensor: torch.Tensor, dst: int = 0, op: object = ReduceOp.SUM, async_op: bool = False

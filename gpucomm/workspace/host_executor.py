@@ -210,21 +210,22 @@ class HostExecutor:
         word0, word1 = program.identity
 
         def sync() -> None:
-            self._epoch += 1
-            epoch = self._epoch
+            self._epoch = epoch = self._epoch + 1
             target = epoch << FP_BITS
-            value = target | program.fingerprint
             tag = (epoch & IDENT_TAG_MASK) << IDENT_BITS
             w0, w1 = tag | word0, tag | word1
-            slots = id_signal[epoch & 1]
-            for addr, slot in zip(signal_addrs, slots):
-                store(slot, w0)  # the identity words first: the flag's release publishes them
-                store(slot + 8, w1)
-                store(addr, value)
+            if signal_addrs:
+                value = target | program.fingerprint
+                for addr, slot in zip(signal_addrs, id_signal[epoch & 1]):
+                    store(slot, w0)  # the identity words first: the flag's release publishes them
+                    store(slot + 8, w1)
+                    store(addr, value)
             if wait_addrs:
                 self._check(program, peers, self._poll(wait_addrs, target, peers))
                 for peer, slot in zip(peers, id_wait[epoch & 1]):
                     seen0, seen1 = load(slot), load(slot + 8)
+                    # Words of this epoch (its tag) that are not this call's; a later tag: the
+                    # peer has moved on, having compared ours (gpucomm/ops/program.py, "Identity").
                     if (seen0 != w0 or seen1 != w1) and (seen0 ^ w0) >> IDENT_BITS == 0 == (seen1 ^ w1) >> IDENT_BITS:
                         self._mismatch(program, peer)
 
