@@ -109,6 +109,10 @@ class Collectives(Router):
         )
         if not async_op and wire is tensor and scale is None:
             with self._lock:
+                if not self._progress.idle():
+                    # Another thread's asynchronous call runs on the engine now (the progress
+                    # thread holds no lock): binding beside it would race; a later repeat learns.
+                    return work
                 self._repeat.learn(
                     self._engines.get(tensor.device.type), self.config, self._flight, tensor, op, rop, {"op": name}
                 )

@@ -61,6 +61,7 @@ class ProgramArgs:
     all_channels: int | None = None  # channels of the flag layout (None: ``channels``)
     # Where the flag area's identity slots start (int64 words; gpucomm.workspace.layout.FlagLayout),
     # and the call's two identity words (gpucomm.ops.program.identity), stored beside each flag.
+    # Words (0, 0): no identity, the kernels store and compare none (tables a test makes by hand).
     ident_word: int = 0
     identity: tuple[int, int] = (0, 0)
 

@@ -200,6 +200,7 @@ __device__ __forceinline__ bool sync_flags(const FlagAt& flag_at, gc_u64 signal_
     const gc_i64 value = flag_value(e) | fingerprint;
     const gc_i64 tag = (e & IDENT_TAG_MASK) << IDENT_BITS;
     const gc_i64 word0 = tag | id.word0, word1 = tag | id.word1;
+    const bool identified = id.word0 != 0;  // words 0: a launch without an identity stores and compares none
     const int p = threadIdx.x;
     if (p == 0) other_ident = 0;
     // Every thread's data is written before any flag is released: the barrier orders the other
@@ -208,17 +209,18 @@ __device__ __forceinline__ bool sync_flags(const FlagAt& flag_at, gc_u64 signal_
     bool failed = false;
     if (p < world) {
         if (signal_mask >> p & 1) {
-            // The identity words before the flag: its release publishes them.
-            gc_i64* words = id.slot(flag_at.area(p), e, channel, world, rank);
-            words[0] = word0;
-            words[1] = word1;
+            if (identified) {  // the identity words before the flag: its release publishes them
+                gc_i64* words = id.slot(flag_at.area(p), e, channel, world, rank);
+                words[0] = word0;
+                words[1] = word1;
+            }
             store_release_sys(flag_at(p, rank), value);
         }
         const bool awaited = wait_mask >> p & 1;
         const gc_i64 got = awaited ? poll(flag_at(rank, p), flag_value(e), timeout_ns) : value;
         seen[p] = got;
         failed = behind(got, flag_value(e)) || other_call(got, e, fingerprint);
-        if (awaited && !behind(got, flag_value(e))) {
+        if (identified && awaited && !behind(got, flag_value(e))) {
             const gc_i64* words = id.slot(flag_at.area(rank), e, channel, world, p);
             const gc_i64 seen0 = load_acquire_sys(words), seen1 = load_acquire_sys(words + 1);
             if (same_epoch(seen0, word0) && same_epoch(seen1, word1) && (seen0 != word0 || seen1 != word1)) {

@@ -22,9 +22,9 @@
 // rank's own flag area): a launch loads its channel's epoch, advances it and stores it back, so
 // a replayed CUDA graph goes on from where the last launch left off. Every wait ends by its
 // deadline (%globaltimer); a timeout, or a peer's flag at this epoch with another fingerprint
-// (or identity words of this epoch that are not this call's), writes the channel's error record (RECORD_WORDS int64 at record, in host memory the device
-// reaches through UVA: [kind, epoch, instruction, culprit rank mask, value seen, fingerprint],
-// the kind stored last with release), sets the poison word and ends the channel; every later
+// (or identity words of this epoch that are not this call's), writes the channel's error record
+// (RECORD_WORDS int64 at record, in host memory the device reaches through UVA: [kind, epoch,
+// instruction, culprit rank mask, value seen, fingerprint], the kind stored last with release), sets the poison word and ends the channel; every later
 // launch sees the poison and does nothing.
 //
 // Kernels: gpucomm_program_<op>_<dtype> for every fold op (sum, prod, min, max; AVG folds as a

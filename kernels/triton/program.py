@@ -515,9 +515,11 @@ def meet(
     tag = (e & _IDENT_TAG_MASK) << _IDENT_BITS
     word0 = tl.zeros((LANES,), tl.int64) + (tag | ident0)
     word1 = tl.zeros((LANES,), tl.int64) + (tag | ident1)
+    # A launch without an identity (words 0: tables made by hand) neither stores nor compares any.
+    identified = (tl.zeros((LANES,), tl.int64) + ident0) != 0
     # The identity words go out before the flag: the flag's release below publishes them.
-    tl.store(ids_at_peers, word0, mask=signalled)
-    tl.store(ids_at_peers + 1, word1, mask=signalled)
+    tl.store(ids_at_peers, word0, mask=signalled & identified)
+    tl.store(ids_at_peers + 1, word1, mask=signalled & identified)
     # Every thread of the channel has stored its data before the flag is released.
     tl.debug_barrier()
     # Release at system scope: a peer (another GPU, or the host) that acquires the new value sees
@@ -537,7 +539,7 @@ def meet(
     behind = (seen - target) < 0
     # The identity words of the peers that arrived, loaded after the acquire of their flags (as
     # atomics: a peer two epochs on may be rewriting them, and a word is read whole).
-    arrived = awaited & (behind == 0)
+    arrived = awaited & (behind == 0) & identified
     seen0 = tl.where(arrived, tl.atomic_add(ids_mine, zero, mask=arrived, sem="acquire", scope="sys"), word0)
     seen1 = tl.where(arrived, tl.atomic_add(ids_mine + 1, zero, mask=arrived, sem="acquire", scope="sys"), word1)
     # Words of this epoch (their tag is e's) that are not this call's; a word with a later tag
