@@ -24,8 +24,8 @@
 // deadline (%globaltimer); a timeout, or a peer's flag at this epoch with another fingerprint
 // (or identity words of this epoch that are not this call's), writes the channel's error record
 // (RECORD_WORDS int64 at record, in host memory the device reaches through UVA: [kind, epoch,
-// instruction, culprit rank mask, value seen, fingerprint], the kind stored last with release), sets the poison word and ends the channel; every later
-// launch sees the poison and does nothing.
+// instruction, culprit rank mask, value seen, fingerprint], the kind stored last with release),
+// sets the poison word and ends the channel; every later launch sees the poison and does nothing.
 //
 // Kernels: gpucomm_program_<op>_<dtype> for every fold op (sum, prod, min, max; AVG folds as a
 // sum and its REDUCEs divide) x dtype, and gpucomm_program_copy for programs without a REDUCE.
