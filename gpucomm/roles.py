@@ -58,8 +58,11 @@ class FlagWords(Protocol):
     """Indices of the int64 words in a rank's flag area (:class:`gpucomm.workspace.layout.FlagLayout`)."""
 
     state: int  # the poison word; the channels' epochs follow it
+    identity: int  # the first identity slot (the words stored beside each flag)
 
     def sync_flag(self, channel: int, writer: int) -> int: ...
+
+    def identity_slot(self, parity: int, channel: int, writer: int) -> int: ...
 
     def epoch(self, channel: int) -> int: ...
 

@@ -74,16 +74,24 @@ class Collectives(Router):
         """
         fn = "all_reduce"
         if not async_op:
-            seen = self._repeat.find(tensor, op)
-            if seen is not None and self._broken is None and not self._closed and self._progress.idle():
-                self._calls += 1
-                slot = self._flight.enter(self._calls, seen.flight)
-                try:
-                    seen.launch()
-                except RuntimeError as err:
-                    raise self._translate(fn, self._calls, None)(err) from err
-                self._flight.completed(slot)
-                return None
+            # One call at a time per communicator, in call order (docs/reliability.md, "Threads"):
+            # the repeat lookup and launch under the lock the route takes, acquired and released
+            # by hand (a with-statement costs twice as much on the hot path).
+            lock = self._lock
+            lock.acquire()
+            try:
+                seen = self._repeat.find(tensor, op)
+                if seen is not None and self._broken is None and not self._closed and self._progress.idle():
+                    self._calls += 1
+                    slot = self._flight.enter(self._calls, seen.flight)
+                    try:
+                        seen.launch()
+                    except RuntimeError as err:
+                        raise self._translate(fn, self._calls, None)(err) from err
+                    self._flight.completed(slot)
+                    return None
+            finally:
+                lock.release()
         if is_lazy(tensor):  # a conjugate or negative view: served on a copy (gpucomm.comm.lazy_views)
             return resolving(Collectives.all_reduce)(self, tensor, op, async_op)
         self._check_usable(fn)
@@ -91,7 +99,7 @@ class Collectives(Router):
         rop, scale, name = _operator(op, fn)
         st = dtypes.staged([tensor], rop, fn, scale)
         wire = st.wire[0]
-        work = self._route(
+        work = self._route(  # in call order from here (Router._route takes the lock)
             Call(
                 fn,
                 wire,
@@ -103,9 +111,14 @@ class Collectives(Router):
             )
         )
         if not async_op and wire is tensor and scale is None:
-            self._repeat.learn(
-                self._engines.get(tensor.device.type), self.config, self._flight, tensor, op, rop, {"op": name}
-            )
+            with self._lock:
+                if not self._progress.idle():
+                    # Another thread's asynchronous call runs on the engine now (the progress
+                    # thread holds no lock): binding beside it would race; a later repeat learns.
+                    return work
+                self._repeat.learn(
+                    self._engines.get(tensor.device.type), self.config, self._flight, tensor, op, rop, {"op": name}
+                )
         return work
 
     @resolving

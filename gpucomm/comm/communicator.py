@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -139,6 +140,8 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         self.device = device if device is not None else _rank_device(self.local_rank)
         self.timeout = self.config.timeout
         self._subgroups = 0
+        # Calls from several threads: one at a time, in the order they take it (Router._route).
+        self._lock = threading.RLock()
         self._calls = 0  # collective calls so far: equal on all ranks for the same call
         # Blocking all_reduce calls seen before, by (address, count, dtype, op): the launch of
         # their program on their buffers, every decision taken (gpucomm.workspace.repeat).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -64,6 +65,9 @@ class Router:
     _progress: Progress
     _flight: FlightLog
     _liveness: Liveness
+    # One call at a time, in the order this rank's threads take it (docs/reliability.md, "Threads"):
+    # re-entrant, as all_reduce takes it around its repeat lookup and then routes.
+    _lock: threading.RLock
 
     def _check_usable(self, fn: str) -> None:
         """Raise where no call may start: the communicator is closed, or broken by a failure."""
@@ -81,55 +85,62 @@ class Router:
         Returns the call's Work where ``call.async_op``, else None once it has run (on a GPU:
         once it is queued on the caller's stream). Raises the path's failure as gpucomm's error
         (:meth:`_translate`), which breaks the communicator.
+
+        Calls from several threads run one at a time, each whole (a blocking one until it has
+        run), in the order the threads enter: the order each rank issues them, as torch's
+        process groups serialise them.
         """
-        seq = self._number(call)
-        translate = self._translate(call.fn, seq, call.peer)
-        engine, algo = self._choose(call)
-        self._announce(call, engine, algo)
-        # An asynchronous call that would wait in the caller's thread (the host workspace runs it
-        # there; a checked gloo call agrees on fingerprints before gloo's collective may start),
-        # or any call behind one, runs on the progress thread, in call order.
-        host = algo is not None and engine.stream is None
-        waits = host or (algo is None and self.config.check != "off")
-        queued = waits and not call.point_to_point and (call.async_op or self._progress.busy())
-        if host and call.point_to_point:
-            self._progress.drain()
-        slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
-        on_gpu = algo is not None and engine.stream is not None
-        try:
-            # Outside autograd, as torch's process groups write: a tensor that requires grad (an
-            # nn.Parameter) is written in place on its data (so are the finish steps: gpucomm.work).
-            with torch.no_grad():
-                path = self._path(call, seq, engine, algo)
-                if on_gpu:
-                    pending = self._on_gpu(call, engine, path)
-                elif queued:  # on the progress thread, in call order (gpucomm.progress)
-                    pending = [
-                        self._progress.submit(Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank))
-                    ]
-                else:
-                    # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
-                    # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread (a
-                    # collective has run on return, send/recv progress in wait()).
-                    pending = [call.serve(path)]
-        except RuntimeError as err:
-            raise translate(err) from err
-        work = Work(
-            pending,
-            None if on_gpu else call.finish,  # on a GPU the write-back is queued after the collective
-            translate,
-            outputs=call.outputs,
-            blocking=call.blocking or self.config.blocking_wait,
-            keep=(call,),  # what the collective's buffers hang on, until it is complete
-            side_stream=engine.side_stream if on_gpu and call.async_op else None,
-        )
-        self._watch(call, work, engine if on_gpu else None, algo, queued)
-        if call.async_op:
-            self._flight.completes_with(slot, work)
-            return work
-        work.wait()
-        self._flight.completed(slot)
-        return None
+        with self._lock:
+            seq = self._number(call)
+            translate = self._translate(call.fn, seq, call.peer)
+            engine, algo = self._choose(call)
+            self._announce(call, engine, algo)
+            # An asynchronous call that would wait in the caller's thread (the host workspace runs it
+            # there; a checked gloo call agrees on fingerprints before gloo's collective may start),
+            # or any call behind one, runs on the progress thread, in call order.
+            host = algo is not None and engine.stream is None
+            waits = host or (algo is None and self.config.check != "off")
+            queued = waits and not call.point_to_point and (call.async_op or self._progress.busy())
+            if host and call.point_to_point:
+                self._progress.drain()
+            slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
+            on_gpu = algo is not None and engine.stream is not None
+            try:
+                # Outside autograd, as torch's process groups write: a tensor that requires grad (an
+                # nn.Parameter) is written in place on its data (so are the finish steps: gpucomm.work).
+                with torch.no_grad():
+                    path = self._path(call, seq, engine, algo)
+                    if on_gpu:
+                        pending = self._on_gpu(call, engine, path)
+                    elif queued:  # on the progress thread, in call order (gpucomm.progress)
+                        pending = [
+                            self._progress.submit(
+                                Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank)
+                            )
+                        ]
+                    else:
+                        # gloo's works run on gloo's threads (a checked call's fingerprints travel in its
+                        # first exchange: gpucomm.gloo.checked); the host workspace runs in this thread
+                        # (a collective has run on return, send/recv progress in wait()).
+                        pending = [call.serve(path)]
+            except RuntimeError as err:
+                raise translate(err) from err
+            work = Work(
+                pending,
+                None if on_gpu else call.finish,  # on a GPU the write-back is queued after the collective
+                translate,
+                outputs=call.outputs,
+                blocking=call.blocking or self.config.blocking_wait,
+                keep=(call,),  # what the collective's buffers hang on, until it is complete
+                side_stream=engine.side_stream if on_gpu and call.async_op else None,
+            )
+            self._watch(call, work, engine if on_gpu else None, algo, queued)
+            if call.async_op:
+                self._flight.completes_with(slot, work)
+                return work
+            work.wait()
+            self._flight.completed(slot)
+            return None
 
     # -- the steps ----------------------------------------------------------------------------
     def _number(self, call: Call) -> int:
@@ -162,7 +173,7 @@ class Router:
         """The path that serves the call: the engine with its algorithm, else gloo, checked
         (GPUCOMM_CHECK) for a collective."""
         if algo is not None:
-            return EnginePath(engine, algo)
+            return EnginePath(engine, algo, call.fields.get("user_dtype"))  # type: ignore[arg-type]
         if not call.point_to_point and self.config.check != "off":
             return self._fallback.checked(call.fingerprint(), self._describe(call, seq))
         return self._fallback

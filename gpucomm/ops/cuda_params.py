@@ -12,7 +12,7 @@ import torch
 
 from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.ops.cuda_source import program_kernel_name
-from gpucomm.ops.instruction_set import FP_BITS, OPERAND_WORDS, WORDS
+from gpucomm.ops.instruction_set import FP_BITS, IDENT_BITS, OPERAND_WORDS, WORDS
 from gpucomm.ops.launch_args import MAX_PROGRAM_WORLD, MAX_SMALL_WORLD, SMALL_OPS, ProgramArgs, SmallArgs
 from gpucomm.ops.launcher import Param
 from gpucomm.reduce_op import ReduceOp
@@ -54,6 +54,9 @@ PROGRAM_PARAMS = (
     ("granule", 8),
     ("timeout_ns", 8),
     ("all_channels", 4),
+    ("ident_word", 8),
+    ("ident0", 8),
+    ("ident1", 8),
 )
 COPY_PARAMS = (("dst", 8), ("src", 8), ("nbytes", 8))
 # The parameters of small.cu's kernels (GPUCOMM_SMALL_PARAMS): every rank's half 0 and flag area
@@ -72,6 +75,9 @@ SMALL_PARAMS = (
     ("timeout_ns", 8),
     ("all_channels", 4),
     ("divisor", 8),
+    ("ident_word", 8),
+    ("ident0", 8),
+    ("ident1", 8),
 )
 # reduce.cu's gpucomm_reduce_<op>_<dtype> and flags.cu's gpucomm_signal / gpucomm_wait.
 REDUCE_PARAMS = (("out", 8), ("srcs", 8), ("k", 4), ("n", 8), ("divisor", 8))
@@ -106,6 +112,8 @@ def small_params(args: SmallArgs) -> list[Param]:
         args.timeout_ns,
         args.all_channels,
         args.divisor,
+        args.ident_word,
+        *args.identity,
     )
     return [Param(name, size, value) for (name, size), value in zip(SMALL_PARAMS, values, strict=True)]
 
@@ -133,6 +141,7 @@ def check_program(device: torch.device, args: ProgramArgs) -> str:
     check_int(fn, "channels", args.channels, 1, 2**31 - 1)
     check_int(fn, "all_channels", args.all_channels, args.channels, 2**31 - 1)
     check_int(fn, "fingerprint", args.fingerprint, 0, (1 << FP_BITS) - 1)
+    _check_identity(fn, args.ident_word, args.identity)
     check_int(fn, "granule", args.granule, 1, 2**63 - 1)
     check_int(fn, "half_bytes", args.half_bytes, 0, 2**63 - 1)
     check_int(fn, "timeout_ns", args.timeout_ns, 0, 2**64 - 1)
@@ -159,6 +168,15 @@ def _check_table(fn: str, name: str, table: object, device: torch.device) -> Non
         raise ValueError(f"{fn}: {name} is on {table.device}, expected {device} (the kernels' device)")
 
 
+def _check_identity(fn: str, ident_word: int, identity: tuple[int, int]) -> None:
+    """The flag area's first identity slot and the call's identity words (gpucomm.ops.program.identity)."""
+    check_int(fn, "ident_word", ident_word, 0, 2**63 - 1)
+    if len(identity) != 2:
+        raise ValueError(f"{fn}: identity must be two words, got {len(identity)}")
+    for i, word in enumerate(identity):
+        check_int(fn, f"identity[{i}]", word, 0, (1 << IDENT_BITS) - 1)
+
+
 def check_int(fn: str, name: str, value: object, low: int, high: int) -> None:
     """Raise unless ``value`` is an int (not a bool) in ``[low, high]``; ``fn`` names the caller."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -182,6 +200,7 @@ def check_small(args: SmallArgs) -> None:
     check_int(fn, "channels", args.channels, 1, 2**31 - 1)
     check_int(fn, "all_channels", args.all_channels, args.channels, 2**31 - 1)
     check_int(fn, "fingerprint", args.fingerprint, 0, (1 << FP_BITS) - 1)
+    _check_identity(fn, args.ident_word, args.identity)
     if args.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{fn}: dtype must be one of {list(SUPPORTED_DTYPES)}, got {args.dtype}")
     if args.op not in SMALL_OPS:

@@ -8,8 +8,11 @@ here reaches every kernel at its next compile.
 
 An instruction is ``WORDS`` int64 (its opcode first), an operand ``OPERAND_WORDS`` int64, a
 channel's error record ``RECORD_WORDS`` int64 (the kernels' docstrings lay them out). A flag holds
-``epoch << FP_BITS | fingerprint``. The reduce ops are :class:`gpucomm.ReduceOp`'s values, as the
-kernels' ``OP`` constexpr carries them.
+``epoch << FP_BITS | fingerprint``; beside each flag, in the flag area's identity slots, the
+writer stores the call's ``IDENT_WORDS`` identity words before it releases the flag, each
+``(epoch & IDENT_TAG_MASK) << IDENT_BITS | identity`` (:func:`gpucomm.ops.program.identity`).
+The reduce ops are :class:`gpucomm.ReduceOp`'s values, as the kernels' ``OP`` constexpr carries
+them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ __all__ = [
     "SYNC",
     "FP_BITS",
     "FP_MASK",
+    "IDENT_WORDS",
+    "IDENT_BITS",
+    "IDENT_MASK",
+    "IDENT_TAG_MASK",
     "RECORD_WORDS",
     "TIMEOUT",
     "MISMATCH",
@@ -41,6 +48,13 @@ OPERAND_WORDS = 3  # int64 per operand: [rank or -1, round, offset or address]
 COPY, REDUCE, SYNC = 1, 2, 3  # opcodes: an instruction's first word
 FP_BITS = 20  # low bits of a flag: the call's fingerprint; above them: the epoch
 FP_MASK = (1 << FP_BITS) - 1
+# Identity words per flag: the call's exact dtype and count, and 48 bits of a hash of the rest.
+IDENT_WORDS = 2
+IDENT_BITS = 48  # low bits of an identity word: the call's; above them: the epoch's tag
+IDENT_MASK = (1 << IDENT_BITS) - 1
+# The epoch's low 15 bits tag each word (a word stays non-negative): a reader tells the words of
+# its own epoch from a later epoch's (the slot's next writer: ops/program.py, "Identity").
+IDENT_TAG_MASK = (1 << 15) - 1
 RECORD_WORDS = 8  # int64 per channel's error record: [kind, epoch, instruction, peers, seen, fingerprint]
 TIMEOUT, MISMATCH = 1, 2  # kinds of error record
 # The instruction a small kernel's error record names: the SYNC of the program it stands for
@@ -62,6 +76,9 @@ _CUDA_NAMES = (
     "REDUCE",
     "SYNC",
     "FP_BITS",
+    "IDENT_WORDS",
+    "IDENT_BITS",
+    "IDENT_TAG_MASK",
     "RECORD_WORDS",
     "TIMEOUT",
     "MISMATCH",

@@ -50,7 +50,7 @@ class ProgramArgs:
     channels: int  # the launch's grid
     rank: int  # this rank, in the workspace
     world: int  # ranks of the workspace (<= MAX_PROGRAM_WORLD)
-    fingerprint: int  # of the call: every flag carries it (< 2**FP_BITS)
+    fingerprint: int  # of the call: every flag carries it (< 2**FP_BITS); identity words beside it
     half_bytes: int  # bytes from half 0 to half 1
     granule: int  # bytes of in-half positions a channel owns in turn
     timeout_ns: int  # a wait gives up after this long
@@ -59,6 +59,11 @@ class ProgramArgs:
     copy_bytes: int  # the widest unit (8, 4, 2, 1) dividing every COPY's size, position and addresses
     aligned: bool  # every address and position is a multiple of 16 bytes
     all_channels: int | None = None  # channels of the flag layout (None: ``channels``)
+    # Where the flag area's identity slots start (int64 words; gpucomm.workspace.layout.FlagLayout),
+    # and the call's two identity words (gpucomm.ops.program.identity), stored beside each flag.
+    # Words (0, 0): no identity, the kernels store and compare none (tables a test makes by hand).
+    ident_word: int = 0
+    identity: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if self.all_channels is None:
@@ -82,6 +87,8 @@ class ProgramArgs:
             self.granule,
             self.timeout_ns,
             self.all_channels,
+            self.ident_word,
+            *self.identity,
         )
 
 
@@ -110,6 +117,8 @@ class SmallArgs:
     divisor: int  # AVG's
     dtype: torch.dtype  # element type
     op: ReduceOp  # one of SMALL_OPS
+    ident_word: int = 0  # where the flag area's identity slots start (as ProgramArgs')
+    identity: tuple[int, int] = (0, 0)  # the call's identity words, stored beside each flag
 
     @property
     def world(self) -> int:

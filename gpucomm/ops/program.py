@@ -28,6 +28,31 @@ host-driven steps, and the argument carries over):
   are ordered on a rank: one stream, or one host thread). So a run needs to know nothing about
   the run before it, and any sequence of programs is safe.
 
+Identity. Every rank compares the exact identity of the call at every SYNC, before any result
+is written (the first SYNC of a program is a full barrier, and data reaches the caller's
+buffers only after it). The flag carries 20 bits of a CRC of the call (``fingerprint``), and
+beside each flag the writer stores the call's two identity words (:func:`identity`: the dtype
+and count exactly, 47 bits of a hash of the rest), each tagged with its epoch's low 15 bits,
+into the reader's identity slot of that epoch's parity (gpucomm.workspace.layout.FlagLayout);
+it stores them before its release store of the flag, and the reader loads them after its
+acquire load. A reader compares the words whose tag is its epoch's; a word with another tag
+was overwritten by the writer's SYNC two epochs on, and is skipped. Why skipping is safe, and
+why two slots (by epoch parity) suffice:
+
+- A slot of parity k is written again only at the writer's epoch e + 2. Between its SYNC at e
+  and that at e + 2, the writer must pass its wait at e + 1; where that wait includes the
+  reader (the builder's carry-over waits for the last sync's readers), the reader has signalled
+  e + 1, after its own wait and compare at e: the words of e are still there when it reads.
+- Where the writer's wait at e + 1 leaves the reader out, the writer may overwrite the slot
+  before a slow reader reads it. Then the reader skips (the tag says e + 2), and nothing is
+  lost: every program's first SYNC is a full barrier both ways, so at the first SYNC of each
+  call the writer has waited for the reader too, and compared the reader's words of e (which
+  the reader, still at e, cannot have overwritten); had they differed, the writer would have
+  stopped there with CommMismatchError instead of moving on. The later SYNCs of the call
+  carry the same identity as its first.
+- One slot would not do: a writer that has passed e may store e + 1's words before the reader
+  has read e's (it signals before it waits).
+
 Channels. The program kernel runs a program as several *channels* (one per program of the
 launch grid) that never wait for each other: channel c moves only the bytes whose in-half
 position lies in the granules it owns (granule g is channel g % grid's, and a granule is 1/P of
@@ -40,6 +65,7 @@ runs every channel, so all channels count the same epochs and agree on the half 
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +98,7 @@ __all__ = [
     "overlaps",
     "HalfOffset",
     "fingerprint",
+    "identity",
     "WORDS",
     "OPERAND_WORDS",
     "COPY",
@@ -94,6 +121,41 @@ def fingerprint(name: str, fields: Sequence[object], root: int | None) -> int:
     algorithm, root): ranks that disagree on any of them see each other's and raise."""
     text = "|".join(str(f) for f in (name, *fields, root))
     return zlib.crc32(text.encode()) & ((1 << FP_BITS) - 1)
+
+
+# The dtypes a call's exact identity word names, by code (their place here, plus one; 0: no
+# dtype, 127: one this list lacks). Names, not objects: a torch without one still numbers the rest.
+_DTYPE_NAMES = (
+    "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "int8", "int16",
+    "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+)  # fmt: skip
+_COUNT_BITS = 40  # of the exact word: the element count; the 7 above it, the dtype's code
+_PRESENT = 1 << 47  # set in both words: an identity is never 0, and a kernel argument always an int64
+
+
+def identity(name: str, fields: Sequence[object], root: int | None) -> tuple[int, int]:
+    """The call's two identity words (IDENT_BITS bits each), which every rank compares beside
+    each flag: the first holds the caller's dtype and element count exactly (the dtype of
+    ``fields[0]``, or the ``"caller"`` field's where the caller's differs from the wire's, and
+    the count ``fields[1]``; counts of 2**40 elements and more share their low bits, the hash
+    tells them apart); the second 47 bits of a BLAKE2b hash of the whole description
+    (collective, dtype, count, op, algorithm, root and the rest of ``fields``). So calls that
+    differ in dtype or count never match, and others only if 47 bits of a cryptographic hash
+    collide (94 bits compared in all), against 20 bits of a CRC (linear: thousands of fp32
+    counts shared their bits). The top bit of each word is always set (``_PRESENT``).
+    """
+    text = "|".join(str(f) for f in (name, *fields, root))
+    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % _PRESENT
+    dtype, count = None, 0
+    if len(fields) >= 2 and isinstance(fields[0], torch.dtype) and isinstance(fields[1], int):
+        dtype, count = str(fields[0]).removeprefix("torch."), fields[1]
+    for key, value in zip(fields, fields[1:]):
+        if key == "caller":
+            dtype = value
+    code = 0 if dtype is None else (_DTYPE_NAMES.index(dtype) + 1 if dtype in _DTYPE_NAMES else 127)
+    exact = _PRESENT | code << _COUNT_BITS | count % (1 << _COUNT_BITS)
+    return exact, _PRESENT | digest
 
 
 @dataclass(frozen=True)
@@ -198,6 +260,7 @@ class Program:
     name: str
     fingerprint: int
     root: int | None
+    identity: tuple[int, int] = (0, 0)  # the call's identity words (:func:`identity`): < 2**IDENT_BITS
     instructions: list[tuple] = field(default_factory=list)
     syncs: int = 0
     dtype: torch.dtype | None = None
@@ -257,7 +320,7 @@ class Builder:
         self.world_size = world_size
         self.half_bytes = half_bytes
         self.op_name = name
-        self.program = Program(name, fingerprint(name, fields, root), root)
+        self.program = Program(name, fingerprint(name, fields, root), root, identity(name, fields, root))
         self._carry_sources: list[int] = []
         self._carry_readers: list[int] = []
 

@@ -252,6 +252,8 @@ class DeviceExecutor:
             op=int(program.op or 0),
             copy_bytes=program.copy_bytes(addrs),
             aligned=program.aligned(addrs),
+            ident_word=engine.flags.identity,
+            identity=program.identity,
         )
         prepared = self.kernels.prepare_program(args)
         launch = prepared.launch if self._on_gpu else prepared

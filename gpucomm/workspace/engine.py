@@ -9,11 +9,12 @@ Layout of one rank's workspace (:mod:`gpucomm.workspace.layout`, which ``python 
 reads too)::
 
     flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state |
-            device API: bank (slots x P) | device state]
+            device API: bank (slots x P) | device state | identity: 2 x channels x P x 2]
            sync flag c * P + p is channel c's flag written by rank p; state is
            [poison, epoch of channel 0, ..., epoch of channel C-1], written only by the owner;
            the device API (gpucomm.language) has a bank and state of its own, which the
-           program kernel never touches (gpucomm/language/layout.py)
+           program kernel never touches (gpucomm/language/layout.py); identity slot
+           (parity, c, p): the call's words that rank p stores beside its flag (FlagLayout)
     data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2]
 
 The symmetric heap (:mod:`gpucomm.transport.heap`, GPUCOMM_HEAP_BYTES) holds the tensors of
@@ -165,6 +166,7 @@ class Engine(EngineCollectives):
         self._heap_workspace: Workspace | None = None  # the heap's own shm / CUDA IPC buffers
         self._heap_tries = 0  # opens that failed: each try agrees under a prefix of its own
         self._programs: collections.OrderedDict[Hashable, Program] = collections.OrderedDict()
+        self.caller: str | None = None  # the caller's dtype where it is not the wire's (calling)
         self._device_context: DeviceContext | None = None  # gpucomm.language's, built on first use
         # On a GPU a blocking call launches on the caller's current stream; an asynchronous one
         # on a stream of this communicator's own, after the caller's (as ProcessGroupNCCL's);
@@ -330,6 +332,16 @@ class Engine(EngineCollectives):
         if self.order is not None:
             self.order.to_caller()
 
+    @contextlib.contextmanager
+    def calling(self, caller: str | None) -> Iterator[None]:
+        """Serve one call whose caller passed ``caller`` (a dtype's name; None: the wire's own):
+        it joins the identity of every program the call runs (:meth:`program`)."""
+        self.caller = caller
+        try:
+            yield
+        finally:
+            self.caller = None
+
     def upload(self, table: torch.Tensor) -> torch.Tensor:
         """``table`` (host memory) copied to this engine's device without waiting for the device.
 
@@ -426,8 +438,11 @@ class Engine(EngineCollectives):
 
         ``fields`` (what every rank must agree on: dtype, count, op, algorithm, ...) go into the
         fingerprint; ``regions`` (this rank's buffers) and ``local`` (what may differ between
-        ranks, such as all_to_all's split sizes) only into the cache key.
+        ranks, such as all_to_all's split sizes) only into the cache key. The caller's dtype,
+        where it is not the wire's (:meth:`calling`), joins the fields.
         """
+        if self.caller is not None:
+            fields = (*fields, "caller", self.caller)
         key = (name, fields, root, local, tuple(r.nbytes for r in regions), overlaps(regions))
         program = self._programs.get(key)
         if program is None:

@@ -7,7 +7,8 @@ each peer's flag and a bounded acquire-poll of this rank's flags. The epoch live
 
 Waits raise at once, on the rank that waited: :class:`CommTimeoutError` naming the ranks still
 missing at the deadline, or :class:`CommMismatchError` when a peer's flag carries this epoch
-with another call's fingerprint. While sends or receives are pending, a wait moves the
+with another call's fingerprint, or identity words beside it that name another call
+(gpucomm.ops.program, "Identity"). While sends or receives are pending, a wait moves the
 mailboxes now and then, so that a rank blocked in a collective still feeds a peer's recv.
 
 Each program is bound once per half parity: its operands resolved to tensor views, its
@@ -40,6 +41,7 @@ import torch
 from gpucomm.errors import CommMismatchError, CommTimeoutError
 from gpucomm.ops import host_atomics
 from gpucomm.ops.contract import Region
+from gpucomm.ops.instruction_set import IDENT_BITS, IDENT_TAG_MASK, IDENT_WORDS
 from gpucomm.ops.program import COPY, FP_BITS, REDUCE, Arg, Program, Ref, Slot, resolve
 from gpucomm.ops.reference import fold_into, needs_scratch
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
@@ -192,21 +194,40 @@ class HostExecutor:
         flags, me = self.engine.flags, self.rank
         at_peers = [self.workspace.flag(p, flags.sync_flag(0, me)) for p in signal]
         mine = [self.workspace.flag(me, flags.sync_flag(0, p)) for p in wait]
+        # The identity slots of either epoch parity: mine in each signalled peer's area, each
+        # awaited peer's in mine (the host runs channel 0 alone).
+        ws = self.workspace
+        ids_at_peers = [[ws.flags(p, flags.identity_slot(k, 0, me), IDENT_WORDS) for p in signal] for k in (0, 1)]
+        ids_mine = [[ws.flags(me, flags.identity_slot(k, 0, p), IDENT_WORDS) for p in wait] for k in (0, 1)]
         peers = list(wait)
         if not self._host_flags:
-            return lambda: self._device_sync(program, at_peers, mine, peers)
-        store = self._store
+            return lambda: self._device_sync(program, at_peers, mine, peers, ids_at_peers, ids_mine)
+        store, load = self._store, self._load
         signal_addrs = [f.addr for f in at_peers]
         wait_addrs = [f.addr for f in mine]
+        id_signal = [[f.addr for f in slots] for slots in ids_at_peers]
+        id_wait = [[f.addr for f in slots] for slots in ids_mine]
+        word0, word1 = program.identity
 
         def sync() -> None:
-            self._epoch += 1
-            target = self._epoch << FP_BITS
-            value = target | program.fingerprint
-            for addr in signal_addrs:
-                store(addr, value)
+            self._epoch = epoch = self._epoch + 1
+            target = epoch << FP_BITS
+            tag = (epoch & IDENT_TAG_MASK) << IDENT_BITS
+            w0, w1 = tag | word0, tag | word1
+            if signal_addrs:
+                value = target | program.fingerprint
+                for addr, slot in zip(signal_addrs, id_signal[epoch & 1]):
+                    store(slot, w0)  # the identity words first: the flag's release publishes them
+                    store(slot + 8, w1)
+                    store(addr, value)
             if wait_addrs:
                 self._check(program, peers, self._poll(wait_addrs, target, peers))
+                for peer, slot in zip(peers, id_wait[epoch & 1]):
+                    seen0, seen1 = load(slot), load(slot + 8)
+                    # Words of this epoch (its tag) that are not this call's; a later tag: the
+                    # peer has moved on, having compared ours (gpucomm/ops/program.py, "Identity").
+                    if (seen0 != w0 or seen1 != w1) and (seen0 ^ w0) >> IDENT_BITS == 0 == (seen1 ^ w1) >> IDENT_BITS:
+                        self._mismatch(program, peer)
 
         return sync
 
@@ -241,11 +262,25 @@ class HostExecutor:
                 return seen
             pending = still
 
-    def _device_sync(self, program: Program, at_peers: list[Region], mine: list[Region], peers: list[int]) -> None:
+    def _device_sync(
+        self,
+        program: Program,
+        at_peers: list[Region],
+        mine: list[Region],
+        peers: list[int],
+        ids_at_peers: list[list[Region]],
+        ids_mine: list[list[Region]],
+    ) -> None:
         """A SYNC on flags in GPU memory (the torch kernels on the CUDA IPC workspace)."""
         self._epoch += 1
-        target = self._epoch << FP_BITS
+        epoch = self._epoch
+        target = epoch << FP_BITS
+        tag = (epoch & IDENT_TAG_MASK) << IDENT_BITS
+        words = [tag | w for w in program.identity]
         if at_peers:
+            mine_words = torch.tensor(words, dtype=torch.int64, device=self.engine.device)
+            for slot in ids_at_peers[epoch & 1]:  # before the flags, on the same stream
+                slot.view(torch.int64).copy_(mine_words)
             self.kernels.signal(at_peers, target | program.fingerprint)
         if mine:
             missing = self.kernels.wait(mine, target, time.monotonic() + self.engine.timeout)
@@ -253,6 +288,11 @@ class HostExecutor:
                 self._timeout([peers[i] for i in missing])
             seen = torch.stack([f.view(torch.int64)[0] for f in mine]).tolist()
             self._check(program, peers, seen)
+            for peer, slot in zip(peers, ids_mine[epoch & 1]):
+                got = slot.view(torch.int64).tolist()
+                tags_now = all((g ^ w) >> IDENT_BITS == 0 for g, w in zip(got, words))
+                if tags_now and got != words:
+                    self._mismatch(program, peer)
 
     def _timeout(self, peers: list[int]) -> None:
         engine = self.engine
@@ -264,15 +304,19 @@ class HostExecutor:
         """A peer at this epoch with another fingerprint called something else."""
         for peer, value in zip(peers, seen):
             if value >> FP_BITS == self._epoch and value & _FP_MASK != program.fingerprint:
-                raise CommMismatchError(
-                    f"gpucomm.{program.name} epoch {self._epoch}: rank {self.engine.comm_rank} and rank "
-                    f"{self.engine.members[peer]} called different collectives (or sizes, dtypes, ops, roots or "
-                    f"algorithms) at the same step",
-                    op=program.name,
-                    epoch=self._epoch,
-                    rank=self.engine.comm_rank,
-                    peers=[self.engine.members[peer]],
-                )
+                self._mismatch(program, peer)
+
+    def _mismatch(self, program: Program, peer: int) -> None:
+        """Rank ``peer``'s flag or identity words at this epoch are another call's."""
+        raise CommMismatchError(
+            f"gpucomm.{program.name} epoch {self._epoch}: rank {self.engine.comm_rank} and rank "
+            f"{self.engine.members[peer]} called different collectives (or sizes, dtypes, ops, roots or "
+            f"algorithms) at the same step",
+            op=program.name,
+            epoch=self._epoch,
+            rank=self.engine.comm_rank,
+            peers=[self.engine.members[peer]],
+        )
 
 
 def _bound_copy(dst: Region, src: Region, fit: ThreadFit) -> Step:

@@ -7,7 +7,7 @@ there would drift from the real one. It imports nothing heavier than torch.
 Layout of one rank's workspace (its flag area, then its data area)::
 
     flags: [sync flags: channels x P | p2p "data ready": P | p2p "consumed": P | state |
-            device API: bank (slots x P) | device state]
+            device API: bank (slots x P) | device state | identity: 2 x channels x P x IDENT_WORDS]
     data:  [p2p mailboxes (a quarter) | half 0 | half 1 | device stage: 2 x half / 2]
 
 The symmetric heap is not part of it: it is a segment (or allocation) of its own, opened at the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from gpucomm.language import layout as device_layout
+from gpucomm.ops.instruction_set import IDENT_WORDS
 from gpucomm.transport.workspace import buffer_layout
 from gpucomm.workspace.channels import layout_channels
 
@@ -38,7 +39,9 @@ class FlagLayout:
     Sync flag c * P + p is channel c's flag written by rank p; state is [poison, epoch of channel
     0, ..., epoch of channel C-1], written only by the owner; the device API (gpucomm.language)
     has a bank and state of its own, which the program kernel never touches
-    (gpucomm/language/layout.py).
+    (gpucomm/language/layout.py). Identity slot (parity, c, p) holds the identity words that
+    rank p stored beside channel c's flag at its last SYNC of that epoch parity
+    (gpucomm.ops.program, "Identity").
     """
 
     def __init__(self, world_size: int, channels: int) -> None:
@@ -50,10 +53,16 @@ class FlagLayout:
         # The device API's own words (gpucomm.language.layout): its errors poison only them.
         self.device_bank = self.state + 1 + channels
         self.device_state = self.device_bank + device_layout.bank_words(world_size)
-        self.count = self.device_state + device_layout.state_words()
+        self.identity = self.device_state + device_layout.state_words()
+        self.count = self.identity + 2 * channels * world_size * IDENT_WORDS
 
     def sync_flag(self, channel: int, writer: int) -> int:
         return channel * self.world_size + writer
+
+    def identity_slot(self, parity: int, channel: int, writer: int) -> int:
+        """The first of the IDENT_WORDS words that ``writer`` stores beside channel ``channel``'s
+        flag at epochs of ``parity``."""
+        return self.identity + ((parity * self.channels + channel) * self.world_size + writer) * IDENT_WORDS
 
     def epoch(self, channel: int) -> int:
         return self.state + 1 + channel

@@ -28,9 +28,9 @@ from gpucomm.capture import capturing
 from gpucomm.errors import UnsupportedError
 from gpucomm.ops.contract import SUPPORTED_DTYPES
 from gpucomm.ops.launch_args import MAX_SMALL_WORLD, SMALL_OPS, SmallArgs
-from gpucomm.ops.program import fingerprint
+from gpucomm.ops.program import fingerprint, identity
 from gpucomm.reduce_op import ReduceOp
-from gpucomm.roles import NodeWorkspace
+from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import launch_channels
 from gpucomm.workspace.stream_order import StreamOrder
 
@@ -55,6 +55,8 @@ class SmallEngine(NodeWorkspace, Protocol):
     channels: int  # channels of the flag layout: the most a launch runs
     channels_by_size: bool  # a launch's grid follows its size (else every channel)
     executor: object  # gpucomm.workspace.device_executor.DeviceExecutor where the kernels are Triton's or CUDA C++'s
+    caller: str | None  # the caller's dtype, where the call's wire form has another (Engine.calling)
+    flags: FlagWords  # where the identity slots start
 
     @property
     def order(self) -> StreamOrder | None: ...  # None off a GPU
@@ -102,7 +104,8 @@ class SmallAllReduce:
         its checks around it: packed on first use, then kept. On a GPU it first orders the
         caller's current stream after this communicator's launches so far, as the full path does
         (the launch :mod:`gpucomm.workspace.repeat` keeps)."""
-        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
+        caller = self.engine.caller  # the caller's dtype where the wire's differs (Engine.calling)
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op, caller)
         launch = self._launches.get(key)
         if launch is None:
             problem = self.unsupported(tensor)
@@ -121,13 +124,13 @@ class SmallAllReduce:
                     f"and loaded yet; run the same call once eagerly (a warm-up step on the same tensor) before "
                     f"capturing it"
                 )
-            launch = self._prepare(tensor, op)
+            launch = self._prepare(tensor, op, caller)
             if len(self._launches) >= _KEPT:
                 self._launches.clear()
             self._launches[key] = launch
         return launch
 
-    def _prepare(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
+    def _prepare(self, tensor: torch.Tensor, op: ReduceOp, caller: str | None) -> Callable[[], None]:
         engine, executor = self.engine, self.engine.executor
         n = tensor.numel()
         to_caller = None if engine.order is None else engine.order.to_caller
@@ -136,6 +139,8 @@ class SmallAllReduce:
         # The call's fingerprint as a program of this shape has it, so that a rank running another
         # collective (or the program kernel's one-shot) at this epoch ends in CommMismatchError.
         name, fields = "all_reduce", (tensor.dtype, n, op.name, ALGO)
+        if caller is not None:  # as Engine.program adds it
+            fields = (*fields, "caller", caller)
         fp = fingerprint(name, fields, None)
         executor.remember(fp, name)
         nbytes = n * tensor.element_size()
@@ -158,6 +163,8 @@ class SmallAllReduce:
             divisor=engine.world_size,
             dtype=tensor.dtype,
             op=op,
+            ident_word=engine.flags.identity,
+            identity=identity(name, fields, None),
         )
         prepared = engine.kernels.prepare_small(args)
         check = executor.check

@@ -22,7 +22,8 @@
 #if !defined(GPUCOMM_WORDS) || !defined(GPUCOMM_OPERAND_WORDS) || !defined(GPUCOMM_COPY) ||   \
     !defined(GPUCOMM_REDUCE) || !defined(GPUCOMM_SYNC) || !defined(GPUCOMM_FP_BITS) ||        \
     !defined(GPUCOMM_RECORD_WORDS) || !defined(GPUCOMM_TIMEOUT) || !defined(GPUCOMM_MISMATCH) || \
-    !defined(GPUCOMM_SMALL_SYNC_INSTRUCTION)
+    !defined(GPUCOMM_SMALL_SYNC_INSTRUCTION) || !defined(GPUCOMM_IDENT_WORDS) ||                 \
+    !defined(GPUCOMM_IDENT_BITS) || !defined(GPUCOMM_IDENT_TAG_MASK)
 #error "gpucomm: compile with gpucomm.ops.cuda_ops.compile_options, which defines the instruction set"
 #endif
 
@@ -38,6 +39,11 @@ constexpr int REDUCE = GPUCOMM_REDUCE;
 constexpr int SYNC = GPUCOMM_SYNC;
 constexpr int FP_BITS = GPUCOMM_FP_BITS;  // a flag: (epoch << FP_BITS) | fingerprint
 constexpr gc_i64 FP_MASK = (1ll << FP_BITS) - 1;
+// Beside each flag, the call's identity words (gpucomm/ops/program.py, "Identity"): IDENT_WORDS
+// int64, each (epoch & IDENT_TAG_MASK) << IDENT_BITS | the call's word.
+constexpr int IDENT_WORDS = GPUCOMM_IDENT_WORDS;
+constexpr int IDENT_BITS = GPUCOMM_IDENT_BITS;
+constexpr int IDENT_TAG_MASK = GPUCOMM_IDENT_TAG_MASK;
 constexpr int RECORD_WORDS = GPUCOMM_RECORD_WORDS;  // int64 per channel's error record
 constexpr int TIMEOUT = GPUCOMM_TIMEOUT;            // kinds of error record
 constexpr int MISMATCH = GPUCOMM_MISMATCH;
@@ -149,12 +155,28 @@ __device__ __forceinline__ gc_i64 poll(const gc_i64* at, gc_i64 target, gc_u64 t
     return seen;
 }
 
+// A word `seen` stored beside a flag at the epoch whose tagged word of this call is `mine` (its
+// tag is that epoch's): a word with another tag was rewritten by a peer two epochs on.
+__device__ __forceinline__ bool same_epoch(gc_i64 seen, gc_i64 mine) { return ((seen ^ mine) >> IDENT_BITS) == 0; }
+
+// The call's identity words (gpucomm.ops.program.identity), as a SYNC stores and compares them.
+struct Identity {
+    gc_i64 first_slot;  // the flag area's first identity slot (int64 words)
+    int channels;       // channels of the flag layout
+    gc_i64 word0, word1;
+    // The slot (e's parity, channel, writer) in the flag area at `area`: IDENT_WORDS int64.
+    __device__ __forceinline__ gc_i64* slot(const gc_i64* area, gc_i64 e, int channel, int world, int writer) const {
+        return (gc_i64*)area + first_slot + (((e & 1) * channels + channel) * (gc_i64)world + writer) * IDENT_WORDS;
+    }
+};
+
 // Write `channel`'s error record (RECORD_WORDS int64 at record) from the flags of the `world`
-// ranks seen at SYNC `instruction` (epoch e), then poison the workspace's later launches
-// (state[0]). A mismatch outranks a timeout, as in the Triton kernels. One thread calls it.
+// ranks seen at SYNC `instruction` (epoch e) and the ranks whose identity words of epoch e were
+// another call's (`other_ident`), then poison the workspace's later launches (state[0]). A
+// mismatch outranks a timeout, as in the Triton kernels. One thread calls it.
 __device__ void record_error(gc_i64* record, gc_i64* state, int channel, int world, gc_i64 e, gc_i64 instruction,
-                             const gc_i64* seen, gc_i64 fingerprint) {
-    gc_u64 late = 0, other = 0;
+                             const gc_i64* seen, gc_i64 fingerprint, gc_u64 other_ident) {
+    gc_u64 late = 0, other = other_ident;
     for (int p = 0; p < world; ++p) {
         if (behind(seen[p], flag_value(e))) late |= 1ull << p;
         if (other_call(seen[p], e, fingerprint)) other |= 1ull << p;
@@ -172,31 +194,56 @@ __device__ void record_error(gc_i64* record, gc_i64* state, int channel, int wor
 }
 
 // One SYNC of `channel` at epoch e by the threads of this block (program.cu's, and small.cu's
-// with every rank in both masks). Thread p < world releases (e << FP_BITS) | fingerprint into
-// rank p's flag of this rank (flag_at(p, rank)) if bit p of signal_mask is set, then polls this
-// rank's flag of rank p (flag_at(rank, p)) until it reaches epoch e or timeout_ns pass, if bit p
-// of wait_mask is set (a rank not awaited reads as arrived). Returns true if every awaited rank
-// arrived with this call's fingerprint; otherwise thread 0 has written the error record of SYNC
-// `instruction` (from seen[], one value per rank in shared memory) and the channel must stop.
+// with every rank in both masks). Thread p < world stores the call's identity words (tagged with
+// e) into its slot of e's parity in rank p's flag area and releases (e << FP_BITS) | fingerprint
+// into rank p's flag of this rank (flag_at(p, rank)) if bit p of signal_mask is set, then polls
+// this rank's flag of rank p (flag_at(rank, p)) until it reaches epoch e or timeout_ns pass, if
+// bit p of wait_mask is set (a rank not awaited reads as arrived), and compares the identity
+// words rank p stored beside it (flag_at.area(owner): a rank's flag area). Returns true if every
+// awaited rank arrived with this call's fingerprint and identity; otherwise thread 0 has written
+// the error record of SYNC `instruction` (from seen[], one value per rank in shared memory) and
+// the channel must stop.
 template <class FlagAt>
 __device__ __forceinline__ bool sync_flags(const FlagAt& flag_at, gc_u64 signal_mask, gc_u64 wait_mask, int rank,
                                            int world, int channel, gc_i64 e, gc_i64 fingerprint, gc_u64 timeout_ns,
-                                           gc_i64 instruction, gc_i64* seen, gc_i64* record, gc_i64* state) {
+                                           gc_i64 instruction, gc_i64* seen, gc_i64* record, gc_i64* state,
+                                           const Identity& id) {
+    __shared__ gc_u64 other_ident;  // ranks whose identity words of epoch e are another call's
     const gc_i64 value = flag_value(e) | fingerprint;
+    const gc_i64 tag = (e & IDENT_TAG_MASK) << IDENT_BITS;
+    const gc_i64 word0 = tag | id.word0, word1 = tag | id.word1;
+    const bool identified = id.word0 != 0;  // words 0: a launch without an identity stores and compares none
     const int p = threadIdx.x;
+    if (p == 0) other_ident = 0;
     // Every thread's data is written before any flag is released: the barrier orders the other
     // threads' writes before the release store (which is cumulative), at system scope.
     __syncthreads();
     bool failed = false;
     if (p < world) {
-        if (signal_mask >> p & 1) store_release_sys(flag_at(p, rank), value);
-        const gc_i64 got = (wait_mask >> p & 1) ? poll(flag_at(rank, p), flag_value(e), timeout_ns) : value;
+        if (signal_mask >> p & 1) {
+            if (identified) {  // the identity words before the flag: its release publishes them
+                gc_i64* words = id.slot(flag_at.area(p), e, channel, world, rank);
+                words[0] = word0;
+                words[1] = word1;
+            }
+            store_release_sys(flag_at(p, rank), value);
+        }
+        const bool awaited = wait_mask >> p & 1;
+        const gc_i64 got = awaited ? poll(flag_at(rank, p), flag_value(e), timeout_ns) : value;
         seen[p] = got;
         failed = behind(got, flag_value(e)) || other_call(got, e, fingerprint);
+        if (identified && awaited && !behind(got, flag_value(e))) {
+            const gc_i64* words = id.slot(flag_at.area(rank), e, channel, world, p);
+            const gc_i64 seen0 = load_acquire_sys(words), seen1 = load_acquire_sys(words + 1);
+            if (same_epoch(seen0, word0) && same_epoch(seen1, word1) && (seen0 != word0 || seen1 != word1)) {
+                atomicOr(&other_ident, 1ull << p);
+                failed = true;
+            }
+        }
     }
     // Every thread reads peer data only after the acquires above; the verdict is the block's.
     if (!__syncthreads_or(failed)) return true;
-    if (p == 0) record_error(record, state, channel, world, e, instruction, seen, fingerprint);
+    if (p == 0) record_error(record, state, channel, world, e, instruction, seen, fingerprint, other_ident);
     return false;
 }
 

@@ -11,20 +11,21 @@
 //   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
 //   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
 //   REDUCE nbytes pos k operand divide divisor     operands[operand] = fold of the k after it
-//   SYNC   signal_mask wait_mask                   advance the epoch e; release-store
-//          (e << FP_BITS) | fingerprint into this channel's flag at every rank of signal_mask;
-//          acquire-wait for the flag of every rank of wait_mask to reach epoch e
+//   SYNC   signal_mask wait_mask                   advance the epoch e; store the call's identity
+//          words beside, then release-store (e << FP_BITS) | fingerprint into this channel's flag
+//          at every rank of signal_mask; acquire-wait for the flag of every rank of wait_mask to
+//          reach epoch e and compare the identity words beside it (gpucomm/ops/program.py)
 // An operand (OPERAND_WORDS int64) is [-1, 0, address] or [rank, round, offset]: offset bytes
 // into the half of `rank` that data of `round` lives in, half (epoch at launch + round) % 2.
 //
 // State on the device (state = [poison, epoch of channel 0, epoch of channel 1, ...], in the
 // rank's own flag area): a launch loads its channel's epoch, advances it and stores it back, so
 // a replayed CUDA graph goes on from where the last launch left off. Every wait ends by its
-// deadline (%globaltimer); a timeout, or a peer's flag at this epoch with another fingerprint,
-// writes the channel's error record (RECORD_WORDS int64 at record, in host memory the device
-// reaches through UVA: [kind, epoch, instruction, culprit rank mask, value seen, fingerprint],
-// the kind stored last with release), sets the poison word and ends the channel; every later
-// launch sees the poison and does nothing.
+// deadline (%globaltimer); a timeout, or a peer's flag at this epoch with another fingerprint
+// (or identity words of this epoch that are not this call's), writes the channel's error record
+// (RECORD_WORDS int64 at record, in host memory the device reaches through UVA: [kind, epoch,
+// instruction, culprit rank mask, value seen, fingerprint], the kind stored last with release),
+// sets the poison word and ends the channel; every later launch sees the poison and does nothing.
 //
 // Kernels: gpucomm_program_<op>_<dtype> for every fold op (sum, prod, min, max; AVG folds as a
 // sum and its REDUCEs divide) x dtype, and gpucomm_program_copy for programs without a REDUCE.
@@ -66,6 +67,8 @@ struct Launch {
     gc_i64 granule;          // bytes of in-half positions a channel owns in turn
     gc_u64 timeout_ns;       // a wait gives up after this long
     int all_channels;        // channels of the flag layout (epochs in state), >= the grid
+    gc_i64 ident_word;       // the flag area's first identity slot (int64 words)
+    gc_i64 ident0, ident1;   // the call's identity words, stored beside every flag
     int channel;             // this block
     int channels;            // the grid
     gc_i64 e0;               // the channel's epoch at launch: it picks the half of every round
@@ -193,18 +196,20 @@ __device__ __forceinline__ gc_i64* flag(const Launch& L, int owner, int writer) 
     return (gc_i64*)L.peers[L.world + owner] + (gc_i64)L.channel * L.world + writer;
 }
 
-// This channel's flags as common.cuh's sync_flags addresses them.
+// This channel's flags as common.cuh's sync_flags addresses them, and each rank's flag area.
 struct ChannelFlags {
     const Launch* L;
     __device__ __forceinline__ gc_i64* operator()(int owner, int writer) const { return flag(*L, owner, writer); }
+    __device__ __forceinline__ const gc_i64* area(int owner) const { return (const gc_i64*)L->peers[L->world + owner]; }
 };
 
 // One SYNC of this channel at its new epoch e (common.cuh's sync_flags, with the row's masks).
-// True if every awaited rank arrived with this call's fingerprint; otherwise the error record is
-// written and the channel must stop.
+// True if every awaited rank arrived with this call's fingerprint and identity words; otherwise
+// the error record is written and the channel must stop.
 __device__ bool sync(const Launch& L, const gc_i64* row, gc_i64 e, gc_i64 instruction, gc_i64* seen) {
     return gpucomm::sync_flags(ChannelFlags{&L}, (gc_u64)row[1], (gc_u64)row[2], L.rank, L.world, L.channel, e,
-                               L.fingerprint, L.timeout_ns, instruction, seen, L.record, L.state);
+                               L.fingerprint, L.timeout_ns, instruction, seen, L.record, L.state,
+                               gpucomm::Identity{L.ident_word, L.all_channels, L.ident0, L.ident1});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -246,10 +251,10 @@ __device__ __forceinline__ void run_program(Launch L) {
 #define GPUCOMM_PROGRAM_PARAMS                                                                        \
     const gc_i64 *prog, gc_i64 n_instr, const gc_i64 *operands, const gc_i64 *peers, gc_i64 *state,   \
         gc_i64 *record, int rank, int world, gc_i64 fingerprint, gc_i64 half_bytes, gc_i64 granule,    \
-        gc_u64 timeout_ns, int all_channels
+        gc_u64 timeout_ns, int all_channels, gc_i64 ident_word, gc_i64 ident0, gc_i64 ident1
 #define GPUCOMM_PROGRAM_LAUNCH                                                                        \
     Launch{prog, n_instr, operands, peers, state, record, rank, world, fingerprint, half_bytes,        \
-           granule, timeout_ns, all_channels, (int)blockIdx.x, (int)gridDim.x, 0}
+           granule, timeout_ns, all_channels, ident_word, ident0, ident1, (int)blockIdx.x, (int)gridDim.x, 0}
 
 #define GPUCOMM_PROGRAM_KERNEL(op_name, OpType, dtype_name, DType)                                   \
     extern "C" __global__ void __launch_bounds__(GPUCOMM_THREADS)                                    \

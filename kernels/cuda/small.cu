@@ -9,8 +9,9 @@
 // picks the half (tests/ops/test_small_ptx.py counts it in the sm_90 PTX).
 //
 // Per channel (block) c: copy this channel's share of the tensor into this rank's half e0 % 2 at
-// the same position; SYNC (release (e0 + 1) << FP_BITS | fingerprint into channel c's flag at
-// every rank, acquire-wait for every rank's, bounded by timeout_ns on %globaltimer); fold every
+// the same position; SYNC (the call's identity words beside, then release (e0 + 1) << FP_BITS |
+// fingerprint into channel c's flag at every rank, acquire-wait for every rank's, bounded by
+// timeout_ns on %globaltimer, and compare the words beside it: common.cuh's sync_flags); fold every
 // rank's staged share in rank order (common.cuh's reduce_span: the accumulation type, AVG divides
 // once, one rounding) over the tensor. The halves, flags, state words ([poison, epoch of channel
 // 0, ...]), error records and poison are the program kernel's, so launches of the two interleave
@@ -56,6 +57,7 @@ struct SmallFlags {
     __device__ __forceinline__ gc_i64* operator()(int owner, int writer) const {
         return (gc_i64*)areas(owner) + (gc_i64)channel * world + writer;
     }
+    __device__ __forceinline__ const gc_i64* area(int owner) const { return (const gc_i64*)areas(owner); }
 };
 
 // dst = src over nbytes by the threads of this block: 16-byte vectors where both addresses and
@@ -73,7 +75,7 @@ template <class D, class Op>
 __device__ __forceinline__ void small_all_reduce(gc_u64 x, gc_i64 n, const PerRank& stages, const PerRank& areas,
                                                  gc_i64 half_bytes, gc_i64* state, gc_i64* record, int rank, int world,
                                                  gc_i64 fingerprint, gc_u64 timeout_ns, int all_channels,
-                                                 gc_i64 divisor) {
+                                                 gc_i64 divisor, const gpucomm::Identity& id) {
     typedef typename D::S S;
     constexpr gc_i64 V = 16 / sizeof(S);
     __shared__ gc_i64 seen[MAX_WORLD];
@@ -95,7 +97,7 @@ __device__ __forceinline__ void small_all_reduce(gc_u64 x, gc_i64 n, const PerRa
         // The SYNC: every rank signalled and awaited (common.cuh's sync_flags, as program.cu's).
         const SmallFlags flags{areas, channel, world};
         if (gpucomm::sync_flags(flags, ~0ull, ~0ull, rank, world, channel, e, fingerprint, timeout_ns,
-                                gpucomm::SMALL_SYNC_INSTRUCTION, seen, record, state)) {
+                                gpucomm::SMALL_SYNC_INSTRUCTION, seen, record, state, id)) {
             gpucomm::reduce_span<D, Op>(x + lo * sizeof(S), Staged{stages, offset}, world, (gc_u64)(hi - lo),
                                         Op::divides, divisor, threadIdx.x, blockDim.x);
         }
@@ -114,7 +116,7 @@ __device__ __forceinline__ void small_all_reduce(gc_u64 x, gc_i64 n, const PerRa
         gc_u64 stage5, gc_u64 stage6, gc_u64 stage7, gc_u64 flags0, gc_u64 flags1, gc_u64 flags2,     \
         gc_u64 flags3, gc_u64 flags4, gc_u64 flags5, gc_u64 flags6, gc_u64 flags7, gc_i64 half_bytes, \
         gc_i64 *state, gc_i64 *record, int rank, int world, gc_i64 fingerprint, gc_u64 timeout_ns,    \
-        int all_channels, gc_i64 divisor
+        int all_channels, gc_i64 divisor, gc_i64 ident_word, gc_i64 ident0, gc_i64 ident1
 
 #define GPUCOMM_SMALL_KERNEL(op_name, OpType, dtype_name, DType)                                      \
     extern "C" __global__ void __launch_bounds__(GPUCOMM_THREADS)                                    \
@@ -122,7 +124,8 @@ __device__ __forceinline__ void small_all_reduce(gc_u64 x, gc_i64 n, const PerRa
         small_all_reduce<DType, OpType>(                                                              \
             x, n, PerRank{stage0, stage1, stage2, stage3, stage4, stage5, stage6, stage7},            \
             PerRank{flags0, flags1, flags2, flags3, flags4, flags5, flags6, flags7}, half_bytes, state,  \
-            record, rank, world, fingerprint, timeout_ns, all_channels, divisor);                     \
+            record, rank, world, fingerprint, timeout_ns, all_channels, divisor,                      \
+            gpucomm::Identity{ident_word, all_channels, ident0, ident1});                             \
     }
 
 GPUCOMM_FOR_EACH_OP_AND_DTYPE(GPUCOMM_SMALL_KERNEL)

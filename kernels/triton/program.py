@@ -16,9 +16,11 @@ Instructions (``WORDS`` int64 each):
 - ``REDUCE nbytes pos k operand divide divisor``: operands[operand] = the fold of the k operands
   after it, in order, in the accumulation type, divided once by ``divisor`` if ``divide``,
   rounded once;
-- ``SYNC signal_mask wait_mask``: advance this channel's epoch e, release-store
-  ``e << FP_BITS | fingerprint`` into this channel's flag at every rank in ``signal_mask``,
-  then acquire-wait until the flag of every rank in ``wait_mask`` reaches epoch e.
+- ``SYNC signal_mask wait_mask``: advance this channel's epoch e, store the call's identity
+  words (tagged with e) into this rank's identity slot of e's parity at every rank in
+  ``signal_mask``, release-store ``e << FP_BITS | fingerprint`` into this channel's flag there,
+  then acquire-wait until the flag of every rank in ``wait_mask`` reaches epoch e and compare
+  the identity words each stored beside it (gpucomm/ops/program.py, "Identity").
 
 ``pos`` is the in-half position of the instruction's first byte: the workspace operands of one
 instruction share it, so the channel that writes a byte of a half is the one that reads it on
@@ -30,7 +32,8 @@ State on the device: the epoch of every channel and a poison word live in the ra
 area (``state_addr``: [poison, epoch of channel 0, epoch of channel 1, ...]); a launch loads
 them, advances them and stores them back, so a replayed CUDA graph continues from where the
 last launch left off. Every wait ends at its deadline (``clock_ns_lanes``, decided once per
-block); a timeout, or a peer's flag at this epoch with another fingerprint, writes the
+block); a timeout, or a peer's flag at this epoch with another fingerprint (or identity words of
+this epoch that are not this call's), writes the
 channel's error record (``RECORD_WORDS`` int64 at ``record_addr``: [kind, epoch, instruction,
 peer mask, value seen, fingerprint]), sets the poison word and ends the channel; every later
 launch sees the poison and does nothing.
@@ -52,6 +55,8 @@ from gpucomm.ops.instruction_set import (
     COPY,
     FP_BITS,
     FP_MASK,
+    IDENT_BITS,
+    IDENT_TAG_MASK,
     MISMATCH,
     OPERAND_WORDS,
     RECORD_WORDS,
@@ -86,6 +91,8 @@ _COPY = tl.constexpr(COPY)
 _SYNC = tl.constexpr(SYNC)
 _FP_BITS = tl.constexpr(FP_BITS)
 _FP_MASK = tl.constexpr(FP_MASK)
+_IDENT_BITS = tl.constexpr(IDENT_BITS)
+_IDENT_TAG_MASK = tl.constexpr(IDENT_TAG_MASK)
 _RECORD_WORDS = tl.constexpr(RECORD_WORDS)
 _TIMEOUT = tl.constexpr(TIMEOUT)
 _MISMATCH = tl.constexpr(MISMATCH)
@@ -419,8 +426,24 @@ def _wait_status(seen, target, start, timeout_ns, lanes):
 
 
 @triton.jit
-def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANES: tl.constexpr):
-    """One SYNC of this channel: (new epoch, error kind, peers at fault as a mask, a value seen)."""
+def _sync(
+    row,
+    e,
+    peers_ptr,
+    channel,
+    rank,
+    world,
+    fingerprint,
+    timeout_ns,
+    ident_word,
+    all_channels,
+    ident0,
+    ident1,
+    LANES: tl.constexpr,
+):
+    """One SYNC of this channel: (new epoch, error kind, peers at fault as a mask, a value seen).
+    ``ident_word``: the first identity slot of the flag area (int64 words); ``ident0``,
+    ``ident1``: the call's identity words."""
     signal_mask = tl.load(row + 1)
     wait_mask = tl.load(row + 2)
     e = e + 1
@@ -431,27 +454,72 @@ def _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANE
     member = lanes < world
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     flag_areas = tl.load(peers_ptr + world + lanes, mask=member, other=0)
+    my_area = tl.load(peers_ptr + world + rank)
     at_peers = (flag_areas + (channel * world + rank) * 8).to(tl.pointer_type(tl.int64))
-    mine = (tl.load(peers_ptr + world + rank) + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
+    mine = (my_area + (channel * world + lanes) * 8).to(tl.pointer_type(tl.int64))
+    # Identity slot (e's parity, channel, writer) of IDENT_WORDS words: this rank's in rank p's
+    # area, rank p's in mine (gpucomm.workspace.layout.FlagLayout.identity_slot).
+    slots = ident_word * 8 + ((e % 2) * all_channels + channel) * world * 16
+    ids_at_peers = (flag_areas + slots + rank * 16).to(tl.pointer_type(tl.int64))
+    ids_mine = (my_area + slots + lanes * 16).to(tl.pointer_type(tl.int64))
     signalled = member & ((signal_mask & bits) != 0)
     awaited = member & ((wait_mask & bits) != 0)
-    kind, culprits, seen = meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, LANES)
+    kind, culprits, seen = meet(
+        at_peers,
+        mine,
+        signalled,
+        awaited,
+        bits,
+        e,
+        fingerprint,
+        timeout_ns,
+        ids_at_peers,
+        ids_mine,
+        ident0,
+        ident1,
+        LANES,
+    )
     return e, kind, culprits, seen
 
 
 @triton.jit
-def meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, LANES: tl.constexpr):
+def meet(
+    at_peers,
+    mine,
+    signalled,
+    awaited,
+    bits,
+    e,
+    fingerprint,
+    timeout_ns,
+    ids_at_peers,
+    ids_mine,
+    ident0,
+    ident1,
+    LANES: tl.constexpr,
+):
     """The flags of a SYNC at epoch ``e``, lane p for rank p (the program kernel's SYNC, and the
     small kernel's, which signals and awaits every rank): once every thread of the channel has
-    stored its data, release ``e << FP_BITS | fingerprint`` at ``at_peers`` (the lanes in
-    ``signalled``: rank p's flag of this rank), then acquire-poll ``mine`` (the lanes in
-    ``awaited``: this rank's flag of rank p) until each reaches epoch ``e`` or the deadline
-    passes. ``bits`` is lane p's rank bit. Returns the block's (error kind, culprits as a rank
-    mask, the first culprit's value seen): kind 0, MISMATCH (a flag at epoch ``e`` with another
-    fingerprint) or TIMEOUT."""
+    stored its data, store the call's identity words ``ident0``, ``ident1`` tagged with ``e``
+    at ``ids_at_peers`` (this rank's identity slot of e's parity at rank p) and release
+    ``e << FP_BITS | fingerprint`` at ``at_peers`` (the lanes in ``signalled``: rank p's flag
+    of this rank), then acquire-poll ``mine`` (the lanes in ``awaited``: this rank's flag of
+    rank p) until each reaches epoch ``e`` or the deadline passes, and load the identity words
+    rank p stored at ``ids_mine``. ``bits`` is lane p's rank bit. Returns the block's (error
+    kind, culprits as a rank mask, the first culprit's value seen): kind 0, MISMATCH (a flag at
+    epoch ``e`` with another fingerprint, or identity words tagged ``e`` that are not this
+    call's: gpucomm/ops/program.py, "Identity") or TIMEOUT."""
     target = e << _FP_BITS
     lanes = tl.arange(0, LANES)
     value = tl.zeros((LANES,), tl.int64) + (target | fingerprint)  # also what a lane not awaited reads as
+    tag = (e & _IDENT_TAG_MASK) << _IDENT_BITS
+    word0 = tl.zeros((LANES,), tl.int64) + (tag | ident0)
+    word1 = tl.zeros((LANES,), tl.int64) + (tag | ident1)
+    # A launch without an identity (words 0: tables made by hand) neither stores nor compares any.
+    identified = (tl.zeros((LANES,), tl.int64) + ident0) != 0
+    # The identity words go out before the flag: the flag's release below publishes them.
+    tl.store(ids_at_peers, word0, mask=signalled & identified)
+    tl.store(ids_at_peers + 1, word1, mask=signalled & identified)
     # Every thread of the channel has stored its data before the flag is released.
     tl.debug_barrier()
     # Release at system scope: a peer (another GPU, or the host) that acquires the new value sees
@@ -469,7 +537,16 @@ def meet(at_peers, mine, signalled, awaited, bits, e, fingerprint, timeout_ns, L
     tl.debug_barrier()
     # The outcome from the flags seen, by reductions over every lane: the block's, like the verdict.
     behind = (seen - target) < 0
-    other_call = ((seen >> _FP_BITS) == e) & ((seen & _FP_MASK) != fingerprint)
+    # The identity words of the peers that arrived, loaded after the acquire of their flags (as
+    # atomics: a peer two epochs on may be rewriting them, and a word is read whole).
+    arrived = awaited & (behind == 0) & identified
+    seen0 = tl.where(arrived, tl.atomic_add(ids_mine, zero, mask=arrived, sem="acquire", scope="sys"), word0)
+    seen1 = tl.where(arrived, tl.atomic_add(ids_mine + 1, zero, mask=arrived, sem="acquire", scope="sys"), word1)
+    # Words of this epoch (their tag is e's) that are not this call's; a word with a later tag
+    # was rewritten by a peer that compared this rank's words already (gpucomm/ops/program.py).
+    current = (((seen0 ^ word0) >> _IDENT_BITS) == 0) & (((seen1 ^ word1) >> _IDENT_BITS) == 0)
+    other_ident = current & ((seen0 != word0) | (seen1 != word1))
+    other_call = (((seen >> _FP_BITS) == e) & ((seen & _FP_MASK) != fingerprint)) | other_ident
     behind_mask = tl.sum(tl.where(behind, bits, 0), axis=0)
     other_mask = tl.sum(tl.where(other_call, bits, 0), axis=0)
     kind = tl.where(other_mask != 0, _MISMATCH, tl.where(behind_mask != 0, _TIMEOUT, 0))
@@ -505,6 +582,9 @@ def _record(record_addr, state, channel, kind, e, instruction, culprits, seen, f
         "granule",
         "timeout_ns",
         "all_channels",
+        "ident_word",
+        "ident0",
+        "ident1",
     ]
 )
 def program_kernel(
@@ -521,6 +601,9 @@ def program_kernel(
     granule,  # bytes of in-half positions a channel owns in turn
     timeout_ns,  # a wait gives up after this long
     all_channels,  # channels of the flag layout (epochs in the state words), >= this launch's grid
+    ident_word,  # the flag area's first identity slot (int64 words): the words stored beside each flag
+    ident0,  # the call's identity words (gpucomm.ops.program.identity): < 2**IDENT_BITS
+    ident1,
     DTYPE: tl.constexpr,  # element type of REDUCE
     OP: tl.constexpr,  # gpucomm.ReduceOp value of REDUCE's fold (SUM for AVG: the division is per instruction)
     COPY_ELEM: tl.constexpr,  # the integer type COPY moves
@@ -543,7 +626,21 @@ def program_kernel(
     while running & (i < n_instr):
         row = prog_ptr + i * _WORDS
         if tl.load(row) == _SYNC:
-            e, kind, culprits, seen = _sync(row, e, peers_ptr, channel, rank, world, fingerprint, timeout_ns, LANES)
+            e, kind, culprits, seen = _sync(
+                row,
+                e,
+                peers_ptr,
+                channel,
+                rank,
+                world,
+                fingerprint,
+                timeout_ns,
+                ident_word,
+                all_channels,
+                ident0,
+                ident1,
+                LANES,
+            )
             if kind != 0:
                 _record(record_addr, state, channel, kind, e, i, culprits, seen, fingerprint)
             running = kind == 0

@@ -8,8 +8,9 @@ of each): the only global load a peer address depends on is this channel's epoch
 picks the half (tests/ops/test_small_ptx.py counts it in the sm_90 PTX).
 
 Per channel c (program c of the grid): copy this channel's share of the tensor into this rank's
-half ``e0 % 2`` at the same position; SYNC (release ``(e0 + 1) << FP_BITS | fingerprint`` into
-channel c's flag at every rank, acquire-wait for every rank's); fold every rank's staged share
+half ``e0 % 2`` at the same position; SYNC (the call's identity words beside each flag, then
+release ``(e0 + 1) << FP_BITS | fingerprint`` into channel c's flag at every rank, acquire-wait
+for every rank's and compare the words beside it: program.py's ``meet``); fold every rank's staged share
 in rank order, in the accumulation type, divide once for AVG, round once, and write the result
 over the tensor. That is the program kernel's one-shot of one piece (COPY, SYNC, REDUCE) on the
 same halves, flags, epochs, records and poison (kernels/triton/program.py's docstring), so its
@@ -49,16 +50,37 @@ _SYNC_INSTRUCTION = tl.constexpr(SYNC_INSTRUCTION)
 
 
 @triton.jit
-def _meet(areas, my_area, e, channel, rank, fingerprint, timeout_ns, WORLD: tl.constexpr, LANES: tl.constexpr):
+def _meet(
+    areas,
+    my_area,
+    e,
+    channel,
+    rank,
+    fingerprint,
+    timeout_ns,
+    ident_word,
+    all_channels,
+    ident0,
+    ident1,
+    WORLD: tl.constexpr,
+    LANES: tl.constexpr,
+):
     """The SYNC of this channel at epoch ``e``: the program kernel's (``meet``) with every rank in
-    both masks. Lane p is thread p, which signals rank p (at ``areas[p]``) and polls rank p's flag
-    in ``my_area``. (error kind, culprits as a mask, a value seen)."""
+    both masks, the call's identity words beside the flags. Lane p is thread p, which signals
+    rank p (at ``areas[p]``) and polls rank p's flag in ``my_area``. (error kind, culprits as a
+    mask, a value seen)."""
     lanes = tl.arange(0, LANES)
     member = lanes < WORLD
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     at_peers = (areas + (channel * WORLD + rank) * 8).to(tl.pointer_type(tl.int64))
     mine = (my_area + (channel * WORLD + lanes) * 8).to(tl.pointer_type(tl.int64))
-    return meet(at_peers, mine, member, member, bits, e, fingerprint, timeout_ns, LANES)
+    # Identity slot (e's parity, channel, writer), as the program kernel's _sync.
+    slots = ident_word * 8 + ((e % 2) * all_channels + channel) * WORLD * 16
+    ids_at_peers = (areas + slots + rank * 16).to(tl.pointer_type(tl.int64))
+    ids_mine = (my_area + slots + lanes * 16).to(tl.pointer_type(tl.int64))
+    return meet(
+        at_peers, mine, member, member, bits, e, fingerprint, timeout_ns, ids_at_peers, ids_mine, ident0, ident1, LANES
+    )
 
 
 @triton.jit
@@ -88,7 +110,19 @@ def _fold(
     store_rounded(out, offs, acc, mask, DTYPE, ALIGNED)
 
 
-@triton.jit(do_not_specialize=["n", "rank", "fingerprint", "timeout_ns", "all_channels", "divisor"])
+@triton.jit(
+    do_not_specialize=[
+        "n",
+        "rank",
+        "fingerprint",
+        "timeout_ns",
+        "all_channels",
+        "divisor",
+        "ident_word",
+        "ident0",
+        "ident1",
+    ]
+)
 def small_kernel(
     x_addr,  # the tensor's address (an int), reduced in place
     n,  # its elements (at most a half's worth)
@@ -116,6 +150,9 @@ def small_kernel(
     timeout_ns,  # a wait gives up after this long
     all_channels,  # channels of the flag layout (epochs in the state words), >= this launch's grid
     divisor,  # AVG divides the fold by this once
+    ident_word,  # the flag area's first identity slot (int64 words): the words stored beside each flag
+    ident0,  # the call's identity words (gpucomm.ops.program.identity): < 2**IDENT_BITS
+    ident1,
     DTYPE: tl.constexpr,  # element type
     OP: tl.constexpr,  # gpucomm.ReduceOp value (AVG folds as SUM, then divides)
     COPY: tl.constexpr,  # the integer type of DTYPE's size: the copy-in moves bits
@@ -162,7 +199,9 @@ def small_kernel(
             tail = body + tl.arange(0, VEC)
             tl.store(staged + tail, tl.load(src + tail, mask=tail < hi, cache_modifier=".cg"), mask=tail < hi)
         e = e0 + 1
-        kind, culprits, seen = _meet(areas, my_area, e, ch, rank, fingerprint, timeout_ns, WORLD, LANES)
+        kind, culprits, seen = _meet(
+            areas, my_area, e, ch, rank, fingerprint, timeout_ns, ident_word, all_channels, ident0, ident1, WORLD, LANES
+        )
         if kind != 0:
             _record(record_addr, state, ch, kind, e, _SYNC_INSTRUCTION, culprits, seen, fingerprint)
         else:
@@ -195,6 +234,8 @@ def arguments(args: SmallArgs, num_warps: int = NUM_WARPS) -> tuple[tuple[int], 
         args.timeout_ns,
         args.all_channels,
         args.divisor,
+        args.ident_word,
+        *args.identity,
     )
     lanes = 32 * num_warps
     elem_bytes = args.dtype.itemsize

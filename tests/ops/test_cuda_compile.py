@@ -465,6 +465,8 @@ def test_run_program_picks_the_kernel_of_the_dtype_and_fold() -> None:
         ({"rank": 2}, ValueError, r"rank must be in \[0, 1\], got 2"),
         ({"rank": 1.0}, TypeError, r"rank must be an int, got float"),
         ({"fingerprint": 1 << 20}, ValueError, r"fingerprint must be in \[0, 1048575\]"),
+        ({"identity": (1 << 48, 1)}, ValueError, r"identity\[0\] must be in \[0, 281474976710655\]"),
+        ({"identity": (1,)}, ValueError, r"identity must be two words, got 1"),
         ({"channels": 0}, ValueError, r"channels must be in \[1, "),
         ({"granule": 0}, ValueError, r"granule must be in \[1, "),
         ({"timeout_ns": -1}, ValueError, r"timeout_ns must be in \[0, "),

@@ -38,6 +38,10 @@ def test_the_instruction_set_is_what_the_kernels_are_checked_for() -> None:
         "SYNC",
         "FP_BITS",
         "FP_MASK",
+        "IDENT_WORDS",
+        "IDENT_BITS",
+        "IDENT_MASK",
+        "IDENT_TAG_MASK",
         "RECORD_WORDS",
         "TIMEOUT",
         "MISMATCH",
@@ -49,6 +53,9 @@ def test_the_instruction_set_is_what_the_kernels_are_checked_for() -> None:
         "OP_AVG",
     }
     assert isa.FP_MASK == (1 << isa.FP_BITS) - 1
+    assert isa.IDENT_MASK == (1 << isa.IDENT_BITS) - 1
+    # A tagged identity word stays a non-negative int64.
+    assert isa.IDENT_TAG_MASK.bit_length() + isa.IDENT_BITS == 63
     assert [isa.OP_SUM, isa.OP_PRODUCT, isa.OP_MIN, isa.OP_MAX, isa.OP_AVG] == [int(op) for op in ReduceOp]
 
 
@@ -93,7 +100,9 @@ def test_cuda_kernels_get_the_numbers_from_the_loader() -> None:
     for name in isa.cuda_defines():
         assert f"-D{name}={isa.cuda_defines()[name]}" in options, name
     assert isa.cuda_defines() == {
-        f"GPUCOMM_{name}": EXPECTED[name] for name in NAMES if name != "FP_MASK" and not name.startswith("OP_")
+        f"GPUCOMM_{name}": EXPECTED[name]
+        for name in NAMES
+        if name not in ("FP_MASK", "IDENT_MASK") and not name.startswith("OP_")
     }
     header = kernel_source(HEADER)
     for name in isa.cuda_defines():

@@ -62,6 +62,10 @@ TYPICAL = {
     "timeout_ns": 120 * 10**9,
     "all_channels": 4,
     "channels": 2,
+    # The flag area's first identity slot, and a call's identity words (both >= 2**47: i64).
+    "ident_word": 93,
+    "ident0": (1 << 47) | (1 << 40) | 4096,
+    "ident1": (1 << 47) | 0x1234_5678_9AB,
 }
 
 
@@ -112,6 +116,8 @@ def _worker(double: str, log: str, broken: bool) -> dict:
                     copy_bytes=copy_bytes,
                     aligned=aligned,
                     all_channels=v["all_channels"],
+                    ident_word=v["ident_word"],
+                    identity=(v["ident0"], v["ident1"]),
                 )
             )
             stream += 1
@@ -130,6 +136,9 @@ def _worker(double: str, log: str, broken: bool) -> dict:
                 "granule": v["granule"],
                 "timeout_ns": v["timeout_ns"],
                 "all_channels": v["all_channels"],
+                "ident_word": v["ident_word"],
+                "ident0": v["ident0"],
+                "ident1": v["ident1"],
             }
             # Triton turns an integer argument equal to 1 into a constant, unless told not to specialise it.
             meant = [values[p.name] for p in params if not (values[p.name] == 1 and not p.do_not_specialize)]
@@ -168,6 +177,8 @@ def _ptx_of(kernels, arch, prog, operands, peers, v, world, dtype, op, copy_byte
             copy_bytes=copy_bytes,
             aligned=aligned,
             all_channels=v["all_channels"],
+            ident_word=v["ident_word"],
+            identity=(v["ident0"], v["ident1"]),
         )
     )
     return triton_launch.compile_for(program.program_kernel, kernels._target(), values, constexprs, options).asm["ptx"]
@@ -275,6 +286,8 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             copy_bytes=1,
             aligned=False,
             all_channels=4,
+            ident_word=93,
+            identity=((1 << 47) | 4096, (1 << 48) - 1),
         )
         meant_program = [
             prog.data_ptr(),
@@ -290,6 +303,9 @@ def test_cuda_program_and_copy_launches_carry_the_parameters_their_entries_decla
             4096,
             2**64 - 1,
             4,
+            93,
+            (1 << 47) | 4096,
+            (1 << 48) - 1,
         ]
         names = [
             program_kernel_name(None, 0),
@@ -384,6 +400,8 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
             copy_bytes=8,
             aligned=True,
             all_channels=4,
+            ident_word=93,
+            identity=((1 << 47) | 64, (1 << 47) | 5),
         )
     )
     cuda_double.log_to(double, tmp_path / "calls.log")
@@ -414,6 +432,9 @@ def test_cuda_kernels_repeated_launches_are_bound_and_never_reach_cupy(nvcc_fatb
         4096,
         10**9,
         4,
+        93,
+        (1 << 47) | 64,
+        (1 << 47) | 5,
     ]
     declared = entry_params(run_ptx(nvcc_fatbins, "program.cu", 90), "gpucomm_program_sum_bfloat16")
     assert mismatches(declared, [list(p) for p in bound.layout], bytes.fromhex(programs[0]["params"]), meant) == []

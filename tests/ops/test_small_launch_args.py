@@ -47,6 +47,8 @@ def _values(case: dict) -> dict:
         "channels": case["channels"],
         "all_channels": 4,
         "divisor": world,
+        "ident_word": 77,  # the flag area's first identity slot
+        "identity": ((1 << 47) | (7 << 40) | case["n"], (1 << 47) | 0x0BAD_CAFE_F00D),
     }
 
 
@@ -67,6 +69,8 @@ def _args(v: dict, dtype, op) -> SmallArgs:  # noqa: ANN001
         divisor=v["divisor"],
         dtype=dtype,
         op=op,
+        ident_word=v["ident_word"],
+        identity=v["identity"],
     )
 
 
@@ -176,6 +180,8 @@ def test_cuda_small_launch_carries_the_parameters_its_entry_declares(nvcc_fatbin
             v["timeout_ns"],
             v["all_channels"],
             v["divisor"],
+            v["ident_word"],
+            *v["identity"],
         ]
         declared = entry_params(ptx, kernel)
         assert (

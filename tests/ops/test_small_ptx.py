@@ -50,6 +50,9 @@ def _small_variants() -> dict[str, tuple]:
         "timeout_ns": "i64",
         "all_channels": "i32",
         "divisor": "i32",
+        "ident_word": "i32",
+        "ident0": "i64",
+        "ident1": "i64",
     }
     variants = {}
     for world in (2, 8):
@@ -95,6 +98,9 @@ def _program_variant() -> tuple:
         "granule": "i64",
         "timeout_ns": "i64",
         "all_channels": "i32",
+        "ident_word": "i32",
+        "ident0": "i64",
+        "ident1": "i64",
     }
     constexprs = {
         "DTYPE": tl.float32,
