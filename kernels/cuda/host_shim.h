@@ -15,8 +15,9 @@
 //   block barrier does; __shared__ is per OS thread storage, which every fiber of the block sees;
 // - flag loads and stores are real atomics with the order the CUDA code declares (the peers are
 //   other processes mapping the same /dev/shm), __threadfence_system a sequentially consistent
-//   fence; the twin of %globaltimer is the monotonic clock, and it yields the CPU so that a
-//   waiting rank lets the ranks it waits for run on a machine with fewer cores than ranks;
+//   fence; a release store yields the CPU, so that a peer may act on the flag before this block's
+//   other threads run on; the twin of %globaltimer is the monotonic clock, and it yields the CPU
+//   so that a waiting rank lets the ranks it waits for run on a machine with fewer cores than ranks;
 // - a misaligned __ldcg/__stcg (a fault on a GPU) and two threads of one block at different kinds
 //   of barrier (a hang or undefined behaviour on a GPU) end the process with a message naming the
 //   kernel, block, thread and seed.
@@ -191,6 +192,14 @@ inline unsigned long long clock_ns() {
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+// A release store, then the CPU to whoever waits for it: a peer polling this flag may run at once
+// and read what the flag announces while the other threads of this block have not yet reached
+// their next barrier, which is where a flag stored before its data shows.
+inline void store_release(long long* flag, long long value) {
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+    sched_yield();
 }
 
 // IEEE binary16 bits to binary32: exact.
