@@ -253,12 +253,43 @@ inline unsigned short f32_to_f16_rn(float value) {
 // Fibers: the threads of a block
 // ---------------------------------------------------------------------------------------------
 
-// Bytes of stack per GPU thread; the kernels' frames take a few hundred, a trap's message a few KiB.
+// Bytes of stack per GPU thread; the kernels' frames take a few hundred, a trap's message a few KiB
+// (ThreadSanitizer's instrumentation more).
+#if defined(__SANITIZE_THREAD__)
+constexpr size_t STACK_BYTES = 256 << 10;
+#else
 constexpr size_t STACK_BYTES = 64 << 10;
+#endif
+
+// Under ThreadSanitizer (tests/ops/test_cuda_tsan.py) each fiber is a TSan fiber, and every switch
+// between a fiber and the scheduler synchronises (so a block barrier orders the block's threads);
+// ranks are OS threads, ordered only by the flags' acquire and release.
+#if defined(__SANITIZE_THREAD__)
+}  // namespace gpucomm_host
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+}
+namespace gpucomm_host {
+inline void* tsan_current() { return __tsan_get_current_fiber(); }
+inline void* tsan_create() { return __tsan_create_fiber(0); }
+inline void tsan_destroy(void* fiber) {
+    if (fiber) __tsan_destroy_fiber(fiber);
+}
+inline void tsan_switch(void* fiber) { __tsan_switch_to_fiber(fiber, 0); }
+#else
+inline void* tsan_current() { return nullptr; }
+inline void* tsan_create() { return nullptr; }
+inline void tsan_destroy(void*) {}
+inline void tsan_switch(void*) {}
+#endif
 
 struct Fiber {
     ucontext_t context;
     std::vector<char> stack;
+    void* tsan = nullptr;  // its ThreadSanitizer fiber (tsan builds only)
     bool done = false;
     bool waiting = false;  // at a barrier
     int kind = 0;          // which barrier: 0 __syncthreads, 1 __syncthreads_or
@@ -268,6 +299,7 @@ struct Fiber {
 
 struct Block {
     ucontext_t scheduler;
+    void* tsan_scheduler = nullptr;
     std::vector<Fiber> fibers;
     int current = 0;
     void (*body)(void**) = nullptr;
@@ -282,8 +314,12 @@ inline Block& block() {
 inline void fiber_entry() {
     Block& b = block();
     b.body(b.params);
-    b.fibers[b.current].done = true;
-    // Returning switches to uc_link, the scheduler.
+    Fiber& f = b.fibers[b.current];
+    f.done = true;
+    // Back to the scheduler for good (it never resumes a thread that is done). Not by returning:
+    // under ThreadSanitizer this frame's exit would run on the scheduler's TSan fiber.
+    tsan_switch(b.tsan_scheduler);
+    swapcontext(&f.context, &b.scheduler);
 }
 
 inline void barrier(int kind, int predicate, int* result) {
@@ -293,6 +329,7 @@ inline void barrier(int kind, int predicate, int* result) {
     f.kind = kind;
     f.predicate = predicate;
     f.result = result;
+    tsan_switch(b.tsan_scheduler);
     swapcontext(&f.context, &b.scheduler);
 }
 
@@ -301,11 +338,14 @@ inline void run_block(void (*body)(void**), void** params, unsigned threads) {
     Block& b = block();
     b.body = body;
     b.params = params;
+    b.tsan_scheduler = tsan_current();
     if (b.fibers.size() < threads) b.fibers.resize(threads);
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.done = f.waiting = false;
         if (f.stack.size() != STACK_BYTES) f.stack.resize(STACK_BYTES);
+        tsan_destroy(f.tsan);  // a fresh TSan fiber per run: the last one's entry frame never left
+        f.tsan = tsan_create();
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = f.stack.data();
         f.context.uc_stack.ss_size = f.stack.size();
@@ -320,6 +360,7 @@ inline void run_block(void (*body)(void**), void** params, unsigned threads) {
             if (f.done || f.waiting) continue;
             b.current = (int)t;
             h.thread = uint3{t, 0, 0};
+            tsan_switch(f.tsan);
             swapcontext(&b.scheduler, &f.context);
         }
         // Every live thread waits at a barrier (threads that ended count as arrived, as on a GPU
