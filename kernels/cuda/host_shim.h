@@ -12,7 +12,7 @@
 //   at its turn: blocks pair with the same block of the peers, never with another block);
 // - each GPU thread of a block is a fiber (its own stack and registers, ucontext); __syncthreads
 //   and __syncthreads_or switch fibers until every live thread of the block has arrived, as a
-//   block barrier does; __shared__ is per OS thread storage, which every fiber of the block sees;
+//   block barrier does, and a thread polling a flag lets the others run on; __shared__ is per OS thread storage, which every fiber of the block sees;
 // - flag loads and stores are real atomics with the order the CUDA code declares (the peers are
 //   other processes mapping the same /dev/shm), __threadfence_system a sequentially consistent
 //   fence; a release store yields the CPU, so that a peer may act on the flag before this block's
@@ -185,9 +185,14 @@ inline unsigned long long max(unsigned long long a, unsigned long long b) { retu
 
 namespace gpucomm_host {
 
+void fiber_yield();
+
 inline unsigned long long clock_ns() {
-    // A waiting thread reads the clock once per poll: let the peers it waits for run (a node of
-    // 8 ranks on 2 cores would otherwise spin whole time slices away).
+    // A waiting thread reads the clock once per poll: let the block's other threads run on (they
+    // run at once on a GPU: a thread waiting for one peer must not keep its neighbour from
+    // signalling another), and the peers it waits for (a node of 8 ranks on 2 cores would
+    // otherwise spin whole time slices away).
+    fiber_yield();
     sched_yield();
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -322,6 +327,14 @@ inline void fiber_entry() {
     swapcontext(&f.context, &b.scheduler);
 }
 
+// Let the block's other threads run until they end, reach a barrier or yield too; then go on.
+inline void fiber_yield() {
+    Block& b = block();
+    Fiber& f = b.fibers[b.current];
+    tsan_switch(b.tsan_scheduler);
+    swapcontext(&f.context, &b.scheduler);
+}
+
 inline void barrier(int kind, int predicate, int* result) {
     Block& b = block();
     Fiber& f = b.fibers[b.current];
@@ -354,7 +367,7 @@ inline void run_block(void (*body)(void**), void** params, unsigned threads) {
     }
     Here& h = here();
     for (;;) {
-        // Run every live thread until it ends or reaches a barrier.
+        // Run every live thread until it ends, reaches a barrier or yields (polling a flag).
         for (unsigned t = 0; t < threads; ++t) {
             Fiber& f = b.fibers[t];
             if (f.done || f.waiting) continue;
@@ -363,8 +376,11 @@ inline void run_block(void (*body)(void**), void** params, unsigned threads) {
             tsan_switch(f.tsan);
             swapcontext(&b.scheduler, &f.context);
         }
-        // Every live thread waits at a barrier (threads that ended count as arrived, as on a GPU
-        // from sm_70): release it, with the OR of the predicates.
+        // Once every live thread waits at a barrier (threads that ended count as arrived, as on a
+        // GPU from sm_70), release it, with the OR of the predicates; a thread that yielded runs on.
+        bool yielded = false;
+        for (unsigned t = 0; t < threads; ++t) yielded |= !b.fibers[t].done && !b.fibers[t].waiting;
+        if (yielded) continue;
         int any = 0, kind = -1;
         unsigned waiting = 0;
         for (unsigned t = 0; t < threads; ++t) {
