@@ -65,7 +65,7 @@ __device__ __forceinline__ gc_u64 grid_threads() {
 
 __device__ __forceinline__ void store_release_sys(gc_i64* flag, gc_i64 value) {
 #ifdef GPUCOMM_HOST  // the host build's twin (kernels/cuda/host_shim.h)
-    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+    gpucomm_host::store_release(flag, value);
 #else
     asm volatile("st.release.sys.global.b64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 #endif

@@ -12,11 +12,12 @@
 //   at its turn: blocks pair with the same block of the peers, never with another block);
 // - each GPU thread of a block is a fiber (its own stack and registers, ucontext); __syncthreads
 //   and __syncthreads_or switch fibers until every live thread of the block has arrived, as a
-//   block barrier does; __shared__ is per OS thread storage, which every fiber of the block sees;
+//   block barrier does, and a thread polling a flag lets the others run on; __shared__ is per OS thread storage, which every fiber of the block sees;
 // - flag loads and stores are real atomics with the order the CUDA code declares (the peers are
 //   other processes mapping the same /dev/shm), __threadfence_system a sequentially consistent
-//   fence; the twin of %globaltimer is the monotonic clock, and it yields the CPU so that a
-//   waiting rank lets the ranks it waits for run on a machine with fewer cores than ranks;
+//   fence; a release store yields the CPU, so that a peer may act on the flag before this block's
+//   other threads run on; the twin of %globaltimer is the monotonic clock, and it yields the CPU
+//   so that a waiting rank lets the ranks it waits for run on a machine with fewer cores than ranks;
 // - a misaligned __ldcg/__stcg (a fault on a GPU) and two threads of one block at different kinds
 //   of barrier (a hang or undefined behaviour on a GPU) end the process with a message naming the
 //   kernel, block, thread and seed.
@@ -184,13 +185,26 @@ inline unsigned long long max(unsigned long long a, unsigned long long b) { retu
 
 namespace gpucomm_host {
 
+void fiber_yield();
+
 inline unsigned long long clock_ns() {
-    // A waiting thread reads the clock once per poll: let the peers it waits for run (a node of
-    // 8 ranks on 2 cores would otherwise spin whole time slices away).
+    // A waiting thread reads the clock once per poll: let the block's other threads run on (they
+    // run at once on a GPU: a thread waiting for one peer must not keep its neighbour from
+    // signalling another), and the peers it waits for (a node of 8 ranks on 2 cores would
+    // otherwise spin whole time slices away).
+    fiber_yield();
     sched_yield();
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+// A release store, then the CPU to whoever waits for it: a peer polling this flag may run at once
+// and read what the flag announces while the other threads of this block have not yet reached
+// their next barrier, which is where a flag stored before its data shows.
+inline void store_release(long long* flag, long long value) {
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+    sched_yield();
 }
 
 // IEEE binary16 bits to binary32: exact.
@@ -244,12 +258,43 @@ inline unsigned short f32_to_f16_rn(float value) {
 // Fibers: the threads of a block
 // ---------------------------------------------------------------------------------------------
 
-// Bytes of stack per GPU thread; the kernels' frames take a few hundred, a trap's message a few KiB.
+// Bytes of stack per GPU thread; the kernels' frames take a few hundred, a trap's message a few KiB
+// (ThreadSanitizer's instrumentation more).
+#if defined(__SANITIZE_THREAD__)
+constexpr size_t STACK_BYTES = 256 << 10;
+#else
 constexpr size_t STACK_BYTES = 64 << 10;
+#endif
+
+// Under ThreadSanitizer (tests/ops/test_cuda_tsan.py) each fiber is a TSan fiber, and every switch
+// between a fiber and the scheduler synchronises (so a block barrier orders the block's threads);
+// ranks are OS threads, ordered only by the flags' acquire and release.
+#if defined(__SANITIZE_THREAD__)
+}  // namespace gpucomm_host
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+}
+namespace gpucomm_host {
+inline void* tsan_current() { return __tsan_get_current_fiber(); }
+inline void* tsan_create() { return __tsan_create_fiber(0); }
+inline void tsan_destroy(void* fiber) {
+    if (fiber) __tsan_destroy_fiber(fiber);
+}
+inline void tsan_switch(void* fiber) { __tsan_switch_to_fiber(fiber, 0); }
+#else
+inline void* tsan_current() { return nullptr; }
+inline void* tsan_create() { return nullptr; }
+inline void tsan_destroy(void*) {}
+inline void tsan_switch(void*) {}
+#endif
 
 struct Fiber {
     ucontext_t context;
     std::vector<char> stack;
+    void* tsan = nullptr;  // its ThreadSanitizer fiber (tsan builds only)
     bool done = false;
     bool waiting = false;  // at a barrier
     int kind = 0;          // which barrier: 0 __syncthreads, 1 __syncthreads_or
@@ -259,6 +304,7 @@ struct Fiber {
 
 struct Block {
     ucontext_t scheduler;
+    void* tsan_scheduler = nullptr;
     std::vector<Fiber> fibers;
     int current = 0;
     void (*body)(void**) = nullptr;
@@ -273,8 +319,20 @@ inline Block& block() {
 inline void fiber_entry() {
     Block& b = block();
     b.body(b.params);
-    b.fibers[b.current].done = true;
-    // Returning switches to uc_link, the scheduler.
+    Fiber& f = b.fibers[b.current];
+    f.done = true;
+    // Back to the scheduler for good (it never resumes a thread that is done). Not by returning:
+    // under ThreadSanitizer this frame's exit would run on the scheduler's TSan fiber.
+    tsan_switch(b.tsan_scheduler);
+    swapcontext(&f.context, &b.scheduler);
+}
+
+// Let the block's other threads run until they end, reach a barrier or yield too; then go on.
+inline void fiber_yield() {
+    Block& b = block();
+    Fiber& f = b.fibers[b.current];
+    tsan_switch(b.tsan_scheduler);
+    swapcontext(&f.context, &b.scheduler);
 }
 
 inline void barrier(int kind, int predicate, int* result) {
@@ -284,6 +342,7 @@ inline void barrier(int kind, int predicate, int* result) {
     f.kind = kind;
     f.predicate = predicate;
     f.result = result;
+    tsan_switch(b.tsan_scheduler);
     swapcontext(&f.context, &b.scheduler);
 }
 
@@ -292,11 +351,14 @@ inline void run_block(void (*body)(void**), void** params, unsigned threads) {
     Block& b = block();
     b.body = body;
     b.params = params;
+    b.tsan_scheduler = tsan_current();
     if (b.fibers.size() < threads) b.fibers.resize(threads);
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.done = f.waiting = false;
         if (f.stack.size() != STACK_BYTES) f.stack.resize(STACK_BYTES);
+        tsan_destroy(f.tsan);  // a fresh TSan fiber per run: the last one's entry frame never left
+        f.tsan = tsan_create();
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = f.stack.data();
         f.context.uc_stack.ss_size = f.stack.size();
@@ -305,16 +367,20 @@ inline void run_block(void (*body)(void**), void** params, unsigned threads) {
     }
     Here& h = here();
     for (;;) {
-        // Run every live thread until it ends or reaches a barrier.
+        // Run every live thread until it ends, reaches a barrier or yields (polling a flag).
         for (unsigned t = 0; t < threads; ++t) {
             Fiber& f = b.fibers[t];
             if (f.done || f.waiting) continue;
             b.current = (int)t;
             h.thread = uint3{t, 0, 0};
+            tsan_switch(f.tsan);
             swapcontext(&b.scheduler, &f.context);
         }
-        // Every live thread waits at a barrier (threads that ended count as arrived, as on a GPU
-        // from sm_70): release it, with the OR of the predicates.
+        // Once every live thread waits at a barrier (threads that ended count as arrived, as on a
+        // GPU from sm_70), release it, with the OR of the predicates; a thread that yielded runs on.
+        bool yielded = false;
+        for (unsigned t = 0; t < threads; ++t) yielded |= !b.fibers[t].done && !b.fibers[t].waiting;
+        if (yielded) continue;
         int any = 0, kind = -1;
         unsigned waiting = 0;
         for (unsigned t = 0; t < threads; ++t) {
