@@ -124,6 +124,10 @@ inline unsigned long long atomicExch(unsigned long long* address, unsigned long 
     return __atomic_exchange_n(address, value, __ATOMIC_RELAXED);
 }
 
+inline unsigned long long atomicOr(unsigned long long* address, unsigned long long value) {
+    return __atomic_fetch_or(address, value, __ATOMIC_RELAXED);
+}
+
 namespace gpucomm_host {
 template <class T> inline void check_aligned(const void* p, const char* access) {
     if (reinterpret_cast<std::uintptr_t>(p) % sizeof(T) != 0) {

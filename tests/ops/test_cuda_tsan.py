@@ -35,7 +35,9 @@ constexpr long long HALF = 4096;  // bytes of one half: N floats fit
 
 struct alignas(16) Rank {
     unsigned char halves[2 * HALF];
-    long long flags[CHANNELS * WORLD];
+    // The flags (channel, writer), then the identity slots (epoch parity, channel, writer) of
+    // GPUCOMM_IDENT_WORDS words each, as gpucomm.workspace.layout.FlagLayout lays them out.
+    long long flags[CHANNELS * WORLD + 2 * CHANNELS * WORLD * GPUCOMM_IDENT_WORDS];
     long long state[1 + CHANNELS];
     long long record[CHANNELS * GPUCOMM_RECORD_WORDS];
     float x[N];
@@ -47,7 +49,7 @@ static int wrong[WORLD];
 static void run(int rank) {
     for (int call = 0; call < CALLS; ++call) {
         for (int i = 0; i < N; ++i) ranks[rank].x[i] = (float)(rank * 1000 + i + call);
-        unsigned long long words[27];
+        unsigned long long words[30];
         int w = 0;
         words[w++] = (unsigned long long)ranks[rank].x;
         words[w++] = N;
@@ -62,7 +64,10 @@ static void run(int rank) {
         words[w++] = 20000000000ull;   // timeout_ns: 20 s
         words[w++] = CHANNELS;
         words[w++] = WORLD;            // divisor
-        void* params[27];
+        words[w++] = CHANNELS * WORLD; // ident_word: the first identity slot
+        words[w++] = 5;                // the call's identity words, the same on every rank
+        words[w++] = 9;
+        void* params[30];
         for (int i = 0; i < w; ++i) params[i] = &words[i];
         if (gpucomm_host_launch("gpucomm_small_sum_float32", CHANNELS, THREADS, params, 0) != 0) std::abort();
         for (int i = 0; i < N; ++i) {
