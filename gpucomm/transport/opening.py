@@ -6,6 +6,8 @@ imports them, with no circle between them. (CuPy is imported only when cuda_ipc 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from gpucomm.transport.cuda_ipc import open_cuda_ipc
@@ -28,6 +30,7 @@ def open_workspace(
     timeout: float,
     size_knob: str = "GPUCOMM_WORKSPACE_BYTES",
     views_keep_memory: bool = False,
+    agree: Mapping[str, int | str] | None = None,
 ) -> Workspace:
     """Open the symmetric workspace of ``kind`` ("shm" or "cuda_ipc") on every rank.
 
@@ -37,7 +40,9 @@ def open_workspace(
     buffers smaller (named in the advice of a /dev/shm without room). Closing it gives its
     memory back at once, whoever still views it, unless ``views_keep_memory`` (the symmetric
     heap: a segment the caller's tensors view stays until the last of them is freed; shm only,
-    a CUDA IPC allocation is freed at close).
+    a CUDA IPC allocation is freed at close). ``agree``: values every rank must share that the
+    buffers' sizes do not show (the channels of the flag layout), compared before any buffer is
+    made (:meth:`Handshake.agree`).
 
     Raises:
         CommTimeoutError: a peer did not publish its handle (or did not open) within ``timeout``.
@@ -45,6 +50,7 @@ def open_workspace(
             reason of the host's (a full /dev/shm, no shared /dev/shm or IPC namespace, no CuPy,
             GPUs without peer access): every rank raises it, at the same step.
         GpucommError: a peer published a malformed or mismatched handle (every rank raises).
+        CommMismatchError: the ranks passed different ``agree`` values (every rank raises).
     """
     for name, value in (
         ("rank", rank),
@@ -67,6 +73,8 @@ def open_workspace(
         raise ValueError(f"open_workspace: timeout must be > 0 seconds, got {timeout!r}")
     device = torch.device(device)
     handshake = Handshake(store, prefix, rank, world_size, float(timeout), transport=kind)
+    if agree:
+        handshake.agree(agree)
     if kind == "shm":
         return open_shm(
             handshake,

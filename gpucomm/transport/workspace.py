@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 import torch
@@ -242,6 +242,30 @@ class Handshake:
         if any(f["kind"] == "mismatch" for f in failures.values()):
             return CommMismatchError(message, op="workspace open", rank=self.rank, peers=sorted(failures))
         return GpucommError(message)
+
+    def agree(self, values: Mapping[str, int | str]) -> None:
+        """Check that every rank passed the same ``values`` (what the ranks lay the workspace out
+        by, each computed locally: the channels of the flag layout); a difference is a
+        :class:`~gpucomm.errors.CommMismatchError` on every rank, naming each rank's value.
+
+        The buffers' sizes do not show such a difference: the flag area is padded to whole pages.
+        """
+        self.store.set(f"{self.prefix}agree/{self.rank}", json.dumps(dict(values), sort_keys=True).encode())
+        self._wait("workspace open", "agree", self.deadline)
+        seen = [json.loads(self.store.get(f"{self.prefix}agree/{r}")) for r in range(self.world_size)]
+        differ = sorted(name for name in values if len({json.dumps(s.get(name)) for s in seen}) > 1)
+        if not differ:
+            return
+        said = "; ".join(
+            f"{name}: " + ", ".join(f"rank {r} has {s.get(name)}" for r, s in enumerate(seen)) for name in differ
+        )
+        raise CommMismatchError(
+            f"gpucomm {self.transport} workspace: the ranks disagree on what lays the workspace out ({said}); "
+            f"every rank must compute the same (set GPUCOMM_CHANNELS alike on every rank, or leave it unset)",
+            op="workspace open",
+            rank=self.rank,
+            peers=[r for r, s in enumerate(seen) if any(s.get(name) != values[name] for name in differ)],
+        )
 
     def exchange(self, handle: bytes) -> list[bytes]:
         """Publish this rank's handle; return every rank's (own included) once all are there.

@@ -155,6 +155,9 @@ class Engine(EngineCollectives):
             flag_count=self.flags.count,
             device=device,
             timeout=comm.timeout,
+            # Each rank computes its channels itself, and a byte must belong to the same channel on
+            # every rank (gpucomm.workspace.channels): ranks that differ fail here, every one of them.
+            agree={"channels": self.channels},
         )
         # The symmetric heap opens at the first call that needs it (open_heap): nothing of it is
         # allocated or agreed here, so that a communicator that never asks for one (most

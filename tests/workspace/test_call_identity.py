@@ -11,8 +11,9 @@ calls are caught"):
   and so do thousands of other pairs. The identity words beside each flag (the call's exact
   dtype and count, and 48 more bits of a hash) tell them apart.
 
-Each case runs on the shared-memory workspace with the torch kernels, and with the Triton
-program kernel under the interpreter; the dtype pairs on gloo too, which always raised.
+Each case runs on the shared-memory workspace with the torch kernels, with the Triton program
+kernel under the interpreter, and with the CUDA C++ program kernel built for the host
+(``GPUCOMM_CUDA_EMULATE=1``); the dtype pairs on gloo too, which always raised.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ PATHS = {
     "gloo": {"transport": "gloo"},
     "shm": {"transport": "shm", "kernels": "torch"},
     "triton": {"transport": "shm", "kernels": "triton", "channels": 2},
+    "cuda": {"transport": "shm", "kernels": "cuda", "channels": 2},
 }
-ENV = {"triton": {"TRITON_INTERPRET": "1"}}
+ENV = {
+    "triton": {"TRITON_INTERPRET": "1"},
+    "cuda": {"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"},  # the CUDA C++ kernels, host-built
+}
 
 # (collective, rank 0's dtype, rank 1's dtype): every pair stages alike on the workspace.
 DTYPE_PAIRS = [
@@ -137,13 +142,13 @@ def _count_pairs(rank: int, world_size: int, knobs: dict, pairs: list) -> list[t
     return results
 
 
-@pytest.mark.parametrize("path", ["shm", "triton"])
+@pytest.mark.parametrize("path", ["shm", "triton", "cuda"])
 def test_counts_whose_fingerprints_collide_raise_on_every_rank(path: str) -> None:
     """The issue's pair, and the first colliding pairs above 20 Ki, 40 Ki and 63 Ki elements."""
     pairs = _colliding_counts(110_000)
     sweep = [(18882, 102440), *(next((a, b) for a, b in pairs if b >= low) for low in (20_000, 40_000, 63_000))]
     assert len(set(sweep)) == 4
-    if path == "triton":  # the small kernel's SYNC too (on a GPU it serves up to 64 KiB)
+    if path in ("triton", "cuda"):  # the small kernel's SYNC too (on a GPU it serves up to 64 KiB)
         small = _colliding_counts(60_000, "oneshot_small")
         sweep += [small[0] + ("oneshot_small",)]
     assert (18882, 102440) in pairs  # they still collide in 20 bits: the identity words tell them apart
