@@ -226,8 +226,11 @@ class Progress:
                 error = err
                 if self._failure is None:
                     self._failure = err
-            queued.end(error)  # the Future's callbacks run here, before the next collective
+            # The collective has ended: say so before its Work is told, so that the caller's next
+            # call, made the moment its wait returns, finds this thread idle (a blocking call's
+            # launch is learned by the repeat cache only then: gpucomm.comm.collectives).
             with self._cond:
                 self._running = False
                 self._outstanding -= 1
                 self._cond.notify_all()
+            queued.end(error)  # the Future's callbacks run here, before the next collective

@@ -119,6 +119,9 @@ def _variants() -> dict[str, tuple]:
         "granule": "i64",
         "timeout_ns": "i64",
         "all_channels": "i32",
+        "ident_word": "i64",
+        "ident0": "i64",
+        "ident1": "i64",
     }
     program_variants = [(dtype, "SUM") for dtype in DTYPES] + [("float32", op) for op in ("PRODUCT", "MIN", "MAX")]
     program_variants.append(("bfloat16", "MIN"))
@@ -150,6 +153,9 @@ def _variants() -> dict[str, tuple]:
         "timeout_ns": "i64",
         "all_channels": "i32",
         "divisor": "i32",
+        "ident_word": "i64",
+        "ident0": "i64",
+        "ident1": "i64",
     }
     for op, dtype, world, aligned in SMALL_VARIANTS:
         elem = {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4)

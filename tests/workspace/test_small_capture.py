@@ -33,11 +33,14 @@ def _small_path(monkeypatch, captures: list[bool]) -> tuple[small.SmallAllReduce
         p2p_bytes=1 << 16,
         half_bytes=1 << 16,
         device=torch.device("cpu"),
+        caller=None,  # the caller's dtype is the wire's
     )
     path = small.SmallAllReduce(engine)
     packed: list = []
     monkeypatch.setattr(small, "capturing", lambda device: captures[-1])
-    monkeypatch.setattr(path, "_prepare", lambda tensor, op: packed.append((tensor.numel(), op)) or (lambda: None))
+    monkeypatch.setattr(
+        path, "_prepare", lambda tensor, op, caller: packed.append((tensor.numel(), op)) or (lambda: None)
+    )
     return path, packed
 
 
