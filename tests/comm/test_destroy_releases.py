@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+from private_shm import namespace_refused
 from spawn import run_ranks
 
 SCRIPT = os.path.join(
@@ -32,25 +33,9 @@ RUN_S = 300
 ONE_JOB = "34M"
 
 
-def _namespace_refused() -> str:
-    """Why a private mount namespace with its own /dev/shm cannot be made here ("" if it can)."""
-    try:
-        probe = subprocess.run(
-            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1M tmpfs /dev/shm"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare could not run: {exc}"
-    if probe.returncode != 0:
-        return f"unshare -m / mount refused (needs root or CAP_SYS_ADMIN): {probe.stderr.strip()[:200]}"
-    return ""
-
-
 @pytest.mark.parametrize("transport", ["shm", "auto"])
 def test_ten_init_destroy_cycles_fit_a_dev_shm_of_one_job(transport: str) -> None:
-    refused = _namespace_refused()
+    refused = namespace_refused()
     if refused:
         pytest.skip(refused)
     command = f'mount -t tmpfs -o size={ONE_JOB} tmpfs /dev/shm && exec "$0" "$@"'

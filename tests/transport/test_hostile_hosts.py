@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+from private_shm import namespace_refused
 from spawn import free_port
 
 SCRIPT = os.path.join(
@@ -27,23 +28,7 @@ SCRIPT = os.path.join(
 RUN_S = 240  # a hard limit per script run; the cases take a few seconds each
 
 
-def _namespace_refused() -> str:
-    """Why a private mount namespace with its own /dev/shm cannot be made here ("" if it can)."""
-    try:
-        probe = subprocess.run(
-            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1M tmpfs /dev/shm"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare could not run: {exc}"
-    if probe.returncode != 0:
-        return f"unshare -m / mount refused (needs root or CAP_SYS_ADMIN): {probe.stderr.strip()[:200]}"
-    return ""
-
-
-REFUSED = _namespace_refused()
+REFUSED = namespace_refused()
 pytestmark = pytest.mark.skipif(bool(REFUSED), reason=REFUSED)
 
 
