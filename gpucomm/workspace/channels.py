@@ -51,12 +51,16 @@ MIN_GRANULE = 4 << 10
 _ALIGN = 16
 
 
-def layout_channels(knob: int, kernels: str, device: torch.device, world_size: int) -> int:
+def layout_channels(knob: int, kernels: str, device: torch.device, ranks_on_gpu: int) -> int:
     """Channels of the flag layout: ``knob`` (GPUCOMM_CHANNELS) when set, else from the host and GPU.
 
     1 for the host executor and under the interpreter (they run channels one after the other: more
-    buy nothing); else a quarter of the SMs shared by the ranks on this GPU, at most MAX_CHANNELS.
+    buy nothing); else a quarter of the SMs shared by the ``ranks_on_gpu`` ranks on this physical
+    GPU (gpucomm.workspace.gpu_share counts them by UUID), at most MAX_CHANNELS: 32 for one rank
+    on an H100's 132 SMs, 16 for two, 4 for eight.
     """
+    if ranks_on_gpu < 1:
+        raise ValueError(f"layout_channels: ranks_on_gpu must be at least 1, got {ranks_on_gpu}")
     if kernels == "torch":
         return 1
     if knob:
@@ -64,9 +68,7 @@ def layout_channels(knob: int, kernels: str, device: torch.device, world_size: i
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    # Ranks of the node spread over its visible GPUs; one process per GPU gives 1.
-    ranks_here = -(-world_size // max(1, torch.cuda.device_count()))
-    return max(1, min(MAX_CHANNELS, sms // (_SMS_PER_CHANNEL * ranks_here)))
+    return max(1, min(MAX_CHANNELS, sms // (_SMS_PER_CHANNEL * ranks_on_gpu)))
 
 
 def launch_channels(extent: int, channels: int) -> int:

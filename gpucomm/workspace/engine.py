@@ -62,8 +62,8 @@ from gpucomm.roles import Group
 from gpucomm.transport import Workspace, open_workspace
 from gpucomm.transport.heap import StoreAgreement, SymmetricHeap
 from gpucomm.transport.heap_open import agree, heap_kind, heap_of_its_own, vmm_heap
-from gpucomm.workspace.channels import layout_channels
 from gpucomm.workspace.collectives import EngineCollectives
+from gpucomm.workspace.gpu_share import node_channels
 from gpucomm.workspace.layout import ALIGN, DataLayout, FlagLayout
 from gpucomm.workspace.multimem import SIGNAL_PAD_BYTES, MultimemAllReduce
 from gpucomm.workspace.small import SmallAllReduce
@@ -139,12 +139,15 @@ class Engine(EngineCollectives):
                 f"gpucomm: GPUCOMM_WORKSPACE_BYTES={data_bytes} leaves halves of {self.half_bytes} bytes, too "
                 f"small for 16 bytes per rank of {self.world_size} ranks on a node; raise it"
             )
-        self.channels = layout_channels(comm.config.channels, self.kernels.name, device, self.world_size)
+        store_prefix = engine_store_prefix(comm.prefix, transport, topology)
+        self.channels = node_channels(
+            comm.config.channels, self.kernels.name, device, comm.store, store_prefix + "gpu/", self.rank,
+            self.world_size, comm.timeout,
+        )  # fmt: skip
         # GPUCOMM_CHANNELS fixes every launch's grid; otherwise it follows each program's size.
         self.channels_by_size = not comm.config.channels
         self.flags = FlagLayout(self.world_size, self.channels)
         self.mail = p2p.Mailboxes(self, self.flags.p2p_ready, self.flags.p2p_done)  # checks its layout first
-        store_prefix = engine_store_prefix(comm.prefix, transport, topology)
         self.workspace = open_workspace(
             transport,
             store=comm.store,

@@ -107,5 +107,5 @@ def cpu_segment_bytes(workspace_bytes: int, kernels: str, channels_knob: int, wo
 
     The engine chooses them with gpucomm.workspace.channels.layout_channels.
     """
-    channels = layout_channels(channels_knob, kernels, torch.device("cpu"), world_size)
+    channels = layout_channels(channels_knob, kernels, torch.device("cpu"), 1)  # no GPU to share
     return segment_bytes(workspace_bytes, world_size, channels)

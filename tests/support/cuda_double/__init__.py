@@ -7,8 +7,13 @@ caller hands the driver, one line per call, appended to the file named by
 (:func:`records` reads it back). A launch's line says
 the kernel's name, grid, block, shared memory, stream, whether a graph captured it, and its
 parameter bytes. Every line ends with ``ctx``: the device of the context current in the calling
-thread at that call (-1: none). The double has two GPUs (0 and 1), each with its primary context;
-a function launches only in the context its module was loaded in (tests/workspace/test_multi_device.py).
+thread at that call (-1: none). The double models a node (``devices.c``, read from the environment
+when it loads): 8 GPUs by default (``DRIVER_DOUBLE_GPUS``), each an H100's 132 SMs and sm_90
+(``DRIVER_DOUBLE_SMS``, ``DRIVER_DOUBLE_CC``), its UUID, peer access and native peer atomics per pair
+(``DRIVER_DOUBLE_LINKS``: ``nvswitch``, ``pcie`` without native atomics, ``none``), the devices this
+process sees (``CUDA_VISIBLE_DEVICES``), and each visible device's primary context; a function
+launches only in the context its module was loaded in (tests/workspace/test_multi_device.py,
+tests/workspace/test_node_layouts.py).
 
 A launch runs nothing, except the kernels of a host image (``double.h``, ``host_run.c``): a module
 image that names a library of kernels built for the host (gpucomm's CUDA C++ kernels under

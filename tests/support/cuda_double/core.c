@@ -1,4 +1,4 @@
-// The driver double's core: the log, initialisation, devices, contexts, entry-point lookup
+// The driver double's core: the log, initialisation, the current context, entry-point lookup
 // (cuGetProcAddress, which NVIDIA's cuda.bindings resolves every driver function through), and
 // stream capture into graphs that replay what they captured.
 
@@ -111,6 +111,7 @@ DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
         case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
         case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
         case CUDA_ERROR_NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
+        case CUDA_ERROR_INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
         case CUDA_ERROR_INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
         case CUDA_ERROR_LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; break;
         case CUDA_ERROR_INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
@@ -124,108 +125,27 @@ DOUBLE_API CUresult cuGetErrorName(CUresult error, const char **name) {
 
 DOUBLE_API CUresult cuGetErrorString(CUresult error, const char **text) { return cuGetErrorName(error, text); }
 
-// -- devices: two sm_90 GPUs, 0 and 1 ---------------------------------------------------------
-// Both answer every query alike but their UUIDs; each has a primary context (below). A process
-// that drives device 1 while device 0's context is current shows, call by call, where it acted.
-enum { DEVICES = 2 };
-
-static int known_device(CUdevice device) { return device >= 0 && device < DEVICES; }
-
-DOUBLE_API CUresult cuDeviceGetCount(int *count) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    *count = DEVICES;
-    return CUDA_SUCCESS;
-}
-
-DOUBLE_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!known_device(ordinal)) return CUDA_ERROR_INVALID_VALUE;
-    *device = ordinal;
-    return CUDA_SUCCESS;
-}
-
-DOUBLE_API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!known_device(device) || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)length, "gpucomm driver double %d (sm_90)", device);
-    return CUDA_SUCCESS;
-}
-
-// The GPU's UUID: DRIVER_DOUBLE_GPU_UUID (32 hex digits) where set, so that test processes can
-// each have a GPU of their own or share one; else one fixed UUID (every process on one GPU).
-// Device 1's is device 0's with its last byte's high bit flipped: another GPU of the same node.
-typedef struct {
-    char bytes[16];
-} CUuuid;
-
-DOUBLE_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!known_device(device) || uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
-    const char *hex = getenv("DRIVER_DOUBLE_GPU_UUID");
-    for (int i = 0; i < 16; i++) {
-        unsigned byte = 0x60 + (unsigned)i;
-        if (hex != NULL && strlen(hex) == 32) sscanf(hex + 2 * i, "%2x", &byte);
-        uuid->bytes[i] = (char)byte;
-    }
-    if (device == 1) uuid->bytes[15] = (char)(uuid->bytes[15] ^ 0x80);
-    return CUDA_SUCCESS;
-}
-
-DOUBLE_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) { return cuDeviceGetUuid_v2(uuid, device); }
-
 int double_fails(const char *entry) {
     const char *failing = getenv("DRIVER_DOUBLE_FAIL");
     return failing != NULL && strcmp(failing, entry) == 0;
 }
 
-// Attributes by cuda.h's numbering; the ones not listed read 0.
-DOUBLE_API CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!known_device(device) || value == NULL) return CUDA_ERROR_INVALID_VALUE;
-    switch (attribute) {
-        case 1: *value = 1024; break;  // MAX_THREADS_PER_BLOCK
-        case 8: *value = 49152; break;  // MAX_SHARED_MEMORY_PER_BLOCK
-        case 10: *value = 32; break;  // WARP_SIZE
-        case 16: *value = 132; break;  // MULTIPROCESSOR_COUNT
-        case 75: *value = 9; break;  // COMPUTE_CAPABILITY_MAJOR
-        case 76: *value = 0; break;  // COMPUTE_CAPABILITY_MINOR
-        case 97: *value = 232448; break;  // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        default:
-            if (!double_attribute(attribute, value)) *value = 0;
-    }
-    return CUDA_SUCCESS;
-}
+// Devices (their count, attributes, UUIDs, peers, visibility) and their primary contexts: devices.c.
 
-// -- contexts: the primary context of each device, current per thread ---------------------------
+// -- contexts: current per thread -------------------------------------------------------------
 // cuCtxSetCurrent, push and pop are recorded (the device made current), so that a test sees every
 // switch; every other record names the context current at its call (double_log's ctx field).
-struct DoubleContext {
-    int device;
-};
-static struct DoubleContext primary[DEVICES] = {{0}, {1}};
 static __thread CUcontext current;
 enum { CONTEXT_STACK = 8 };
 static __thread CUcontext pushed[CONTEXT_STACK];
 static __thread int depth;
-
-DOUBLE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!known_device(device)) return CUDA_ERROR_INVALID_VALUE;
-    *context = &primary[device];
-    double_log("cuDevicePrimaryCtxRetain", "device=%d", device);
-    return CUDA_SUCCESS;
-}
-
-DOUBLE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    return known_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
 
 DOUBLE_API CUresult cuCtxPushCurrent_v2(CUcontext context) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (context == NULL || depth == CONTEXT_STACK) return CUDA_ERROR_INVALID_VALUE;
     pushed[depth++] = current;
     current = context;
-    double_log("cuCtxPushCurrent", "device=%d", context->device);
+    double_log("cuCtxPushCurrent", "device=%d", double_context_device(context));
     return CUDA_SUCCESS;
 }
 
@@ -234,11 +154,11 @@ DOUBLE_API CUresult cuCtxPopCurrent_v2(CUcontext *context) {
     if (depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (context != NULL) *context = current;
     current = pushed[--depth];
-    double_log("cuCtxPopCurrent", "device=%d", current == NULL ? -1 : current->device);
+    double_log("cuCtxPopCurrent", "device=%d", current == NULL ? -1 : double_context_device(current));
     return CUDA_SUCCESS;
 }
 
-int double_current_device(void) { return current == NULL ? -1 : current->device; }
+int double_current_device(void) { return current == NULL ? -1 : double_context_device(current); }
 
 DOUBLE_API CUresult cuCtxGetCurrent(CUcontext *context) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
@@ -249,14 +169,14 @@ DOUBLE_API CUresult cuCtxGetCurrent(CUcontext *context) {
 DOUBLE_API CUresult cuCtxSetCurrent(CUcontext context) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     current = context;
-    double_log("cuCtxSetCurrent", "device=%d", context == NULL ? -1 : context->device);
+    double_log("cuCtxSetCurrent", "device=%d", context == NULL ? -1 : double_context_device(context));
     return CUDA_SUCCESS;
 }
 
 DOUBLE_API CUresult cuCtxGetDevice(CUdevice *device) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
-    *device = current->device;
+    *device = double_context_device(current);
     return CUDA_SUCCESS;
 }
 

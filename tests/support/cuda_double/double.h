@@ -28,6 +28,7 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
@@ -81,6 +82,8 @@ int double_fails(const char *entry);
 
 // The device of the calling thread's current context, or -1 where none is current.
 int double_current_device(void);
+// The visible ordinal of a context's device (devices.c).
+int double_context_device(CUcontext context);
 
 // Device attributes another file answers (vmm.c: virtual memory, POSIX descriptors, multicast):
 // 1 with *value set if it knows `attribute`, else 0.
