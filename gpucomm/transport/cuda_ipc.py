@@ -82,18 +82,28 @@ def cuda_ipc_available() -> tuple[bool, str]:
 
 def _nvml_p2p_ok(bus_a: str, bus_b: str) -> bool | None:
     """NVML's view of peer reads between two GPUs; None when NVML cannot say."""
+    return _nvml_p2p_status(bus_a, bus_b, "READ")
+
+
+def _nvml_p2p_atomics(bus_a: str, bus_b: str) -> bool | None:
+    """NVML's view of native atomics between two GPUs; None when NVML cannot say."""
+    return _nvml_p2p_status(bus_a, bus_b, "ATOMICS")
+
+
+def _nvml_p2p_status(bus_a: str, bus_b: str, caps: str) -> bool | None:
     try:
         import pynvml
     except ImportError:
         return None
-    if not hasattr(pynvml, "nvmlDeviceGetP2PStatus"):
+    index = getattr(pynvml, f"NVML_P2P_CAPS_INDEX_{caps}", None)
+    if not hasattr(pynvml, "nvmlDeviceGetP2PStatus") or index is None:
         return None
     try:
         pynvml.nvmlInit()
         try:
             a = pynvml.nvmlDeviceGetHandleByPciBusId(bus_a.encode())
             b = pynvml.nvmlDeviceGetHandleByPciBusId(bus_b.encode())
-            status = pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_READ)
+            status = pynvml.nvmlDeviceGetP2PStatus(a, b, index)
         finally:
             pynvml.nvmlShutdown()
     except pynvml.NVMLError:
@@ -101,7 +111,44 @@ def _nvml_p2p_ok(bus_a: str, bus_b: str) -> bool | None:
     return status == pynvml.NVML_P2P_STATUS_OK
 
 
-def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus: str) -> None:
+# cudaDevP2PAttrNativeAtomicSupported (driver_types.h; CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
+# in cuda.h): whether the link carries atomics into the peer's memory natively. Both kernel
+# families need them: the Triton program kernel releases a flag with an atomic exchange into each
+# peer's flag area (kernels/triton/program.py), at system scope. NVSwitch and NVLink carry them;
+# PCIe between two GPUs does not, and there such an exchange is not atomic.
+_P2P_NATIVE_ATOMICS = 3
+
+
+def _peer_atomics(runtime: object, dev: int, peer_dev: int | None, bus: str, peer_bus: str) -> bool | None:
+    """Whether device ``dev``'s kernels have native atomics into the GPU at ``peer_bus``: the CUDA
+    runtime's word where it has the query and sees the peer, else NVML's; None where neither can say."""
+    ask = getattr(runtime, "deviceGetP2PAttribute", None)
+    if ask is not None and peer_dev is not None:
+        return bool(ask(_P2P_NATIVE_ATOMICS, dev, peer_dev))
+    return _nvml_p2p_atomics(bus, peer_bus)
+
+
+def _check_peers(cupy: ModuleType, dev: int, bus: str, peer_buses: dict[int, str]) -> None:
+    """Raises UnsupportedError where a peer's GPU (``peer_buses``: rank -> PCI bus) is out of
+    reach, or lacks native peer atomics with this one, naming every pair that lacks them. A pair
+    neither the runtime nor NVML can say of is taken as having them, as before the check."""
+    lacking = [
+        f"rank {peer} ({peer_bus})"
+        for peer, peer_bus in peer_buses.items()
+        if _check_peer_access(cupy, dev, bus, peer, peer_bus) is False
+    ]
+    if lacking:
+        raise UnsupportedError(
+            f"gpucomm cuda_ipc: GPU {bus} (device {dev}) has no native peer atomics with the GPUs of "
+            f"{', '.join(lacking)} (cudaDevP2PAttrNativeAtomicSupported=0, or NVML's atomics status: a PCIe link "
+            "has none), and the kernels' flags "
+            "are atomic exchanges into peer memory; use GPUCOMM_TRANSPORT=gloo"
+        )
+
+
+def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus: str) -> bool | None:
+    """Raises UnsupportedError where this GPU cannot reach rank ``peer``'s; else whether the pair
+    has native peer atomics (True on one GPU; None: nothing can say)."""
     runtime = cupy.cuda.runtime
     try:
         peer_dev = runtime.deviceGetByPCIBusId(peer_bus)
@@ -111,7 +158,7 @@ def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus
         # decides whether the two reach each other.
         nvml = _nvml_p2p_ok(bus, peer_bus)
         if nvml:
-            return
+            return _peer_atomics(runtime, dev, None, bus, peer_bus)
         raise UnsupportedError(
             f"gpucomm cuda_ipc: rank {peer}'s GPU {peer_bus} is not visible to this process (GPU {bus}), and NVML "
             + (
@@ -123,7 +170,7 @@ def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus
             "check CUDA_VISIBLE_DEVICES, or use GPUCOMM_TRANSPORT=gloo"
         ) from exc
     if peer_dev == dev:
-        return
+        return True
     can = bool(runtime.deviceCanAccessPeer(dev, peer_dev))
     nvml = _nvml_p2p_ok(bus, peer_bus)
     if not can or nvml is False:
@@ -132,6 +179,7 @@ def _check_peer_access(cupy: ModuleType, dev: int, bus: str, peer: int, peer_bus
             f"rank {peer}) peer to peer (cudaDeviceCanAccessPeer={int(can)}, NVML P2P read ok={nvml}); "
             "use GPUCOMM_TRANSPORT=gloo"
         )
+    return _peer_atomics(runtime, dev, peer_dev, bus, peer_bus)
 
 
 def _parse_handle(raw: bytes, peer: int, size: int) -> tuple[dict, bytes]:
@@ -271,15 +319,14 @@ def open_cuda_ipc(handshake: Handshake, *, data_bytes: int, flag_count: int, dev
             here = pid_space()
             buffers.peer_pids = {peer: h["pid"] for peer, (h, _) in parsed.items() if h["pid_space"] == here}
             with cupy.cuda.Device(dev):
-                for peer, (peer_header, _) in parsed.items():
-                    _check_peer_access(cupy, dev, bus, peer, peer_header["bus_id"])
+                _check_peers(cupy, dev, bus, {peer: h["bus_id"] for peer, (h, _) in parsed.items()})
                 for peer, (_, peer_handle) in parsed.items():
                     bases[peer] = _open_handle(runtime, peer_handle, peer, rank)
                     buffers.peers.append(bases[peer])
             views = [alias_bytes(base, size, device) for base in bases]  # each checked to alias, not copy
         except WorkspaceUnavailableError as exc:  # this host's doing: every rank falls back together
             handshake.fail(exc)
-        except UnsupportedError as exc:  # a peer's GPU this one cannot see or reach
+        except UnsupportedError as exc:  # a peer's GPU this one cannot see or reach, or no peer atomics
             handshake.fail(WorkspaceUnavailableError("cuda_ipc", {rank: str(exc)}))
         except GpucommError as exc:
             handshake.fail(exc)
