@@ -94,3 +94,72 @@ def test_the_peer_check_names_every_pair_without_native_peer_atomics(links: str,
     assert expected in message, message
     if links == "pcie":
         assert "rank 7 (0000:88:00.0)" in message and "GPUCOMM_TRANSPORT=gloo" in message, message
+
+
+class DoubleCupy:
+    """``cupy`` for what opening the cuda_ipc workspace asks of it: the runtime above plus the
+    allocation calls (made-up addresses: the open is refused before any peer memory is mapped)."""
+
+    def __init__(self, lib: ctypes.CDLL, rank: int) -> None:
+        import contextlib
+
+        runtime = DoubleRuntime(lib)
+        runtime.malloc = lambda size: 0x7000_0000_0000 + (rank << 32)
+        runtime.memset = lambda ptr, value, size: None
+        runtime.deviceSynchronize = lambda: None
+        runtime.ipcGetMemHandle = lambda ptr: bytes([rank + 1]) * 64
+        runtime.ipcCloseMemHandle = runtime.free = lambda ptr: None
+        device = lambda dev: contextlib.nullcontext()  # noqa: E731
+        self.cuda = types.SimpleNamespace(runtime=runtime, Device=device)
+
+
+def _open_on_the_double(rank: int, world_size: int, double: str) -> str:
+    """Rank r opens the cuda_ipc workspace on GPU r of the double's node: "" or what it raised."""
+    import os
+
+    import torch
+
+    from gpucomm.errors import WorkspaceUnavailableError
+    from gpucomm.transport import cuda_ipc, open_workspace
+
+    lib = ctypes.CDLL(double)
+    assert lib.cuInit(0) == 0
+    fake = DoubleCupy(lib, rank)
+    cuda_ipc._cupy = lambda: fake
+    cuda_ipc.cuda_ipc_available = lambda: (True, "")  # torch here has no CUDA
+    cuda_ipc._nvml_p2p_ok = cuda_ipc._nvml_p2p_atomics = lambda a, b: None  # no NVML on this host
+    store = torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, wait_for_workers=False
+    )
+    try:
+        open_workspace(
+            "cuda_ipc",
+            store=store,
+            prefix="peer-atomics/",
+            rank=rank,
+            world_size=world_size,
+            data_bytes=1 << 20,
+            flag_count=64,
+            device=torch.device("cuda", rank),
+            timeout=60,
+        )
+    except WorkspaceUnavailableError as err:
+        said = str(err)
+    else:
+        said = ""
+    # Rank 0 serves the store: it leaves only once every rank is done with it.
+    store.set(f"peer-atomics/done/{rank}", b"1")
+    store.wait([f"peer-atomics/done/{r}" for r in range(world_size)])
+    return said
+
+
+def test_a_pcie_box_refuses_the_cuda_ipc_workspace_on_every_rank_naming_the_pair() -> None:
+    """Both ranks raise WorkspaceUnavailableError (the communicator's cue to serve its CUDA tensors
+    with gloo, with one warning line), each naming both ranks' view of the pair."""
+    double = cuda_double.build()
+    messages = run_ranks(_open_on_the_double, 2, double, timeout=120, env={"DRIVER_DOUBLE_LINKS": "pcie"})
+    for message in messages:
+        assert "cuda_ipc workspace unavailable" in message, message
+        for rank, gpu, peer, peer_gpu in ((0, "18", 1, "28"), (1, "28", 0, "18")):
+            said = f"rank {rank}: gpucomm cuda_ipc: GPU 0000:{gpu}:00.0 (device {rank}) has no native peer atomics"
+            assert f"{said} with the GPUs of rank {peer} (0000:{peer_gpu}:00.0)" in message, message
