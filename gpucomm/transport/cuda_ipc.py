@@ -112,10 +112,12 @@ def _nvml_p2p_status(bus_a: str, bus_b: str, caps: str) -> bool | None:
 
 
 # cudaDevP2PAttrNativeAtomicSupported (driver_types.h; CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
-# in cuda.h): whether the link carries atomics into the peer's memory natively. Both kernel
-# families need them: the Triton program kernel releases a flag with an atomic exchange into each
-# peer's flag area (kernels/triton/program.py), at system scope. NVSwitch and NVLink carry them;
-# PCIe between two GPUs does not, and there such an exchange is not atomic.
+# in cuda.h): whether the link carries atomics into the peer's memory natively. NVLink and NVSwitch
+# do; PCIe between two GPUs does not, and there an atomic into peer memory is not guaranteed to be
+# atomic. The Triton program kernel releases a flag with an atomic exchange into each peer's flag
+# area at system scope (kernels/triton/program.py), and so do gpucomm.language's kernels, which any
+# communicator's device_context offers whatever its kernels; the CUDA C++ kernels release with
+# stores, but the workspace serves the device API too, so every cuda_ipc workspace asks.
 _P2P_NATIVE_ATOMICS = 3
 
 
