@@ -96,14 +96,14 @@ class DoubleRuntime:
         return guard()
 
 
-def _rank(rank: int, world_size: int, double: str, visible: list[str] | None, log: str) -> dict:
+def _rank(rank: int, world_size: int, double: str, visible: list[str] | None, folder: str) -> dict:
     # The double reads the node and the log's name when it loads, as each rank process of a job
     # starts with its own CUDA_VISIBLE_DEVICES.
     if visible is None:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible[rank]
-    os.environ[cuda_double.LOG_VARIABLE] = log
+    os.environ[cuda_double.LOG_VARIABLE] = os.path.join(folder, f"rank{rank}.log")
     lib = ctypes.CDLL(double)
     assert lib.cuInit(0) == 0
 
@@ -156,7 +156,7 @@ def test_eight_ranks_pick_their_gpu_count_their_channels_and_launch_in_their_own
     visible, devices, gpus, channels = LAYOUTS[layout]
     double = cuda_double.build()
     logs = [str(tmp_path / f"rank{r}.log") for r in range(WORLD)]
-    results = run_ranks(_by_rank, WORLD, double, visible, str(tmp_path), timeout=600)
+    results = run_ranks(_rank, WORLD, double, visible, str(tmp_path), timeout=600)
     for rank, result in enumerate(results):
         index = int(devices[rank].split(":")[1])
         assert result == {
@@ -172,7 +172,3 @@ def test_eight_ranks_pick_their_gpu_count_their_channels_and_launch_in_their_own
         launched = [r["ctx"] for r in records if r.entry == "cuLaunchKernel"]
         assert len(launched) >= 2 and set(launched) == {str(index)}, (rank, launched)
         assert not [r for r in records if r.get("refused") == "1"], rank
-
-
-def _by_rank(rank: int, world_size: int, double: str, visible: list[str] | None, folder: str) -> dict:
-    return _rank(rank, world_size, double, visible, os.path.join(folder, f"rank{rank}.log"))
