@@ -163,3 +163,29 @@ def test_a_pcie_box_refuses_the_cuda_ipc_workspace_on_every_rank_naming_the_pair
         for rank, gpu, peer, peer_gpu in ((0, "18", 1, "28"), (1, "28", 0, "18")):
             said = f"rank {rank}: gpucomm cuda_ipc: GPU 0000:{gpu}:00.0 (device {rank}) has no native peer atomics"
             assert f"{said} with the GPUs of rank {peer} (0000:{peer_gpu}:00.0)" in message, message
+
+
+@pytest.mark.parametrize(("atomics", "refused"), [(True, False), (None, False), (False, True)])
+def test_a_peer_this_process_cannot_see_is_judged_by_nvmls_atomics_status(monkeypatch, atomics, refused) -> None:
+    """One GPU visible per rank: the runtime cannot name the peer's device, so NVML's status of the
+    pair (by bus) says whether it has native atomics; where NVML cannot say, the pair passes as it
+    did before the check."""
+    from gpucomm.errors import UnsupportedError
+    from gpucomm.transport import cuda_ipc
+
+    class _Runtime:
+        class CUDARuntimeError(RuntimeError):
+            pass
+
+        def deviceGetByPCIBusId(self, bus: str) -> int:  # noqa: N802 - CuPy's name
+            raise self.CUDARuntimeError("cudaErrorInvalidDevice")
+
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=_Runtime()))
+    monkeypatch.setattr(cuda_ipc, "_nvml_p2p_ok", lambda a, b: True)
+    monkeypatch.setattr(cuda_ipc, "_nvml_p2p_atomics", lambda a, b: atomics)
+    peers = {1: "0000:28:00.0", 2: "0000:38:00.0"}
+    if not refused:
+        cuda_ipc._check_peers(cupy, 0, "0000:18:00.0", peers)
+        return
+    with pytest.raises(UnsupportedError, match=r"with the GPUs of rank 1 \(0000:28:00.0\), rank 2 \(0000:38:00.0\)"):
+        cuda_ipc._check_peers(cupy, 0, "0000:18:00.0", peers)
