@@ -1,12 +1,12 @@
 """Every launch gpucomm makes for a communicator on device 1 runs in device 1's context while the
 calling thread holds device 0's, and the thread holds device 0's again after.
 
-No GPU: the driver double (tests/support/cuda_double) has two GPUs, each with its primary context, records
-with every call the context current at it (``ctx=``), and refuses a launch of a function whose
-module was loaded in another context than the current one (CUDA_ERROR_INVALID_CONTEXT), as the
-driver does. torch here has no CUDA, so ``torch.cuda.device`` is played on the double
-(:func:`runtime_device`): ``torch.cuda.device(d)`` makes d's primary context current and restores
-the thread's after, which is what cudaSetDevice does to the driver's current context.
+No GPU: the driver double (tests/support/cuda_double) has a node of GPUs (these tests use 0 and 1),
+each with its primary context, records with every call the context current at it (``ctx=``), and
+refuses a launch of a function whose module was loaded in another context than the current one
+(CUDA_ERROR_INVALID_CONTEXT), as the driver does. torch here has no CUDA, so ``torch.cuda.device``
+is played on the double (:func:`runtime_device`): ``torch.cuda.device(d)`` makes d's primary
+context current and restores the thread's after, which is what cudaSetDevice does to the driver's current context.
 
 What each test reaches, and how:
 
