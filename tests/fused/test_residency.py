@@ -82,3 +82,19 @@ def test_the_check_fails_one_program_a_tile(layout: str, footprints: dict) -> No
     tiles = (M // world // 64) * (N // 64)  # 64 x 64 tiles of a shard
     found = violations(_launches(devices, 16 + tiles, (world - 1) * tiles, footprints), H100)
     assert len(found) == world * (world - 1), found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_recorded_footprints_of_the_other_dtypes_are_the_compiled_kernels(dtype: str) -> None:
+    """As for bf16 above: fp16 and fp32 compile their own kernels (about 15 s more each, idle)."""
+    from gpucomm._kernels.triton import fused_matmul
+
+    for name, compiled in compiled_footprints(dtype).items():
+        recorded = fused_matmul.FOOTPRINTS[name, dtype]
+        assert compiled.threads == recorded.threads, (name, compiled, recorded)
+        assert compiled.registers <= recorded.registers and compiled.shared <= recorded.shared, (
+            name,
+            compiled,
+            recorded,
+        )
