@@ -131,7 +131,8 @@ def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     # where it is reduced, and on every other rank, where it is read): the grid is sized for the
     # whole tensor, the granules for a slice.
     b.program.grid_bytes = whole.nbytes
-    b.barrier_all()
+    # Every rank's input was written by its earlier kernels: fenced (docs/kernel-contract.md).
+    b.barrier_all(fence=True)
     lo, hi = bounds[me], bounds[me + 1]
     mine = whole.sub(lo, hi - lo)
     b.reduce(mine, [b.symmetric(p, mine) for p in everyone], tensor.dtype, op, P)

@@ -5,7 +5,9 @@ every heap (``Builder.symmetric(peer, region)`` names rank p's copy). So a colle
 peers' inputs in place: no copy into the workspace's halves, no pieces, and the result is written
 straight where it goes. Each program is:
 
-- a first sync (a full barrier, as every program's first is): every rank's input is in place;
+- a first sync (a full barrier, as every program's first is): every rank's input is in place.
+  It is fenced (``fence=True``): the inputs were written by the ranks' earlier kernels, not by
+  this program, so a system-scope fence goes before the release (docs/kernel-contract.md);
 - the moves: every rank reads what it needs from the peers' copies and writes only its own
   memory (never a region another rank reads in this call);
 - a last sync that carries "done reading you" to every rank read and waits for the ranks that
@@ -47,7 +49,7 @@ def broadcast(b: Builder, tensor: torch.Tensor, root: int) -> None:
     b.program.grid_bytes = whole.nbytes
     me, everyone = b.rank, b.peers()
     others = [p for p in everyone if p != root]
-    b.sync(sources=[] if me == root else [root], readers=others if me == root else [])
+    b.sync(sources=[] if me == root else [root], readers=others if me == root else [], fence=True)
     if me != root:
         b.copy(whole, b.symmetric(root, whole))
     b.sync()
@@ -57,7 +59,7 @@ def reduce(b: Builder, tensor: torch.Tensor, root: int, op: ReduceOp) -> None:
     whole = Region.of(tensor)
     b.program.grid_bytes = whole.nbytes
     me, everyone = b.rank, b.peers()
-    b.sync(sources=everyone if me == root else [], readers=[] if me == root else [root])
+    b.sync(sources=everyone if me == root else [], readers=[] if me == root else [root], fence=True)
     if me == root:
         b.reduce(whole, [b.symmetric(p, whole) for p in everyone], tensor.dtype, op, b.world_size)
     b.sync()
@@ -68,7 +70,7 @@ def all_gather_into_tensor(b: Builder, output: Region, tensor: torch.Tensor) -> 
     size = mine.nbytes
     b.program.grid_bytes = output.nbytes
     everyone = b.peers()
-    b.sync(everyone, everyone)
+    b.sync(everyone, everyone, fence=True)
     for p in everyone:
         slot = output.sub(p * size, size)
         if not (p == b.rank and slot.addr == mine.addr):  # in place: my slice holds my input already
@@ -80,7 +82,7 @@ def reduce_scatter_tensor(b: Builder, output: Region, source: Region, dtype: tor
     size = output.nbytes
     b.program.grid_bytes = source.nbytes
     me, everyone = b.rank, b.peers()
-    b.sync(everyone, everyone)
+    b.sync(everyone, everyone, fence=True)
     chunk = source.sub(me * size, size)
     b.reduce(output, [b.symmetric(p, chunk) for p in everyone], dtype, op, b.world_size)
     b.sync()

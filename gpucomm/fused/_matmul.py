@@ -27,7 +27,9 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, group: object = No
     other programs compute the tiles of this rank's own shard. The second computes the other
     shards' tiles, each waiting in the kernel only for the peer's chunks it reads, which that
     peer's first launch pushes; so no block ever waits for a block of its own launch, and the
-    call completes whatever blocks a GPU runs first. fp32 accumulation, one rounding: equal to
+    call completes whatever blocks a GPU runs first. The second launch is a persistent grid
+    small enough that, with the other ranks on the same GPU, it always leaves room for a peer's
+    first launch (gpucomm.ops.residency). fp32 accumulation, one rounding: equal to
     ``all_gather_into_tensor`` + ``torch.matmul`` within the matmul's tolerance (the order of
     the K sum differs), not bit for bit.
 

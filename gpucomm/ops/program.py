@@ -244,7 +244,7 @@ class Program:
 
     ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one
     instruction (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``,
-    ``(REDUCE, nbytes, pos, out, srcs, divide, divisor)`` and ``(SYNC, signal, wait)`` (lists of
+    ``(REDUCE, nbytes, pos, out, srcs, divide, divisor)`` and ``(SYNC, signal, wait, fence)`` (lists of
     local ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say
     which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
     ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
@@ -417,10 +417,14 @@ class Builder:
             divides = op is ReduceOp.AVG
             self._add((REDUCE, out.nbytes, self._position("reduce", [out, *srcs]), out, list(srcs), divides, divisor))
 
-    def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = ()) -> None:
+    def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = (), *, fence: bool = False) -> None:
         """End the round: signal ``readers`` (they read my data of this round) and wait for
         ``sources`` (I read theirs next), plus the carry-over of the last sync; the first sync
-        of a program is a full barrier (module docstring)."""
+        of a program is a full barrier (module docstring).
+
+        ``fence``: the data this sync announces was written by the rank's earlier kernels, not
+        by this program (a symmetric tensor read in place): the kernel runs a system-scope fence
+        before its release stores, as the signal kernel does (docs/kernel-contract.md)."""
         me = self.rank
         sources = sorted({p for p in sources if p != me})
         readers = sorted({p for p in readers if p != me})
@@ -430,13 +434,13 @@ class Builder:
             signal_to = sorted(set(readers) | set(self._carry_sources))
             wait_for = sorted(set(sources) | set(self._carry_readers))
         self._carry_sources, self._carry_readers = sources, readers
-        self.program.instructions.append((SYNC, signal_to, wait_for))
+        self.program.instructions.append((SYNC, signal_to, wait_for, int(fence)))
         self.program.syncs += 1
 
-    def barrier_all(self) -> None:
-        """A sync with every local rank in both directions."""
+    def barrier_all(self, *, fence: bool = False) -> None:
+        """A sync with every local rank in both directions (``fence``: as :meth:`sync`'s)."""
         everyone = self.peers()
-        self.sync(everyone, everyone)
+        self.sync(everyone, everyone, fence=fence)
 
     def keep(self, tensor: torch.Tensor) -> Region:
         """The region of a buffer the program owns (a table it copies from), kept as long as it."""

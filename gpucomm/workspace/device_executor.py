@@ -35,7 +35,7 @@ from gpucomm.workspace.channels import granule as granule_of
 from gpucomm.workspace.channels import launch_channels
 from gpucomm.workspace.stream_order import StreamOrder
 
-__all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows", "channel_layout"]
+__all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows", "instruction_rows", "channel_layout"]
 
 _ALIGN = 16
 # Operand tables kept per program, one per set of buffer addresses it ran on (a training loop
@@ -204,16 +204,7 @@ class DeviceExecutor:
     def _prepare(self, program: Program) -> dict:
         """A program's instruction table on the device, and its launch constants: what does not
         depend on the call's buffers. Their operand tables are bound per call (:meth:`_bind`)."""
-        rows: list[list[int]] = []
-        first = 0
-        for ins in program.instructions:
-            if ins[0] == SYNC:
-                rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), 0, 0, 0, 0, 0])
-                continue
-            count = len(ins) - 3 if ins[0] == COPY else 1 + len(ins[4])  # a paired COPY has 4 operands
-            divide, divisor = (int(ins[5]), ins[6]) if ins[0] == REDUCE else (0, 1)
-            rows.append([ins[0], ins[1], ins[2], count - 1, first, divide, divisor, 0])
-            first += count
+        rows = instruction_rows(program)
         # Channel c owns the in-half positions of granules c, c + C, ... (gpucomm.workspace.channels.granule:
         # 1/P of the extent over the grid, so that a 1/P slice is shared by every channel as much
         # as a whole piece); copies outside the halves (between this rank's own buffers, or in
@@ -319,6 +310,22 @@ def _operand(operand: object, addrs: tuple[int, ...]) -> list[int]:
     if isinstance(operand, Slot):
         return [operand.peer, operand.round, operand.offset]
     return [-1, 0, resolve(operand, addrs)]  # type: ignore[arg-type]
+
+
+def instruction_rows(program: Program) -> list[list[int]]:
+    """The program kernel's instruction table (WORDS int64 a row, kernels/triton/program.py):
+    a SYNC's masks and fence word, a move's size, position, operand count and first operand."""
+    rows: list[list[int]] = []
+    first = 0
+    for ins in program.instructions:
+        if ins[0] == SYNC:
+            rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), ins[3], 0, 0, 0, 0])
+            continue
+        count = len(ins) - 3 if ins[0] == COPY else 1 + len(ins[4])  # a paired COPY has 4 operands
+        divide, divisor = (int(ins[5]), ins[6]) if ins[0] == REDUCE else (0, 1)
+        rows.append([ins[0], ins[1], ins[2], count - 1, first, divide, divisor, 0])
+        first += count
+    return rows
 
 
 def _mask(ranks: list[int]) -> int:

@@ -11,7 +11,8 @@
 //   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
 //   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
 //   REDUCE nbytes pos k operand divide divisor     operands[operand] = fold of the k after it
-//   SYNC   signal_mask wait_mask                   advance the epoch e; store the call's identity
+//   SYNC   signal_mask wait_mask fence             advance the epoch e; if fence, __threadfence_system()
+//          (the data announced was written by earlier kernels); store the call's identity
 //          words beside, then release-store (e << FP_BITS) | fingerprint into this channel's flag
 //          at every rank of signal_mask; acquire-wait for the flag of every rank of wait_mask to
 //          reach epoch e and compare the identity words beside it (gpucomm/ops/program.py)
@@ -207,6 +208,10 @@ struct ChannelFlags {
 // True if every awaited rank arrived with this call's fingerprint and identity words; otherwise
 // the error record is written and the channel must stop.
 __device__ bool sync(const Launch& L, const gc_i64* row, gc_i64 e, gc_i64 instruction, gc_i64* seen) {
+    // A fenced SYNC announces data this rank's earlier kernels wrote (a symmetric tensor read in
+    // place), which the block's release does not order: the system-scope fence first makes it
+    // visible, as gpucomm_signal does (docs/kernel-contract.md). The other SYNCs need none.
+    if (row[3] != 0) __threadfence_system();
     return gpucomm::sync_flags(ChannelFlags{&L}, (gc_u64)row[1], (gc_u64)row[2], L.rank, L.world, L.channel, e,
                                L.fingerprint, L.timeout_ns, instruction, seen, L.record, L.state,
                                gpucomm::Identity{L.ident_word, L.all_channels, L.ident0, L.ident1});

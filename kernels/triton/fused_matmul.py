@@ -18,7 +18,12 @@ own launch:
 
 Progress does not depend on which blocks a GPU makes resident, or in what order: launch 1 waits
 for nothing, so every rank's launch 1 ends; launch 2's tiles wait only for other ranks' launch
-1 (the rule of docs/language.md: blocks of one launch never wait on each other). The pushes are
+1 (the rule of docs/language.md: blocks of one launch never wait on each other). One more
+condition where ranks share a GPU: their launch 2 blocks, spinning, may be resident before a
+peer's launch 1 is, and must never fill every SM. So launch 2 is a persistent grid, program i
+taking tiles i, i + grid, ...: :func:`grids` sizes it by gpucomm.ops.residency from what a block
+of each kernel takes (``FOOTPRINTS``), so that the launch 2 grids of all the ranks on a GPU
+leave one SM room for a launch 1 block (tests/fused/test_residency.py). The pushes are
 first in launch 1's grid so that a GPU that happens to dispatch in order starts them before the
 own shard's tiles (speed, not correctness). What overlaps: this rank's pushes with its own
 shard's tiles (launch 1); a late peer's pushes with this rank's tiles of the shards already in
@@ -55,8 +60,10 @@ from gpucomm._kernels.triton._common import store_rounded
 from gpucomm._kernels.triton.clock import INTERPRETED
 from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 from gpucomm.language import layout
+from gpucomm.ops import residency
+from gpucomm.ops.residency import Footprint
 
-__all__ = ["ag_publish_kernel", "ag_matmul_kernel", "prepare", "CHUNKS"]
+__all__ = ["ag_publish_kernel", "ag_matmul_kernel", "prepare", "grids", "matmul_grid", "CHUNKS", "FOOTPRINTS"]
 
 # Chunks of a shard, each pushed by a program of its own with a flag of its own (a tile waits
 # only for the rows it reads): 16 programs, the share of the SMs the model assumes saturates
@@ -65,6 +72,20 @@ CHUNKS = 16
 _NUM_WARPS = 4
 _LANES = 32 * _NUM_WARPS
 _CHANNELS = tl.constexpr(layout.CHANNEL_SLOTS)
+# What a block of each launch takes, by dtype: the kernels compiled for sm_90 by Triton 3.9 on
+# the CPU machine at the largest tiles (64 x 64 x 32, 4 warps, m = n = k = 8192): registers as
+# ptxas allocates them, static plus dynamic shared memory (tests/support/residency.py reads them;
+# tests/fused/test_residency.py fails where a kernel takes more than is written here). Launch 2's
+# loop over tiles takes 211 to 255 registers where one tile a program took 128: 2 of its blocks
+# an SM instead of 4, a cost a GPU measurement is to weigh.
+FOOTPRINTS = {
+    ("publish", "bfloat16"): Footprint(threads=_LANES, registers=92, shared=25600),
+    ("matmul", "bfloat16"): Footprint(threads=_LANES, registers=211, shared=17408),
+    ("publish", "float16"): Footprint(threads=_LANES, registers=92, shared=25600),
+    ("matmul", "float16"): Footprint(threads=_LANES, registers=250, shared=17408),
+    ("publish", "float32"): Footprint(threads=_LANES, registers=96, shared=33792),
+    ("matmul", "float32"): Footprint(threads=_LANES, registers=255, shared=33792),
+}
 
 
 @triton.jit
@@ -219,35 +240,35 @@ def ag_publish_kernel(
             gl.store_epoch(ctx, gl.epoch(ctx, pid) + 1)
 
 
-@triton.jit(do_not_specialize=["stage_half"])
-def ag_matmul_kernel(
+@triton.jit
+def _gathered_tile(
     ctx,
     b_ptr,
     c_ptr,
     stage_addr,
     stage_half,
+    e,
+    t,
     m,
     n,
-    k,  # as ag_publish_kernel's
-    G: tl.constexpr,  # chunks of a shard: one flag each, per rank
+    k,
+    G: tl.constexpr,
     DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     WIDEN: tl.constexpr,
-    ALIGNED: tl.constexpr,  # a shard's bytes are a multiple of 16
+    ALIGNED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     LANES: tl.constexpr,
 ):
-    """Launch 2: the other shards' tiles, each waiting for the peer's chunks it reads; never
-    signals."""
-    t = tl.program_id(0)
+    """Tile t of the other shards (shard rank - 1's tiles first): wait for the chunks of the
+    peer's shard that hold its rows, then compute it from the local gathered buffer."""
     per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(n, BLOCK_N)
     P = gl.world(ctx)
     me = gl.rank(ctx)
     p = (me - 1 - t // per_shard + P) % P  # rank me - 1 pushes to this rank first, me - 2 next, ...
     t = t % per_shard
-    e = gl.epoch(ctx, 0) - 1  # launch 1 moved every channel on from the call's epoch
     # Wait for the chunks of p's shard that hold rows [row0, row0 + BLOCK_M).
     row0 = t // tl.cdiv(n, BLOCK_N) * BLOCK_M
     last = tl.minimum(row0 + BLOCK_M, m)
@@ -276,38 +297,124 @@ def ag_matmul_kernel(
     )
 
 
+@triton.jit(do_not_specialize=["stage_half"])
+def ag_matmul_kernel(
+    ctx,
+    b_ptr,
+    c_ptr,
+    stage_addr,
+    stage_half,
+    m,
+    n,
+    k,  # as ag_publish_kernel's
+    G: tl.constexpr,  # chunks of a shard: one flag each, per rank
+    DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WIDEN: tl.constexpr,
+    ALIGNED: tl.constexpr,  # a shard's bytes are a multiple of 16
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LANES: tl.constexpr,
+):
+    """Launch 2: the other shards' tiles, each waiting for the peer's chunks it reads; never
+    signals. A persistent grid: program i takes tiles i, i + grid, i + 2 * grid, ..., so that
+    the grid stays within what the GPU holds beside the peers' launch 1 (``prepare``)."""
+    per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(n, BLOCK_N)
+    tiles = (gl.world(ctx) - 1) * per_shard
+    e = gl.epoch(ctx, 0) - 1  # launch 1 moved every channel on from the call's epoch
+    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        _gathered_tile(
+            ctx,
+            b_ptr,
+            c_ptr,
+            stage_addr,
+            stage_half,
+            e,
+            t,
+            m,
+            n,
+            k,
+            G,
+            DTYPE,
+            PRECISION,
+            WIDEN,
+            ALIGNED,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            LANES,
+        )
+
+
 def _block(size: int, cap: int) -> int:
     """A tile side: a power of two, at least 16 (tl.dot's least), at most ``cap``."""
     return max(16, min(cap, triton.next_power_of_2(size)))
 
 
+def _ranks_on_device(ctx: object) -> int:
+    """Ranks that may share this rank's GPU: the node's ranks spread over the visible GPUs (one
+    process per GPU gives 1). A process that sees only its own GPU counts every rank of the node
+    on it: a smaller grid than needed, never a larger one."""
+    if ctx.device.type == "cuda":
+        return -(-ctx.world_size // max(1, torch.cuda.device_count()))
+    return ctx.world_size  # ranks on shared memory: one host, taken as one GPU
+
+
+def matmul_grid(tiles: int, dtype: str, ranks: int, limits: residency.SMLimits = residency.H100) -> int:
+    """Launch 2's grid for ``tiles`` tiles of the other shards in ``dtype`` (its name), ``ranks``
+    ranks on the GPU: every rank's launch 2 together leaves one SM room for a block of a peer's
+    launch 1, whatever blocks the GPU made resident first (gpucomm.ops.residency)."""
+    return residency.spinning_grid(tiles, FOOTPRINTS["matmul", dtype], FOOTPRINTS["publish", dtype], ranks, limits)
+
+
+def grids(
+    m: int, n: int, world: int, dtype: str, ranks: int, limits: residency.SMLimits = residency.H100
+) -> tuple[int, int]:
+    """(launch 1's grid, launch 2's) for shards of ``m`` rows times ``n`` columns in ``dtype`` (its
+    name) among ``world`` ranks, ``ranks`` of them on this GPU; launch 2's is 0 for one rank."""
+    tiles = triton.cdiv(m, _block(m, 64)) * triton.cdiv(n, _block(n, 64))  # per shard
+    publish = min(CHUNKS, m) + tiles
+    return publish, (matmul_grid((world - 1) * tiles, dtype, ranks, limits) if world > 1 else 0)
+
+
 def prepare(
-    ctx: object, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, stage_addr: int, stage_half: int
+    ctx: object,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    stage_addr: int,
+    stage_half: int,
+    matmul_blocks: int | None = None,
 ) -> tuple[Callable[[], None], ...]:
     """The launches, in stream order, on ``a`` [m, k], ``b`` [k, n], ``out`` [world * m, n]
     (checked by the caller) with the context ``ctx``, gathering into the symmetric buffer at
     ``stage_addr`` (two halves of ``stage_half`` >= world * m * k elements' bytes, 16-byte
-    aligned): ``ag_publish_kernel``, then ``ag_matmul_kernel`` where there are other ranks."""
+    aligned): ``ag_publish_kernel``, then ``ag_matmul_kernel`` where there are other ranks, on
+    :func:`matmul_grid`'s grid (``matmul_blocks``, fewer, makes its programs loop more: tests)."""
     m, k = a.shape
     n = b.shape[1]
     size = a.element_size()
     chunks = min(CHUNKS, m)
     bm, bn, bk = _block(m, 64), _block(n, 64), _block(k, 32)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)  # per shard
     common = dict(
         G=chunks, DTYPE=TL_DTYPES[a.dtype], WIDEN=INTERPRETED,
         PRECISION="ieee" if a.dtype == torch.float32 or INTERPRETED else "tf32",
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LANES=_LANES, num_warps=_NUM_WARPS,
     )  # fmt: skip
+    limits = residency.limits_of(ctx.device) if ctx.device.type == "cuda" else residency.H100
+    publish_grid, grid = grids(m, n, ctx.world_size, str(a.dtype).removeprefix("torch."), _ranks_on_device(ctx), limits)
     publish = functools.partial(
-        ag_publish_kernel[(chunks + tiles,)], ctx.table, a, b, out, stage_addr, stage_half, m, n, k,
+        ag_publish_kernel[(publish_grid,)], ctx.table, a, b, out, stage_addr, stage_half, m, n, k,
         COPY=COPY_ELEMS[size], ALIGNED=a.data_ptr() % 16 == 0 and m * k * size % 16 == 0, BLOCK=_LANES * 16 // size,
         **common,
     )  # fmt: skip
     if ctx.world_size == 1:
         return (publish,)
+    if matmul_blocks is not None:
+        grid = max(1, min(grid, matmul_blocks))
     gathered = functools.partial(
-        ag_matmul_kernel[((ctx.world_size - 1) * tiles,)], ctx.table, b, out, stage_addr, stage_half, m, n, k,
+        ag_matmul_kernel[(grid,)], ctx.table, b, out, stage_addr, stage_half, m, n, k,
         ALIGNED=m * k * size % 16 == 0, **common,
     )  # fmt: skip
     return publish, gathered

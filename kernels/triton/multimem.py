@@ -11,7 +11,9 @@ One launch, ``channels`` blocks; block b of rank r moves the 16-byte vectors i o
 i % channels == b, between two barriers of block b with block b of every rank:
 
 - the start barrier: every rank's tensor holds its input (release by the signaller, acquire by
-  the waiter, at system scope) before any rank reads it through the switch;
+  the waiter, at system scope) before any rank reads it through the switch. The input was
+  written by this rank's earlier kernels, so a system-scope fence (``membar.sys``) goes before
+  the release, as in the signal kernel (docs/kernel-contract.md);
 - the end barrier: every rank's stores have landed before any rank returns (the caller may read
   or write its tensor right after).
 
@@ -38,6 +40,7 @@ import triton.language as tl
 
 from gpucomm._kernels.triton._common import OP_MIN, OP_SUM, combine, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import INTERPRETED, clock_ns_lanes
+from gpucomm._kernels.triton.fence import fence_sys
 from gpucomm.ops import instruction_set as isa
 
 __all__ = ["multimem_all_reduce_kernel", "launch", "NUM_WARPS", "SWITCH_REDUCES"]
@@ -230,9 +233,16 @@ else:
 
 
 @triton.jit
-def _barrier(mc_base, peers_ptr, pad, own_word, count, world, timeout_ns, LANES: tl.constexpr):
-    """One barrier of this block with the same block of every rank: (arrived, smallest value seen)."""
+def _barrier(mc_base, peers_ptr, pad, own_word, count, world, timeout_ns, LANES: tl.constexpr, FENCE: tl.constexpr):
+    """One barrier of this block with the same block of every rank: (arrived, smallest value seen).
+    ``FENCE``: a system-scope fence in every thread first (the start barrier's)."""
     lanes = tl.arange(0, LANES)
+    if FENCE:
+        # The start barrier announces the tensor's input, written by this rank's earlier kernels,
+        # not by this block: the release orders only the block's own accesses, so the fence first
+        # makes those writes visible at system scope, as the signal kernel does
+        # (docs/kernel-contract.md). The end barrier announces the block's own stores: none.
+        fence_sys(lanes)
     # Every thread of the block has stored what it stores before lane 0 releases the signal.
     tl.debug_barrier()
     _signal_all(mc_base, peers_ptr, pad, lanes, world)
@@ -294,13 +304,13 @@ def multimem_all_reduce_kernel(
         count = tl.load(state + 1 + block)
         pad = signal_offset + block * 8
         own_word = (tl.load(peers_ptr + rank) + pad).to(tl.pointer_type(tl.int64))
-        ok, seen = _barrier(mc_base, peers_ptr, pad, own_word, count + 1, world, timeout_ns, LANES)
+        ok, seen = _barrier(mc_base, peers_ptr, pad, own_word, count + 1, world, timeout_ns, LANES, True)
         if ok:
             # Units lo .. hi-1 of this rank's slice, LANES at a time, every blocks-th group this block's.
             for start in range(lo + block * LANES, hi, blocks * LANES):
                 units = start + lanes
                 _reduce_units(mc_base, peers_ptr, offset, units, units < hi, world, DTYPE, OP, UNIT_ELEMS)
-            ok, seen = _barrier(mc_base, peers_ptr, pad, own_word, count + 2, world, timeout_ns, LANES)
+            ok, seen = _barrier(mc_base, peers_ptr, pad, own_word, count + 2, world, timeout_ns, LANES, False)
             tl.store(state + 1 + block, count + 2)
         if not ok:
             rec = (record_addr + block * _RECORD_WORDS * 8).to(tl.pointer_type(tl.int64))

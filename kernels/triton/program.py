@@ -16,7 +16,9 @@ Instructions (``WORDS`` int64 each):
 - ``REDUCE nbytes pos k operand divide divisor``: operands[operand] = the fold of the k operands
   after it, in order, in the accumulation type, divided once by ``divisor`` if ``divide``,
   rounded once;
-- ``SYNC signal_mask wait_mask``: advance this channel's epoch e, store the call's identity
+- ``SYNC signal_mask wait_mask fence``: advance this channel's epoch e; if ``fence``, a
+  system-scope fence in every thread (the data announced was written by this rank's earlier
+  kernels: a symmetric tensor read in place); store the call's identity
   words (tagged with e) into this rank's identity slot of e's parity at every rank in
   ``signal_mask``, release-store ``e << FP_BITS | fingerprint`` into this channel's flag there,
   then acquire-wait until the flag of every rank in ``wait_mask`` reaches epoch e and compare
@@ -48,6 +50,7 @@ import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
 from gpucomm._kernels.triton.clock import clock_ns_lanes
+from gpucomm._kernels.triton.fence import fence_sys
 from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 
 # The instruction set (gpucomm.ops.instruction_set), re-exported for the launcher and the tests.
@@ -447,10 +450,16 @@ def _sync(
     signal_mask = tl.load(row + 1)
     wait_mask = tl.load(row + 2)
     e = e + 1
+    lanes = tl.arange(0, LANES)
+    if tl.load(row + 3) != 0:
+        # The data this SYNC announces was written by this rank's earlier kernels (a symmetric
+        # tensor read in place), not by this block: the release below orders only what the block
+        # did, so the fence first makes those writes visible at system scope (the signal kernel's
+        # reason, docs/kernel-contract.md). The other SYNCs announce the block's own stores.
+        fence_sys(lanes)
     # Lane p (thread p of the block) signals rank p and polls rank p's flag. One lane per thread:
     # a tensor smaller than the block would be replicated across warps, each replica doing its
     # own atomics and reaching its own verdict.
-    lanes = tl.arange(0, LANES)
     member = lanes < world
     bits = tl.where(member, tl.full((LANES,), 1, tl.int64) << tl.minimum(lanes, 63).to(tl.int64), 0)
     flag_areas = tl.load(peers_ptr + world + lanes, mask=member, other=0)

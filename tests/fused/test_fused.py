@@ -5,7 +5,8 @@
 - all_gather_matmul equals all_gather_into_tensor followed by torch.matmul within the matmul's
   tolerance, staged in the device stage and in a heap buffer;
 - all_gather_matmul's launches run by hand: the push launch waits for no one, and the matmul
-  launch needs nothing but the other ranks' push launches (one of them late);
+  launch needs nothing but the other ranks' push launches (one of them late), with one program
+  a tile and with programs that loop over several (tests/fused/test_residency.py: why);
 - a rank that never arrives: the named CommTimeoutError within the deadline, the collectives
   still working, and the fused ops working again after gpucomm.fused.recover;
 - bad arguments: typed errors before anything moves.
@@ -53,14 +54,17 @@ def _launches_by_hand(rank: int, world_size: int, seed: int) -> list[str]:
     gpucomm.init_process_group(transport="shm", kernels="triton", workspace_bytes=WORKSPACE, timeout=20)
     comm = gpucomm.get_default_communicator()
     problems = []
-    m, k, n = 5, 16, 9
+    m, k, n = 5, 16, 130  # 3 tiles of 64 columns a shard
     for call, late in enumerate((world_size - 1, 0)):
         g = torch.Generator().manual_seed(seed * 10 + call)
         shards = [torch.randn(m, k, generator=g) for _ in range(world_size)]
         b = torch.randn(k, n, generator=g) + rank
         out = torch.full((world_size * m, n), float("nan"))
         ctx = context(comm, shards[rank], fn)
-        launches = fused_matmul.prepare(ctx, shards[rank], b, out, *_staging(comm, ctx, shards[rank]))
+        # Call 1's matmul launch runs 2 programs: program 0 loops over tiles 0 and 2.
+        launches = fused_matmul.prepare(
+            ctx, shards[rank], b, out, *_staging(comm, ctx, shards[rank]), matmul_blocks=2 if call else None
+        )
         if len(launches) != 2:
             problems.append(f"call {call}: {len(launches)} launches, expected the push's and the matmul's")
             break

@@ -24,6 +24,8 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 # Fences and atomics, in the order the PTX has them.
 _ORDERING = re.compile(r"\b(?:atom|red|fence|membar)\.[\w.]+")
+# The PTX's file table and line comments name the sources (fence.py among them): not instructions.
+_FILE_LINE = re.compile(r"^\s*\.file\b.*$|//.*$", re.MULTILINE)
 # What a SYNC's order is made of, in the order the PTX has them: barriers, fences, atomics, global
 # stores and loads (flag polls are atomics; data loads are ld.global).
 _SYNC_EVENTS = re.compile(r"\b(?:bar|barrier|fence|membar|atom|red|st\.global|ld\.global)\b[\w.]*")
@@ -172,6 +174,22 @@ def _variants() -> dict[str, tuple]:
         }
         signature = {**small_signature, **{name: "constexpr" for name in constexprs}}
         variants[_small_name(op, dtype, world, aligned)] = (small.small_kernel, signature, constexprs, {})
+    from gpucomm._kernels.triton import multimem
+
+    multimem_signature = {
+        **{name: "i64" for name in ("mc_base", "offset", "signal_offset", "state_addr", "record_addr")},
+        "peers_ptr": "*i64",
+        "rank": "i32",
+        "world": "i32",
+        **{name: "i64" for name in ("lo", "hi", "timeout_ns")},
+        **{name: "constexpr" for name in ("DTYPE", "OP", "UNIT_ELEMS", "LANES")},
+    }
+    variants["multimem-SUM-bfloat16"] = (
+        multimem.multimem_all_reduce_kernel,
+        multimem_signature,
+        {"DTYPE": tl.bfloat16, "OP": instruction_set.OP_SUM, "UNIT_ELEMS": 8, "LANES": 32 * multimem.NUM_WARPS},
+        {},
+    )
     # The REDUCE body at fewer sources loaded at once (a workspace of 2 or 4 ranks).
     for sources in LOAD_SOURCES[:-1]:
         kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
@@ -208,6 +226,10 @@ def _options(name: str) -> dict:
 
     if name.startswith("small"):
         return {"num_warps": small.NUM_WARPS}
+    if name.startswith("multimem"):
+        from gpucomm._kernels.triton import multimem
+
+        return {"num_warps": multimem.NUM_WARPS}
     return {"num_warps": program.NUM_WARPS, "maxnreg": program.MAX_REGISTERS} if name.startswith("program") else {}
 
 
@@ -246,10 +268,10 @@ def _worker() -> dict[str, list[str] | str]:
             except Exception as exc:  # reported per variant, so one failure does not hide others
                 report[f"{name}-sm{arch}"] = f"{type(exc).__name__}: {exc}"
                 continue
-            ptx = compiled.asm["ptx"]
+            ptx = _FILE_LINE.sub("", compiled.asm["ptx"])
             markers = ["%globaltimer"] if "%globaltimer" in ptx else []
             report[f"{name}-sm{arch}"] = sorted(set(INSTRUCTION.findall(ptx))) + markers
-            if name.startswith("signal"):
+            if name.startswith(("signal", "multimem", "program")):
                 report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
             if name.startswith(("small", "program")):
                 report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
@@ -359,10 +381,11 @@ def test_sync_releases_after_a_block_barrier_and_fences_nothing(ptx, arch: int, 
     """The memory contract's SYNC (docs/kernel-contract.md), the same in the small kernel as in the
     program kernel (tests/ops/test_cuda_compile.py checks CUDA's): the kernel signals data its own block
     wrote, so a block barrier, then the release stores, with no system-scope fence (that is the
-    signal kernel's, whose data earlier kernels wrote); the acquire polls, then a block barrier
-    before any data is loaded."""
+    signal kernel's, whose data earlier kernels wrote, and a fenced SYNC's: one ``membar.sys`` in
+    the program kernel, checked below); the acquire polls, then a block barrier before any data is
+    loaded."""
     events = ptx[f"{name}-sm{arch}-sync"]
-    assert "fence" not in events, events
+    assert events.count("fence") == (1 if name.startswith("program") else 0), events
     # Between the block's last data store and the first release (the SYNC's signal), a barrier.
     before = [event for event in events[: events.index("release")] if event in ("store", "barrier")]
     assert before and before[-1] == "barrier", events
@@ -374,6 +397,29 @@ def test_sync_releases_after_a_block_barrier_and_fences_nothing(ptx, arch: int, 
             acquired = False
         elif event == "load.cg":
             assert not acquired, events  # a load of data between the polls and the barrier
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["program-SUM-float32", "program-MIN-bfloat16", "program-SUM-int64"])
+def test_fenced_sync_fences_at_system_scope_before_it_releases(ptx, arch: int, name: str) -> None:
+    """A SYNC with the fence word (the first SYNC of two-shot-symmetric and of the other in-place
+    symmetric programs: the data it announces was written by earlier kernels) runs ``membar.sys``
+    before its release stores, as the signal kernel; the kernel has one such fence, on the SYNC's
+    path (tests/workspace/test_sync_fences.py checks which SYNCs carry the word)."""
+    order = ptx[f"{name}-sm{arch}-order"]
+    releases = [i for i, op in enumerate(order) if has([op], "atom", "release", "sys")]
+    assert order.count("membar.sys") == 1 and releases and order.index("membar.sys") < releases[0], order
+
+
+def test_multimem_start_barrier_fences_at_system_scope_and_the_end_barrier_does_not(ptx) -> None:
+    """multimem's start barrier announces the tensor's input, written by earlier kernels:
+    ``membar.sys``, then the multicast add with release (``multimem.red.release.sys``); its end
+    barrier announces the block's own stores through the switch and fences nothing. sm_90 only
+    (multimem needs it)."""
+    order = ptx["multimem-SUM-bfloat16-sm90-order"]
+    adds = [i for i, op in enumerate(order) if op.startswith("red.release.sys")]
+    fences = [i for i, op in enumerate(order) if op == "membar.sys"]
+    assert len(adds) == 2 and fences and all(i < adds[0] for i in fences), order
 
 
 @pytest.mark.parametrize("arch", ARCHS)
