@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from gpucomm.errors import CommTimeoutError, StoreInconsistentError
+from gpucomm.errors import CommTimeoutError, NeverJoinedError, StoreInconsistentError
 
 __all__ = ["draw_prefix", "store_wait"]
 
@@ -89,7 +89,7 @@ class _Arrival:
 
     def meet(self) -> str:
         deadline = time.monotonic() + self.timeout
-        gen = self._join(self._first_open(0))
+        gen = self.first = self._join(self._first_open(0))
         pause = 0.001
         while True:
             taken = self._closed(gen)
@@ -176,6 +176,10 @@ class _Arrival:
             return None  # a changed value counts as absent; its rank (or _keep_own) puts it back
         return self._settle(gen, " ".join([secrets.token_hex(8), *nonces]))  # type: ignore[list-item]
 
+    def _arrived(self, gen: int, rank: int) -> bool:
+        found = self._get(self._key(gen, f"rank{rank}"))
+        return found is not None and _NONCE.fullmatch(found) is not None
+
     def _settle(self, gen: int, mine: str) -> str:
         key = self._key(gen, "record")
         record = self.store.compare_set(key, "", mine).decode(errors="replace")
@@ -189,6 +193,9 @@ class _Arrival:
             return taken
         arrived = [self._get(self._key(gen, f"rank{r}")) for r in range(self.size)]
         missing = [r for r, v in enumerate(arrived) if v is None or not _NONCE.fullmatch(v)]
+        # Never joined: absent from every generation this rank waited in (a peer that gave up
+        # first closed an earlier one with its abort, and this rank moved on without it).
+        never = [r for r in missing if not any(self._arrived(g, r) for g in range(self.first, gen))]
         if self.foreign:
             absent = f"; the arrivals of rank(s) {missing} were not there at the end" if missing else ""
             raise StoreInconsistentError(
@@ -196,6 +203,10 @@ class _Arrival:
                 f"({'; '.join(self.foreign)}): another process writes to this store, so this init could not "
                 f"complete within {self.timeout:g} s{absent}. Give the job a store no one else reaches "
                 "(docs/reliability.md, ## Threats)"
+            )
+        if never:
+            raise NeverJoinedError(
+                self.fn, self.rank, never, self.size, self.timeout, global_ranks=self.global_ranks, world=self.world
             )
         # Every rank there, but no record: rank 0 writes it, and it is rank 0 that this rank waits for.
         raise CommTimeoutError(

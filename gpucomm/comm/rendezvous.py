@@ -143,6 +143,13 @@ def rendezvous(
     if store is not None and init_method is not None:
         raise ValueError(f"gpucomm.{fn}: pass either store= or init_method=, not both")
     url = urllib.parse.urlparse(init_method or "env://")
+    if store is not None and (rank is None or world_size is None):
+        # torch.distributed's rule too: a store carries no rank, so RANK and WORLD_SIZE are not read for it.
+        missing = " and ".join(name for name, v in (("rank=", rank), ("world_size=", world_size)) if v is None)
+        raise ValueError(
+            f"gpucomm.{fn}: store= was passed without {missing}: pass rank= and world_size= with store= "
+            "(a store does not say which rank this process is)"
+        )
     if rank is None:
         rank = _env_int("RANK", fn)
     if world_size is None:
