@@ -146,13 +146,19 @@ class NeverJoinedError(CommTimeoutError):
     ) -> None:
         super().__init__(op, None, rank, missing, timeout, global_ranks=global_ranks, world=world)
         self.arrived = world_size - len(self.missing)
-        who = "rank" if len(self.missing) == 1 else "ranks"
-        names = ", ".join(str(r) for r in self.missing_global)
-        where = "" if world or self.global_ranks is None else f" of the group of global ranks {self.global_ranks}"
-        self.args = (
-            f"gpucomm.{op}: {who} {names}{where} never joined ({self.arrived} of {world_size} arrived after "
-            f"{timeout:g} s); start every rank, or check WORLD_SIZE and each rank's RANK",
-        )
+        counted = f"({self.arrived} of {world_size} arrived after {timeout:g} s)"
+        if world or self.global_ranks is None:
+            who = ("rank " if len(self.missing) == 1 else "ranks ") + ", ".join(str(r) for r in self.missing_global)
+            said = (
+                f"gpucomm.{op}: {who} never joined {counted}; start every rank, or check WORLD_SIZE and each "
+                "rank's RANK"
+            )
+        else:
+            said = (
+                f"gpucomm.{op} on the group of global ranks {self.global_ranks}: group rank(s) {self.missing} "
+                f"(global {self.missing_global}) never joined {counted}; every member must make the group"
+            )
+        self.args = (said,)
 
 
 class PeerLostError(CommTimeoutError):

@@ -13,6 +13,7 @@ The channel count is agreed separately, when the workspace opens (gpucomm.worksp
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -25,6 +26,9 @@ __all__ = ["AGREED", "agree"]
 
 # The knobs that must be equal on every rank (issue: transport, kernels, algorithm, workspace
 # and heap sizes, timeout, check mode).
+# How long rank 0 waits for the others to read the knobs before it raises (they read right after
+# their wait ends; 2 s leaves room on a loaded 2-core host).
+_READ_S = 2.0
 AGREED = ("transport", "kernels", "algo", "workspace_bytes", "heap_bytes", "timeout", "check")
 
 
@@ -50,6 +54,7 @@ def agree(
     values = [json.loads(raw) for raw in store.multi_get(keys)]
     differ = {name: [v[name] for v in values] for name in AGREED if len({json.dumps(v[name]) for v in values}) > 1}
     if differ:
+        _read_by_all(store, prefix, rank, world_size)
         said = "; ".join(_each_rank(name, seen, global_ranks) for name, seen in differ.items())
         names = ", ".join(f"GPUCOMM_{name.upper()}" for name in differ)
         raise KnobMismatchError(
@@ -58,6 +63,17 @@ def agree(
             knobs=differ,
             rank=rank,
         )
+
+
+def _read_by_all(store: dist.Store, prefix: str, rank: int, world_size: int) -> None:
+    """Before raising, rank 0 (which serves the store outside torchrun) waits briefly for every
+    rank to have read the knobs: its exit would cut a slower rank's read short with a raw
+    ``DistNetworkError``."""
+    keys = [f"{prefix}knobs/read/{r}" for r in range(world_size)]
+    store.set(keys[rank], "1")
+    end = time.monotonic() + _READ_S
+    while rank == 0 and not store.check(keys) and time.monotonic() < end:
+        time.sleep(0.02)
 
 
 def _each_rank(name: str, seen: list[object], global_ranks: Sequence[int]) -> str:
