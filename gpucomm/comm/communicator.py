@@ -213,7 +213,9 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         _LIVE.add(self)
         if self._own_record is not None and self.global_ranks[rank] == 0 and log.logger.isEnabledFor(logging.INFO):
             hosts = self._liveness.hosts()
-            for line in summary_lines(rank, world_size, hosts, self._engines, list(self.paths()), self.config):
+            for line in summary_lines(
+                rank, world_size, self.local_world_size, hosts, self._engines, list(self.paths()), self.config
+            ):
                 log.logger.info(line)
 
     # -- life cycle ---------------------------------------------------------------------------

@@ -46,20 +46,22 @@ def _version() -> str:
 def summary_lines(
     rank: int,
     world_size: int,
+    local_world_size: int,
     hosts: Sequence[str],
     engines: Mapping[str, object],
     device_types: Sequence[str],
     config: Config,
 ) -> list[str]:
-    """The block's lines: ``hosts[r]`` is rank r's host; ``engines`` the workspace engine of
-    each device type that has one (the others go through gloo)."""
+    """The block's lines: ``local_world_size`` ranks make a node (gpucomm's layout, which
+    ``GPUCOMM_LOCAL_WORLD_SIZE`` can make smaller than a host), ``hosts[r]`` is rank r's host;
+    ``engines`` the workspace engine of each device type that has one (the others: gloo)."""
     head = f"gpucomm[rank {rank}] INFO"
     nodes: dict[str, list[int]] = {}
     for r, host in enumerate(hosts):
         nodes.setdefault(host, []).append(r)
     lines = [
         f"{head} gpucomm {_version()}, torch {torch.__version__}, python {platform.python_version()}",
-        f"{head} world: {world_size} ranks on {len(nodes)} node(s): "
+        f"{head} world: {world_size} ranks, {local_world_size} per node, on {len(nodes)} host(s): "
         + "; ".join(f"{host} ranks {_span(ranks)}" for host, ranks in nodes.items()),
     ]
     for device_type in device_types:
@@ -77,7 +79,9 @@ def summary_lines(
 def _served(engine: object, world_size: int, config: Config) -> str:
     topology = "hierarchical" if engine.topology.hierarchical else engine.transport  # type: ignore[attr-defined]
     kernels = getattr(engine.kernels, "label", engine.kernels.name)  # type: ignore[attr-defined]
-    channels = f"{engine.channels}" + (" (at most; fewer for small calls)" if engine.channels_by_size else "")  # type: ignore[attr-defined]
+    channels = str(engine.channels)  # type: ignore[attr-defined]
+    if engine.channels_by_size and engine.channels > 1:  # type: ignore[attr-defined]
+        channels += " (at most; fewer for small calls)"
     picks = " ".join(
         f"{label}={select.choose('all_reduce', nbytes, world_size, topology, config.algo)}" for nbytes, label in _SIZES
     )

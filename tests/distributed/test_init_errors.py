@@ -173,7 +173,7 @@ def test_info_prints_one_summary_on_rank_0_and_debug_adds_each_calls_stages() ->
     info = run_ranks(_summary, 2, "INFO", timeout=60)
     head = [line for line in info[0] if " INFO " in line]
     assert [line.split(" INFO ")[1].split(" ")[0] for line in head] == ["gpucomm", "world:", "cpu", "knobs"], head
-    assert "world: 2 ranks on 1 node(s): " in head[1] and head[1].endswith(" ranks 0-1"), head
+    assert "world: 2 ranks, 2 per node, on 1 host(s): " in head[1] and head[1].endswith(" ranks 0-1"), head
     assert "cpu tensors: workspace transport=shm kernels=torch channels=" in head[2], head
     assert "all_reduce 4K=oneshot" in head[2], head
     assert head[3].endswith("knobs set: GPUCOMM_TRANSPORT=shm GPUCOMM_TIMEOUT=20.0 GPUCOMM_DEBUG=INFO"), head
