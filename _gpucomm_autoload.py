@@ -1,7 +1,7 @@
 """Registers gpucomm's torch.distributed backend when torch is imported, so that
 ``torch.distributed.init_process_group("gpucomm")`` works in a script that never imports gpucomm.
 
-torch (2.4 and later) calls every entry point of the ``torch.backends`` group at the end of its
+torch (2.13, the version tested here) calls every entry point of the ``torch.backends`` group at the end of its
 own import (``torch._import_device_backends``); pyproject.toml names :func:`register` there.
 It runs inside torch's import, after torch.distributed is loaded: it imports nothing of gpucomm
 (gpucomm imports torch, Triton's launcher and the rest), and registers a creator that imports
