@@ -211,7 +211,9 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             self._fallback.close()
             raise
         _LIVE.add(self)
-        if self._own_record is not None and self.global_ranks[rank] == 0 and log.logger.isEnabledFor(logging.INFO):
+        # The start-up summary, once per job: the world's init (not a bare Communicator's, nor a subgroup's).
+        world_init = fn.startswith("init_process_group") and self._own_record is not None
+        if world_init and self.global_ranks[rank] == 0 and log.logger.isEnabledFor(logging.INFO):
             hosts = self._liveness.hosts()
             for line in summary_lines(
                 rank, world_size, self.local_world_size, hosts, self._engines, list(self.paths()), self.config

@@ -154,7 +154,7 @@ class Router:
             self._flight.completed(slot)
             if debug:
                 took = (time.monotonic() - started) * 1e3
-                log.logger.debug(f"gpucomm[rank {self.rank}] DEBUG {call.fn} call {seq}: returned after {took:.3f} ms")
+                log.logger.debug(f"gpucomm DEBUG [rank {self.rank}] {call.fn} call {seq}: returned after {took:.3f} ms")
             return None
 
     # -- the steps ----------------------------------------------------------------------------
@@ -343,7 +343,7 @@ def _stages(rank: int, call: Call, seq: int, algo: str | None, on_gpu: bool, que
         where = "the progress thread" if queued else "gloo's threads"
         how = f"gloo, fingerprints compared first (GPUCOMM_CHECK={check})" if checked else "gloo, unchecked"
     mode = "async_op=True" if call.async_op else "blocking"
-    return f"gpucomm[rank {rank}] DEBUG {call.fn} call {seq}: {mode}, {how}, runs on {where}"
+    return f"gpucomm DEBUG [rank {rank}] {call.fn} call {seq}: {mode}, {how}, runs on {where}"
 
 
 def _failure(comm: Router, fn: str, seq: int, missing: list[int], said: str, elapsed: float) -> CommTimeoutError:

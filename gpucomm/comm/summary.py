@@ -4,7 +4,8 @@ device type's tensors (transport, kernels, channels, the algorithm chosen at a f
 the knobs set away from their defaults.
 
 Only rank 0 prints it: the knobs that matter agree on every rank (gpucomm.comm.agreement), so
-one rank's view is every rank's. The lines start as gpucomm's per-call lines do (gpucomm.log).
+one rank's view is every rank's. Its lines start with ``gpucomm INFO [rank 0]``, apart from the per-call lines'
+``gpucomm[rank N]:`` (gpucomm.log).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def summary_lines(
     """The block's lines: ``local_world_size`` ranks make a node (gpucomm's layout, which
     ``GPUCOMM_LOCAL_WORLD_SIZE`` can make smaller than a host), ``hosts[r]`` is rank r's host;
     ``engines`` the workspace engine of each device type that has one (the others: gloo)."""
-    head = f"gpucomm[rank {rank}] INFO"
+    # Not "gpucomm[rank N]:", the per-call lines' start, which scripts and tests pick them out by.
+    head = f"gpucomm INFO [rank {rank}]"
     nodes: dict[str, list[int]] = {}
     for r, host in enumerate(hosts):
         nodes.setdefault(host, []).append(r)

@@ -171,19 +171,19 @@ def _summary(rank: int, world_size: int, level: str) -> list[str]:
 
 def test_info_prints_one_summary_on_rank_0_and_debug_adds_each_calls_stages() -> None:
     info = run_ranks(_summary, 2, "INFO", timeout=60)
-    head = [line for line in info[0] if " INFO " in line]
-    assert [line.split(" INFO ")[1].split(" ")[0] for line in head] == ["gpucomm", "world:", "cpu", "knobs"], head
+    head = [line for line in info[0] if line.startswith("gpucomm INFO [rank 0] ")]
+    assert [line.split("] ")[1].split(" ")[0] for line in head] == ["gpucomm", "world:", "cpu", "knobs"], head
     assert "world: 2 ranks, 2 per node, on 1 host(s): " in head[1] and head[1].endswith(" ranks 0-1"), head
     assert "cpu tensors: workspace transport=shm kernels=torch channels=" in head[2], head
     assert "all_reduce 4K=oneshot" in head[2], head
     assert head[3].endswith("knobs set: GPUCOMM_TRANSPORT=shm GPUCOMM_TIMEOUT=20.0 GPUCOMM_DEBUG=INFO"), head
-    assert not any(" INFO " in line for line in info[1]), info[1]  # rank 0 only
-    assert not any("] DEBUG " in line for lines in info for line in lines), info
+    assert not any("INFO" in line for line in info[1]), info[1]  # rank 0 only
+    assert not any(line.startswith("gpucomm DEBUG") for lines in info for line in lines), info
     assert any("all_reduce bytes=32" in line and "path=workspace" in line for line in info[1]), info[1]
 
     debug = run_ranks(_summary, 2, "DEBUG", timeout=60)
     for rank, lines in enumerate(debug):
-        stages = [line for line in lines if line.startswith(f"gpucomm[rank {rank}] DEBUG all_reduce call 1: ")]
+        stages = [line for line in lines if line.startswith(f"gpucomm DEBUG [rank {rank}] all_reduce call 1: ")]
         assert len(stages) == 2, lines
         assert "blocking, workspace program oneshot, runs on the calling thread" in stages[0], stages
         assert " returned after " in stages[1], stages
