@@ -9,11 +9,16 @@ store) is a *generation* ``g`` under ``gpucomm/w<P>/gen<g>/``. A rank writes onl
 - rank 0, once every rank's arrival is there, writes the token record
   ``<token> <nonce of rank 0> ... <nonce of rank P-1>``: every rank whose nonce it holds takes
   the prefix ``gpucomm/<token>/``;
-- a rank whose deadline passes writes an abort record, and raises :class:`CommTimeoutError`
-  naming the ranks whose arrival is absent.
+- a rank whose deadline passes writes an abort record, and raises :class:`NeverJoinedError`
+  naming the ranks that never arrived ("rank 2 never joined (2 of 3 arrived after 300 s)"), or
+  :class:`CommTimeoutError` where every rank arrived but rank 0 wrote no record. The abort
+  names the ranks that never joined, so that the ranks waiting in the same generation raise the
+  same error at once instead of moving on (rank 0, which serves the store outside torchrun,
+  waits up to 2 s for them to have read it before it raises).
 
 A rank joins the first generation without a record, and moves on to the next one whenever the
-one it waits in is closed without it (another rank gave up, or the record is not gpucomm's). So a
+one it waits in is closed without it (another rank gave up without naming ranks that never
+joined, or the record is not gpucomm's). So a
 rank that retries after its own timeout meets the others in the next generation, however many
 times each has tried, and two inits never share a prefix. The ranks of one init agree on ``P``;
 inits of different sizes on one store count apart.
