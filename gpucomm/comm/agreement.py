@@ -51,7 +51,7 @@ def agree(
     keys = [f"{prefix}knobs/{r}" for r in range(world_size)]
     store.set(keys[rank], json.dumps(mine))
     store_wait(store, keys, config.timeout, op=fn, rank=rank, waited_ranks=list(range(world_size)))
-    values = [json.loads(raw) for raw in store.multi_get(keys)]
+    values = [json.loads(store.get(key)) for key in keys]  # get, not multi_get: a Python Store may lack it
     differ = {name: [v[name] for v in values] for name in AGREED if len({json.dumps(v[name]) for v in values}) > 1}
     if differ:
         _read_by_all(store, prefix, rank, world_size)
