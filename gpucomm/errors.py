@@ -131,7 +131,8 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
 class NeverJoinedError(CommTimeoutError):
     """An init's deadline passed before some ranks arrived at all: "rank 2 never joined (2 of 3
     arrived after 300 s)", raised on every rank that waited. ``missing`` (group ranks) and
-    ``missing_global`` name the absent ranks, ``arrived`` counts the others."""
+    ``missing_global`` name the absent ranks, ``arrived`` counts the others (None where rank 0,
+    which serves the store, never came: ``store_at`` names where it was looked for)."""
 
     def __init__(
         self,
@@ -143,11 +144,18 @@ class NeverJoinedError(CommTimeoutError):
         *,
         global_ranks: Sequence[int] | None = None,
         world: bool = True,
+        store_at: str = "",
     ) -> None:
         super().__init__(op, None, rank, missing, timeout, global_ranks=global_ranks, world=world)
         self.arrived = world_size - len(self.missing)
         counted = f"({self.arrived} of {world_size} arrived after {timeout:g} s)"
-        if world or self.global_ranks is None:
+        if store_at:  # rank 0 serves the store: without it no rank can even count the others
+            self.arrived = None  # type: ignore[assignment]
+            said = (
+                f"gpucomm.{op}: rank 0 never joined (no store at {store_at}, which rank 0 serves, after {timeout:g} "
+                "s); start rank 0, or check MASTER_ADDR and MASTER_PORT (or the tcp:// address)"
+            )
+        elif world or self.global_ranks is None:
             who = ("rank " if len(self.missing) == 1 else "ranks ") + ", ".join(str(r) for r in self.missing_global)
             said = (
                 f"gpucomm.{op}: {who} never joined {counted}; start every rank, or check WORLD_SIZE and each "

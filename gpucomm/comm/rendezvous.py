@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from gpucomm.comm.arrivals import draw_prefix, store_wait
+from gpucomm.errors import NeverJoinedError
 
 __all__ = ["Rendezvous", "rendezvous", "draw_prefix", "store_wait"]
 
@@ -81,18 +82,29 @@ def release_stores() -> None:
     _TCP_STORES.clear()
 
 
-def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, fn: str) -> dist.Store:
     store = _TCP_STORES.get((host, port))
     if store is None:
-        store = _TCP_STORES[(host, port)] = _new_tcp_store(host, port, rank, world_size, timeout)
+        store = _TCP_STORES[(host, port)] = _new_tcp_store(host, port, rank, world_size, timeout, fn)
     store.set_timeout(datetime.timedelta(seconds=timeout))
     return store
 
 
-def _new_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
+def _new_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, fn: str) -> dist.Store:
     # Under torchrun the elastic agent already serves a store on MASTER_PORT: join it as a client.
     agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     serve = rank == 0 and not agent_serves
+    try:
+        return _connect(host, port, world_size, serve, timeout)
+    except dist.DistNetworkError as err:
+        if serve or agent_serves:
+            raise
+        # Nobody served the store within the timeout: rank 0, which serves it, never came (TCPStore's
+        # own error names only a socket).
+        raise NeverJoinedError(fn, rank, [0], world_size, timeout, store_at=f"{host}:{port}") from err
+
+
+def _connect(host: str, port: int, world_size: int, serve: bool, timeout: float) -> dist.Store:
     return dist.TCPStore(
         host,
         port,
@@ -164,12 +176,12 @@ def rendezvous(
         if url.scheme == "env":
             # Loopback unless the job says otherwise: the store never listens on 0.0.0.0 by default.
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            store = _tcp_store(host, _env_int("MASTER_PORT", fn), rank, world_size, timeout)
+            store = _tcp_store(host, _env_int("MASTER_PORT", fn), rank, world_size, timeout, fn)
             store = _agent_attempt_store(store, world_size, local_world_size, fn)
         elif url.scheme == "tcp":
             if not url.hostname or not url.port:
                 raise ValueError(f"gpucomm.{fn}: init_method must look like tcp://host:port, got {init_method!r}")
-            store = _tcp_store(url.hostname, url.port, rank, world_size, timeout)
+            store = _tcp_store(url.hostname, url.port, rank, world_size, timeout, fn)
         elif url.scheme == "file":
             path = url.path or url.netloc
             store = dist.FileStore(path, world_size)

@@ -217,3 +217,20 @@ def test_get_backend_returns_the_string_passed_and_gloo_says_so_at_init() -> Non
             assert "pass backend=None, 'gpucomm' or 'nccl' for gpucomm's own paths" in said[0], said
         else:
             assert said == [], said
+
+
+def test_rank_0_that_never_served_the_store_is_named_not_a_socket() -> None:
+    from spawn import free_port
+
+    import gpucomm
+
+    port = free_port()  # nobody serves it: rank 0 was never started
+    start = time.monotonic()
+    with pytest.raises(gpucomm.NeverJoinedError) as caught:
+        gpucomm.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2, timeout=2)
+    assert str(caught.value) == (
+        f"gpucomm.init_process_group: rank 0 never joined (no store at 127.0.0.1:{port}, which rank 0 serves, after "
+        "2 s); start rank 0, or check MASTER_ADDR and MASTER_PORT (or the tcp:// address)"
+    )
+    assert caught.value.missing == [0] and caught.value.arrived is None
+    assert time.monotonic() - start < 60 and not gpucomm.is_initialized()
