@@ -26,7 +26,10 @@ __all__ = [
     "UnsupportedError",
     "WorkspaceUnavailableError",
     "CommTimeoutError",
+    "NeverJoinedError",
+    "PeerLostError",
     "CommMismatchError",
+    "KnobMismatchError",
     "CommBrokenError",
     "KernelCompileError",
     "StoreInconsistentError",
@@ -125,6 +128,73 @@ class CommTimeoutError(_Story, GpucommError, DistBackendError):
         super().__init__(f"gpucomm {op}{where}: {who} timed out after {timeout:g} s waiting for {whom}{extra}")
 
 
+class NeverJoinedError(CommTimeoutError):
+    """An init's deadline passed before some ranks arrived at all: "rank 2 never joined (2 of 3
+    arrived after 300 s)", raised on every rank that waited. ``missing`` (group ranks) and
+    ``missing_global`` name the absent ranks, ``arrived`` counts the others (None where rank 0,
+    which serves the store, never came: ``store_at`` names where it was looked for)."""
+
+    def __init__(
+        self,
+        op: str,
+        rank: int,
+        missing: Sequence[int],
+        world_size: int,
+        timeout: float,
+        *,
+        global_ranks: Sequence[int] | None = None,
+        world: bool = True,
+        store_at: str = "",
+    ) -> None:
+        super().__init__(op, None, rank, missing, timeout, global_ranks=global_ranks, world=world)
+        self.arrived = world_size - len(self.missing)
+        counted = f"({self.arrived} of {world_size} arrived after {timeout:g} s)"
+        if store_at:  # rank 0 serves the store: without it no rank can even count the others
+            self.arrived = None  # type: ignore[assignment]
+            said = (
+                f"gpucomm.{op}: rank 0 never joined (no store at {store_at}, which rank 0 serves, after {timeout:g} "
+                "s); start rank 0, or check MASTER_ADDR and MASTER_PORT (or the tcp:// address)"
+            )
+        elif world or self.global_ranks is None:
+            who = ("rank " if len(self.missing) == 1 else "ranks ") + ", ".join(str(r) for r in self.missing_global)
+            said = (
+                f"gpucomm.{op}: {who} never joined {counted}; start every rank, or check WORLD_SIZE and each "
+                "rank's RANK"
+            )
+        else:
+            said = (
+                f"gpucomm.{op} on the group of global ranks {self.global_ranks}: group rank(s) {self.missing} "
+                f"(global {self.missing_global}) never joined {counted}; every member must make the group"
+            )
+        self.args = (said,)
+
+
+class PeerLostError(CommTimeoutError):
+    """A peer went away in the middle of a call, as opposed to one that is slow: its process is
+    gone (``crashed``: it crashed, was killed or exited), or its connection closed. Raised as
+    soon as the failure is seen, ``elapsed`` seconds into the call, not after the timeout; a
+    :class:`CommTimeoutError` still, for code that catches that."""
+
+    def __init__(
+        self, op: str, epoch: int | None, rank: int, missing: Sequence[int], timeout: float, elapsed: float,
+        *, crashed: bool, detail: str = "",
+    ) -> None:  # fmt: skip
+        super().__init__(op, epoch, rank, missing, timeout, detail)
+        self.elapsed = elapsed
+        self.crashed = crashed
+        where = f" call {epoch}" if epoch is not None else ""
+        what = (
+            "its process is gone (it crashed, was killed or exited)"
+            if crashed
+            else "it closed its connection (its process crashed or its host went away)"
+        )
+        self.args = (
+            f"gpucomm {op}{where}: rank {rank} lost rank(s) {self.missing} {elapsed:.1f} s into the call: {what}; "
+            f"not a slow rank, which is waited for up to the timeout ({timeout:g} s)"
+            + (f" [{detail}]" if detail else ""),
+        )
+
+
 class CommMismatchError(_Story, GpucommError, DistBackendError):
     """Ranks called different collectives (or sizes, dtypes, ops, roots) in the same epoch.
 
@@ -146,6 +216,18 @@ class CommMismatchError(_Story, GpucommError, DistBackendError):
         self.rank = rank
         self.peers = list(peers)
         super().__init__(message)
+
+
+class KnobMismatchError(CommMismatchError):
+    """At init, the ranks were given different values of a knob that must agree (transport,
+    kernels, algo, workspace or heap size, timeout, check): raised on every rank, before any
+    workspace or gloo group is made. ``knobs`` maps each differing knob to every rank's value,
+    in rank order; the message names each rank's value (gpucomm.comm.agreement)."""
+
+    def __init__(self, message: str, *, knobs: Mapping[str, Sequence[object]], rank: int) -> None:
+        self.knobs = {name: list(values) for name, values in knobs.items()}
+        differ = sorted({r for values in self.knobs.values() for r, v in enumerate(values) if v != values[rank]})
+        super().__init__(message, rank=rank, peers=differ)
 
 
 class CommBrokenError(GpucommError, DistBackendError):

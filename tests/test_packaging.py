@@ -54,6 +54,12 @@ def test_wheel_install_finds_every_kernel(tmp_path: Path) -> None:
     assert not any(n.startswith(("kernels/", "bench/")) for n in names), (
         "kernels/ or bench/ installed as top-level packages"
     )
+    # the module torch's import calls (entry point group torch.backends: tests/distributed/test_autoload.py)
+    assert "_gpucomm_autoload.py" in names, names
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert (
+        "[torch.backends]\ngpucomm = _gpucomm_autoload:register" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

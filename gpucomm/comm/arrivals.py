@@ -9,11 +9,16 @@ store) is a *generation* ``g`` under ``gpucomm/w<P>/gen<g>/``. A rank writes onl
 - rank 0, once every rank's arrival is there, writes the token record
   ``<token> <nonce of rank 0> ... <nonce of rank P-1>``: every rank whose nonce it holds takes
   the prefix ``gpucomm/<token>/``;
-- a rank whose deadline passes writes an abort record, and raises :class:`CommTimeoutError`
-  naming the ranks whose arrival is absent.
+- a rank whose deadline passes writes an abort record, and raises :class:`NeverJoinedError`
+  naming the ranks that never arrived ("rank 2 never joined (2 of 3 arrived after 300 s)"), or
+  :class:`CommTimeoutError` where every rank arrived but rank 0 wrote no record. The abort
+  names the ranks that never joined, so that the ranks waiting in the same generation raise the
+  same error at once instead of moving on (rank 0, which serves the store outside torchrun,
+  waits up to 2 s for them to have read it before it raises).
 
 A rank joins the first generation without a record, and moves on to the next one whenever the
-one it waits in is closed without it (another rank gave up, or the record is not gpucomm's). So a
+one it waits in is closed without it (another rank gave up without naming ranks that never
+joined, or the record is not gpucomm's). So a
 rank that retries after its own timeout meets the others in the next generation, however many
 times each has tried, and two inits never share a prefix. The ranks of one init agree on ``P``;
 inits of different sizes on one store count apart.
@@ -36,13 +41,16 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from gpucomm.errors import CommTimeoutError, StoreInconsistentError
+from gpucomm.errors import CommTimeoutError, NeverJoinedError, StoreInconsistentError
 
 __all__ = ["draw_prefix", "store_wait"]
 
 # How often a waiting rank looks at the store: from 1 ms, doubling to this (an init seldom waits
 # more than one poll for its last rank; 20 ms keeps a 8-rank init's polls under 1k RPC/s).
 _POLL_MAX_S = 0.02
+# How long rank 0 waits, before it raises NeverJoinedError, for the ranks beside it to read the
+# abort record (they poll every _POLL_MAX_S: 20 ms; 2 s leaves room on a loaded 2-core host).
+_TELL_S = 2.0
 _NONCE = re.compile(r"n[0-9a-f]{16}")  # "n" first: TCPStore.add on it fails on the server
 _TOKEN = re.compile(r"[0-9a-f]{16}")
 _STORE_ERRORS = (RuntimeError, dist.DistError)
@@ -86,10 +94,11 @@ class _Arrival:
         self.nonce = "n" + secrets.token_hex(8)
         self.absent = "\x00absent " + secrets.token_hex(8)  # a value never written (_get)
         self.foreign: list[str] = []  # what was found that no gpucomm rank writes
+        self.record: str | None = None  # the record of the generation last looked at
 
     def meet(self) -> str:
         deadline = time.monotonic() + self.timeout
-        gen = self._join(self._first_open(0))
+        gen = self.first = self._join(self._first_open(0))
         pause = 0.001
         while True:
             taken = self._closed(gen)
@@ -98,6 +107,7 @@ class _Arrival:
             if taken is not None:
                 if taken:
                     return taken
+                self._told_never_joined(gen)  # raises where a peer gave up on a rank that never came
                 gen = self._join(self._first_open(gen + 1, read=True))
                 continue
             self._keep_own(gen)
@@ -149,7 +159,8 @@ class _Arrival:
     def _closed(self, gen: int) -> str | None:
         """None while ``gen`` is open; the prefix where its record takes this rank, else ""."""
         key = self._key(gen, "record")
-        return None if (record := self._get(key)) is None else self._read(key, record)
+        self.record = record = self._get(key)
+        return None if record is None else self._read(key, record)
 
     def _read(self, key: str, record: str) -> str:
         """The prefix a record gives this rank; "" where it leaves this rank out (an abort, a
@@ -176,6 +187,10 @@ class _Arrival:
             return None  # a changed value counts as absent; its rank (or _keep_own) puts it back
         return self._settle(gen, " ".join([secrets.token_hex(8), *nonces]))  # type: ignore[list-item]
 
+    def _arrived(self, gen: int, rank: int) -> bool:
+        found = self._get(self._key(gen, f"rank{rank}"))
+        return found is not None and _NONCE.fullmatch(found) is not None
+
     def _settle(self, gen: int, mine: str) -> str:
         key = self._key(gen, "record")
         record = self.store.compare_set(key, "", mine).decode(errors="replace")
@@ -184,11 +199,17 @@ class _Arrival:
     def _give_up(self, gen: int) -> str:
         """The deadline passed: close ``gen`` with an abort record and raise, unless its
         record took this rank in just before (then its prefix)."""
-        taken = self._settle(gen, f"abort {self.rank} {self.nonce}")
-        if taken:
-            return taken
         arrived = [self._get(self._key(gen, f"rank{r}")) for r in range(self.size)]
         missing = [r for r, v in enumerate(arrived) if v is None or not _NONCE.fullmatch(v)]
+        # Never joined: absent from every generation this rank waited in (a peer that gave up
+        # first closed an earlier one with its abort, and this rank moved on without it).
+        never = [r for r in missing if not any(self._arrived(g, r) for g in range(self.first, gen))]
+        # The abort names them, so that the ranks waiting beside this one raise the same error
+        # now, while the store (served by rank 0 outside torchrun) is still there.
+        told = f" never={','.join(map(str, never))} after={self.timeout:g}" if never and not self.foreign else ""
+        taken = self._settle(gen, f"abort {self.rank} {self.nonce}{told}")
+        if taken:
+            return taken
         if self.foreign:
             absent = f"; the arrivals of rank(s) {missing} were not there at the end" if missing else ""
             raise StoreInconsistentError(
@@ -197,6 +218,8 @@ class _Arrival:
                 f"complete within {self.timeout:g} s{absent}. Give the job a store no one else reaches "
                 "(docs/reliability.md, ## Threats)"
             )
+        if never:
+            self._never_joined(gen, never, self.timeout)
         # Every rank there, but no record: rank 0 writes it, and it is rank 0 that this rank waits for.
         raise CommTimeoutError(
             self.fn,
@@ -207,6 +230,31 @@ class _Arrival:
             detail="the rendezvous in the store did not complete",
             global_ranks=self.global_ranks,
             world=self.world,
+        )
+
+    def _told_never_joined(self, gen: int) -> None:
+        """``gen`` was closed by a peer's abort naming ranks that never joined, while this rank
+        waited in it: raise the same :class:`NeverJoinedError` (a rank the abort names came
+        after the peer looked, and moves on to the next generation instead)."""
+        words = (self.record or "").split()
+        if words[:1] != ["abort"] or len(words) != 5 or not words[3].startswith("never="):
+            return
+        never = [int(r) for r in words[3].removeprefix("never=").split(",") if r.isdigit()]
+        after = words[4].removeprefix("after=")
+        if never and self.rank not in never and after.replace(".", "", 1).isdigit():
+            self._never_joined(gen, never, float(after))
+
+    def _never_joined(self, gen: int, never: list[int], after: float) -> None:
+        """Raise :class:`NeverJoinedError`; rank 0 first waits (briefly) for the others of
+        ``gen`` to have read the abort: its exit may take the store they read with it."""
+        self.store.set(self._key(gen, f"told{self.rank}"), "1")
+        if self.rank == 0:
+            keys = [self._key(gen, f"told{r}") for r in range(1, self.size) if r not in never and self._arrived(gen, r)]
+            end = time.monotonic() + _TELL_S
+            while keys and not self.store.check(keys) and time.monotonic() < end:
+                time.sleep(_POLL_MAX_S)
+        raise NeverJoinedError(
+            self.fn, self.rank, never, self.size, after, global_ranks=self.global_ranks, world=self.world
         )
 
 

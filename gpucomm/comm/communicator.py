@@ -16,6 +16,7 @@ All ranks of the group must call each collective, in the same order.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 import threading
 import weakref
@@ -25,10 +26,12 @@ import torch
 import torch.distributed as dist
 
 from gpucomm import log
+from gpucomm.comm.agreement import agree
 from gpucomm.comm.arrivals import draw_prefix, store_wait
 from gpucomm.comm.collectives import Collectives
 from gpucomm.comm.memory import SymmetricMemory
 from gpucomm.comm.point_to_point import PointToPoint
+from gpucomm.comm.summary import summary_lines
 from gpucomm.comm.validation import check_rank
 from gpucomm.config import Config, check_timeout
 from gpucomm.errors import GpucommError, UnsupportedError, WorkspaceUnavailableError
@@ -97,6 +100,9 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             comm.all_reduce(t)
     """
 
+    # The backend string of init_process_group that made it ("nccl", ...), for get_backend(); None: not made so.
+    backend_name: str | None = None
+
     def __init__(
         self,
         store: dist.Store,
@@ -162,6 +168,8 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             global_ranks=self.global_ranks,
             world=named is None,
         )
+        # Knobs that must agree are compared before any path is made on them (gpucomm.comm.agreement).
+        agree(store, prefix, self.config, rank, world_size, fn, self.global_ranks)
         self._fallback = GlooFallback(
             dist.PrefixStore(prefix + "gloo/", store), rank, world_size, self.timeout, fn, named
         )
@@ -203,6 +211,14 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
             self._fallback.close()
             raise
         _LIVE.add(self)
+        # The start-up summary, once per job: the world's init (not a bare Communicator's, nor a subgroup's).
+        world_init = fn.startswith("init_process_group") and self._own_record is not None
+        if world_init and self.global_ranks[rank] == 0 and log.logger.isEnabledFor(logging.INFO):
+            hosts = self._liveness.hosts()
+            for line in summary_lines(
+                rank, world_size, self.local_world_size, hosts, self._engines, list(self.paths()), self.config
+            ):
+                log.logger.info(line)
 
     # -- life cycle ---------------------------------------------------------------------------
     def _workspace_plan(self) -> dict[str, tuple[str, str]]:

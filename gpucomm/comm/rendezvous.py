@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from gpucomm.comm.arrivals import draw_prefix, store_wait
+from gpucomm.errors import NeverJoinedError
 
 __all__ = ["Rendezvous", "rendezvous", "draw_prefix", "store_wait"]
 
@@ -81,18 +82,29 @@ def release_stores() -> None:
     _TCP_STORES.clear()
 
 
-def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, fn: str) -> dist.Store:
     store = _TCP_STORES.get((host, port))
     if store is None:
-        store = _TCP_STORES[(host, port)] = _new_tcp_store(host, port, rank, world_size, timeout)
+        store = _TCP_STORES[(host, port)] = _new_tcp_store(host, port, rank, world_size, timeout, fn)
     store.set_timeout(datetime.timedelta(seconds=timeout))
     return store
 
 
-def _new_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
+def _new_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, fn: str) -> dist.Store:
     # Under torchrun the elastic agent already serves a store on MASTER_PORT: join it as a client.
     agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     serve = rank == 0 and not agent_serves
+    try:
+        return _connect(host, port, world_size, serve, timeout)
+    except dist.DistNetworkError as err:
+        if serve or agent_serves:
+            raise
+        # Nobody served the store within the timeout: rank 0, which serves it, never came (TCPStore's
+        # own error names only a socket).
+        raise NeverJoinedError(fn, rank, [0], world_size, timeout, store_at=f"{host}:{port}") from err
+
+
+def _connect(host: str, port: int, world_size: int, serve: bool, timeout: float) -> dist.Store:
     return dist.TCPStore(
         host,
         port,
@@ -143,6 +155,13 @@ def rendezvous(
     if store is not None and init_method is not None:
         raise ValueError(f"gpucomm.{fn}: pass either store= or init_method=, not both")
     url = urllib.parse.urlparse(init_method or "env://")
+    if store is not None and (rank is None or world_size is None):
+        # torch.distributed's rule too: a store carries no rank, so RANK and WORLD_SIZE are not read for it.
+        missing = " and ".join(name for name, v in (("rank=", rank), ("world_size=", world_size)) if v is None)
+        raise ValueError(
+            f"gpucomm.{fn}: store= was passed without {missing}: pass rank= and world_size= with store= "
+            "(a store does not say which rank this process is)"
+        )
     if rank is None:
         rank = _env_int("RANK", fn)
     if world_size is None:
@@ -157,12 +176,12 @@ def rendezvous(
         if url.scheme == "env":
             # Loopback unless the job says otherwise: the store never listens on 0.0.0.0 by default.
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            store = _tcp_store(host, _env_int("MASTER_PORT", fn), rank, world_size, timeout)
+            store = _tcp_store(host, _env_int("MASTER_PORT", fn), rank, world_size, timeout, fn)
             store = _agent_attempt_store(store, world_size, local_world_size, fn)
         elif url.scheme == "tcp":
             if not url.hostname or not url.port:
                 raise ValueError(f"gpucomm.{fn}: init_method must look like tcp://host:port, got {init_method!r}")
-            store = _tcp_store(url.hostname, url.port, rank, world_size, timeout)
+            store = _tcp_store(url.hostname, url.port, rank, world_size, timeout, fn)
         elif url.scheme == "file":
             path = url.path or url.netloc
             store = dist.FileStore(path, world_size)

@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
@@ -23,7 +24,14 @@ from gpucomm.capture import capturing
 from gpucomm.comm.call import POINT_TO_POINT, UNEVEN_SIZES, Call
 from gpucomm.comm.path import Path
 from gpucomm.config import Config
-from gpucomm.errors import CommBrokenError, CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
+from gpucomm.errors import (
+    CommBrokenError,
+    CommMismatchError,
+    CommTimeoutError,
+    GpucommError,
+    PeerLostError,
+    UnsupportedError,
+)
 from gpucomm.gloo.fallback import GlooFallback
 from gpucomm.progress import Progress, Queued
 from gpucomm.reliability.flight import FlightLog
@@ -91,6 +99,7 @@ class Router:
         process groups serialise them.
         """
         with self._lock:
+            started = time.monotonic()
             seq = self._number(call)
             translate = self._translate(call.fn, seq, call.peer)
             engine, algo = self._choose(call)
@@ -105,6 +114,9 @@ class Router:
                 self._progress.drain()
             slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
             on_gpu = algo is not None and engine.stream is not None
+            debug = log.logger.isEnabledFor(logging.DEBUG)
+            if debug:
+                log.logger.debug(_stages(self.rank, call, seq, algo, on_gpu, queued, self.config.check))
             try:
                 # Outside autograd, as torch's process groups write: a tensor that requires grad (an
                 # nn.Parameter) is written in place on its data (so are the finish steps: gpucomm.work).
@@ -140,6 +152,9 @@ class Router:
                 return work
             work.wait()
             self._flight.completed(slot)
+            if debug:
+                took = (time.monotonic() - started) * 1e3
+                log.logger.debug(f"gpucomm DEBUG [rank {self.rank}] {call.fn} call {seq}: returned after {took:.3f} ms")
             return None
 
     # -- the steps ----------------------------------------------------------------------------
@@ -234,6 +249,7 @@ class Router:
         is closed (or gone) is the close's doing: it is told as such, and nothing of the closed
         communicator (its flight record, its peers) is asked."""
         owner = weakref.ref(self)
+        started = time.monotonic()  # a peer lost is told with how far into the call it went
 
         def translate(err: RuntimeError) -> BaseException:
             if isinstance(err, UnsupportedError):
@@ -258,9 +274,7 @@ class Router:
                 if peer is not None
                 else comm._liveness.culprits(seq, failed_first=lambda r: record.failed_last(comm.global_ranks[r]))
             )
-            failure = CommTimeoutError(
-                fn, seq, comm.rank, missing, comm.timeout, detail=f"gloo: {text.splitlines()[0]}"
-            )
+            failure = _failure(comm, fn, seq, missing, text.splitlines()[0], time.monotonic() - started)
             comm._tell(failure, seq)
             comm._broken = failure
             return failure
@@ -313,6 +327,34 @@ def _closed_error(fn: str, err: RuntimeError) -> GpucommError:
     return GpucommError(
         f"gpucomm.{fn}: the communicator was closed before this collective ended ({str(err).splitlines()[0]})"
     )
+
+
+def _stages(rank: int, call: Call, seq: int, algo: str | None, on_gpu: bool, queued: bool, check: str) -> str:
+    """GPUCOMM_DEBUG=DEBUG: where call ``seq`` runs and how, beyond the INFO line's path."""
+    if algo is not None:
+        where = (
+            ("the engine's CUDA stream" if call.async_op else "the caller's CUDA stream")
+            if on_gpu
+            else ("the progress thread" if queued else "the calling thread")
+        )
+        how = f"workspace program {algo}"
+    else:
+        checked = not call.point_to_point and check != "off"
+        where = "the progress thread" if queued else "gloo's threads"
+        how = f"gloo, fingerprints compared first (GPUCOMM_CHECK={check})" if checked else "gloo, unchecked"
+    mode = "async_op=True" if call.async_op else "blocking"
+    return f"gpucomm DEBUG [rank {rank}] {call.fn} call {seq}: {mode}, {how}, runs on {where}"
+
+
+def _failure(comm: Router, fn: str, seq: int, missing: list[int], said: str, elapsed: float) -> CommTimeoutError:
+    """gloo's failure of call ``seq`` as gpucomm's: a peer whose process is gone, or whose
+    connection closed before the timeout, is lost (:class:`PeerLostError`); else a timeout."""
+    crashed = bool(missing) and all(comm._liveness.gone(r) for r in missing)
+    if crashed or (missing and "imed out" not in said and elapsed < comm.timeout):
+        return PeerLostError(
+            fn, seq, comm.rank, missing, comm.timeout, elapsed, crashed=crashed, detail=f"gloo: {said}"
+        )
+    return CommTimeoutError(fn, seq, comm.rank, missing, comm.timeout, detail=f"gloo: {said}")
 
 
 def _check_capturable(fn: str, engine: Engine | None, algo: str | None) -> None:

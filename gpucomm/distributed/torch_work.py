@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from gpucomm.errors import CommTimeoutError
+from gpucomm.errors import CommTimeoutError, PeerLostError
 from gpucomm.work import Work
 
 __all__ = ["BarrierWork", "P2PWork", "PendingWork", "pending"]
@@ -37,6 +37,8 @@ class BarrierWork(dist.Work):
     def wait(self, timeout: object = None) -> bool:
         try:
             self._work.wait(_no_timeout_as_none(timeout))
+        except PeerLostError:
+            raise  # a peer gone is no timeout: said as such (gpucomm.errors.PeerLostError)
         except CommTimeoutError as err:
             # gloo's words ("Timed out waiting 1000ms for recv operation to complete"), which
             # torch's tests and its users' scripts match, beside gpucomm's own.

@@ -32,6 +32,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from gpucomm import log
 from gpucomm.comm.communicator import Communicator, release_all
 from gpucomm.comm.rendezvous import release_stores, rendezvous
 from gpucomm.config import Config
@@ -135,6 +136,15 @@ def init_process_group(
         device=device,
         fn=fn,
     )
+    comm.backend_name = _backend_name(backend)
+    if transport == "gloo" and rdv.rank == 0:
+        # Any log level: a script from torch's tutorials passes "gloo" and would otherwise never
+        # learn that gpucomm's own paths are off (docs/torch-integration.md).
+        log.logger.warning(
+            f"gpucomm: init_process_group(backend={backend!r}): every call goes through gloo (path=gloo), as with "
+            "torch.distributed; pass backend=None, 'gpucomm' or 'nccl' for gpucomm's own paths (the shared-memory "
+            "workspace for CPU tensors, CUDA IPC for CUDA tensors)"
+        )
     if dist.is_initialized():
         # torch's default group is another backend's (the script initialized torch first, with
         # gloo or NCCL): torch keeps it, and gpucomm's default group stands beside it, as the
@@ -245,11 +255,22 @@ def get_world_size(group: object = None) -> int:
 
 
 def get_backend(group: object = None) -> str:
-    """ "gpucomm", or "gloo" where ``backend="gloo"`` put every call of the job on gloo."""
+    """The backend string the group was made with, as torch's ``get_backend`` returns it: "nccl"
+    where ``init_process_group("nccl")`` made the default group (gpucomm serves it, on a CPU host
+    too), "gloo" where every call goes through gloo, a device map such as "cuda:nccl,cpu:gloo" as
+    it was passed, else "gpucomm". torch's own ``torch.distributed.get_backend()`` says "gpucomm"
+    for every such group: its process group is of that backend (README, "The backend string")."""
     comm = find(group, "get_backend")
     if comm is None:
         raise ValueError("gpucomm.get_backend: this rank is not part of the group")
-    return "gloo" if comm.config.transport == "gloo" else BACKEND_NAME
+    if comm.config.transport == "gloo":
+        return "gloo"
+    return getattr(comm, "backend_name", None) or BACKEND_NAME
+
+
+def _backend_name(backend: str | None) -> str:
+    """What get_backend() answers for the default group made with ``backend`` (checked already)."""
+    return BACKEND_NAME if backend is None else backend.strip().lower().replace(" ", "")
 
 
 def get_process_group_ranks(group: object) -> list[int]:

@@ -58,6 +58,10 @@ class Liveness:
         """Whether every rank published this host's name (waits for all of them: collective)."""
         return all(host == self.host for host, _, _ in self._procs())
 
+    def hosts(self) -> list[str]:
+        """Every rank's host name, in rank order (waits for all of them: collective)."""
+        return [host for host, _, _ in self._procs()]
+
     def _procs(self) -> list[tuple[str, str, str]]:
         """Every rank's (host, pid, pid space), read from the store once.
 
@@ -108,6 +112,10 @@ class Liveness:
             # The store went with rank 0, which serves it, before rank 0 checked in: it left first.
             return [0]
         return missing  # empty: every peer is alive and failing too, or left after failing
+
+    def gone(self, rank: int) -> bool:
+        """Whether ``rank``'s process is known to be gone (on this host, in this pid space)."""
+        return self._is_dead(rank)
 
     def _store_call(self, call: Callable[[], object]) -> bool:
         """Run ``call`` against the store; False when the store is gone (rank 0, its server, left)."""

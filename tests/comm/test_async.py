@@ -185,10 +185,12 @@ def _dies_while_the_other_computes(rank: int, world_size: int) -> dict:
 def test_watchdog_names_a_dead_peer_while_the_caller_is_busy() -> None:
     results = run_ranks(_dies_while_the_other_computes, 2, allow_exit=(1,), timeout=120)
     seen = results[0]
-    assert "CommTimeoutError" in seen["broken"] and "[1]" in seen["broken"], seen
+    # gloo hears the dead peer's connection close: a PeerLostError (a CommTimeoutError) saying it is gone
+    assert "PeerLostError" in seen["broken"] and "[1]" in seen["broken"], seen
+    assert "its process is gone" in seen["broken"], seen
     watchdog_lines = [line for line in seen["log"].splitlines() if "watchdog" in line]
     assert len(watchdog_lines) == 1 and "rank(s) [1]" in watchdog_lines[0], seen["log"]
-    assert "CommTimeoutError" in seen["later"] and "[1]" in seen["later"], seen
+    assert "PeerLostError" in seen["later"] and "[1]" in seen["later"], seen
 
 
 def _wait_with_a_timeout(rank: int, world_size: int) -> str:

@@ -57,7 +57,7 @@ def test_a_restart_after_a_rank_died_before_arriving_lands_in_one_generation() -
     own prefix of the store."""
     agent = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
     (first,) = _workers(agent.port, 0, [0], 2, timeout=1.0)
-    assert first.startswith("ERROR CommTimeoutError") and "waiting for rank(s) [1]" in first, first
+    assert first.startswith("ERROR NeverJoinedError") and "rank 1 never joined (1 of 2 arrived" in first, first
     second = _workers(agent.port, 1, [0, 1], 2)
     assert all(line.startswith("PREFIX gpucomm/") for line in second), second
     assert second[0] == second[1], f"attempt 1's ranks drew different prefixes: {second}"

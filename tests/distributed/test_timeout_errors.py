@@ -31,8 +31,8 @@ def _init_without_rank_1(rank: int, world_size: int) -> str:
 def test_init_timeout_names_the_call_the_group_and_the_missing_rank() -> None:
     results = run_ranks(_init_without_rank_1, 2, timeout=60)
     assert results[0] == (
-        "CommTimeoutError: gpucomm init_process_group on the world of 2 ranks: rank 0 timed out after 2 s "
-        "waiting for rank(s) [1]: the rendezvous in the store did not complete"
+        "NeverJoinedError: gpucomm.init_process_group: rank 1 never joined (1 of 2 arrived after 2 s); start every "
+        "rank, or check WORLD_SIZE and each rank's RANK"
     ), results
 
 
@@ -80,9 +80,8 @@ def test_a_new_group_timeout_names_new_group_and_group_and_global_ranks() -> Non
     """Global rank 1 never makes the group [1, 2]; global rank 2, its group rank 1, waits for it."""
     results = run_ranks(_new_group_without_global_1, 3, timeout=60)
     assert results[2] == (
-        "CommTimeoutError: gpucomm new_group(backend='gpucomm') on the group of global ranks [1, 2]: group rank 1 "
-        "(global 2) timed out after 2 s waiting for group rank(s) [0] (global [1]): the rendezvous in the store did "
-        "not complete"
+        "NeverJoinedError: gpucomm.new_group(backend='gpucomm') on the group of global ranks [1, 2]: group rank(s) "
+        "[0] (global [1]) never joined (1 of 2 arrived after 2 s); every member must make the group"
     ), results
 
 
