@@ -462,3 +462,20 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         collective once, eagerly, before capturing it: its program is built on first use."""
         engine = self._engines.get("cuda")
         return engine is not None and engine.kernels.name != "torch" and self._broken is None and not self._closed
+
+    def register_graph_buffers(self, graph: object = None) -> None:
+        """After capturing a CUDA graph, before its first replay: let the all_reduces it captured
+        on ordinary tensors run in place. Collective: every rank calls it once per capture.
+
+        The ranks exchange, once, the IPC handles of the segments holding those tensors; each
+        opens each peer segment once, and the captured kernels' operand tables are filled with
+        the peers' addresses (:mod:`gpucomm.workspace.graph_buffers`). The segments stay open
+        until ``graph`` is freed (where given) or this communicator closes. A graph whose calls
+        ran in place must not be replayed before this call, nor after ``graph`` is freed."""
+        fn = "register_graph_buffers"
+        self._check_usable(fn)
+        with self._lock:
+            for engine in self._engines.values():
+                graphs = getattr(engine.executor, "graphs", None)
+                if graphs is not None:
+                    graphs.register(graph)

@@ -104,7 +104,10 @@ class EngineCollectives:
             return launch_on_caller
         fields, build = self._all_reduce_plan(tensor, op, algo)
         region = Region.of(tensor)
-        return self.executor.bind(self.program("all_reduce", fields, [region], build), (region.addr,))
+        program = self.program("all_reduce", fields, [region], build)
+        # What a CUDA graph capture of this call needs to run it in place (gpucomm.workspace.graph_buffers).
+        program.cache.setdefault("all_reduce", (tensor.dtype, tensor.numel(), op, algo))
+        return self.executor.bind(program, (region.addr,))
 
     def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
         """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the

@@ -1,0 +1,236 @@
+"""Zero copies for captured graphs: an all_reduce captured on an ordinary tensor runs in place.
+
+Eagerly, an all_reduce on an ordinary tensor copies it into the workspace's halves and the result
+back out (:mod:`gpucomm.algorithms.allreduce`): the peers cannot read the caller's memory. A CUDA
+graph replays the same tensors every time, so, as vLLM's custom all-reduce does, a captured call
+can instead run the in-place two-shot of symmetric tensors
+(:func:`gpucomm.algorithms.allreduce.twoshot_symmetric`) on the users' own tensors, once every
+rank has mapped the others' memory:
+
+1. **At capture** (:meth:`CapturedBuffers.launch`, from the executor while the caller's stream
+   captures): the call's allocation is recorded (:mod:`gpucomm.workspace.graph_segments`: the
+   caching allocator's segment and offset, on the CPU the /dev/shm file's). The ranks agree
+   through the store, host-side only, whether every one can share its segment and whether their
+   addresses sit alike modulo 16 bytes (the launch's access width is fixed at capture). Where
+   all can, the in-place program is built with placeholder addresses for the peers' tensors, and
+   its launch is captured: the kernel reads every operand address from its operand table, in
+   device memory. Where one cannot, the copy path's launch is captured, and with
+   ``GPUCOMM_DEBUG=INFO`` each rank says why, per call.
+2. **After the capture** (:meth:`CapturedBuffers.register`, ``Communicator.register_graph_buffers``,
+   called by every rank before the first replay): the ranks exchange, once, the handle and offset
+   of every captured call's segment; each opens each peer segment once (keyed by its handle), and
+   the operand tables are filled with the peers' addresses. Nothing frozen in the graph depends
+   on them: the graph holds the table's address, and the table is written after the capture.
+3. **Released** with :meth:`GraphBuffers.release` (pass the graph to ``register_graph_buffers``
+   and it runs when the graph is freed), or at the latest when the communicator closes.
+
+The result has the copy path's bits: two-shot folds each slice over the ranks in rank order,
+rounded once, as one-shot and two-shot through the halves do; only programs of those two are
+replaced (ring and tree round at every step, and keep their own program).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+
+import torch
+
+from gpucomm import log
+from gpucomm.algorithms.allreduce import twoshot_symmetric
+from gpucomm.errors import CommMismatchError
+from gpucomm.ops.contract import Region
+from gpucomm.ops.instruction_set import COPY, REDUCE, SYNC
+from gpucomm.ops.program import Builder, Program, Ref, Slot
+from gpucomm.transport.heap_open import agree
+from gpucomm.workspace.device_executor import operand_rows
+from gpucomm.workspace.graph_segments import Allocation, OpenedSegments, locate
+
+__all__ = ["CapturedBuffers", "GraphBuffers", "staged_copies"]
+
+# The algorithms whose bits the in-place two-shot reproduces (module docstring).
+_SAME_BITS = ("oneshot", "twoshot")
+# Placeholder bases of the peers' tensors while their addresses are unknown: far above any
+# user-space address (47 bits on x86-64 and Arm), so that a placeholder never names real memory,
+# and 16-byte aligned, so that the launch's access width is set by the real addresses' residues.
+_TOKEN_SHIFT = 52
+
+
+def _token(peer: int) -> int:
+    return (0x100 + peer) << _TOKEN_SHIFT
+
+
+def staged_copies(program: Program) -> int:
+    """COPY and REDUCE operands of ``program`` in the workspace's halves: a copy-in, a copy-out or
+    a fold staged there. 0 for a program that works on the users' tensors alone."""
+    count = 0
+    for ins in program.instructions:
+        if ins[0] == SYNC:
+            continue
+        operands = ins[3:] if ins[0] == COPY else [ins[3], *ins[4]]
+        count += sum(isinstance(r, Slot) for r in operands)
+    return count
+
+
+class _Captured:
+    """One captured all_reduce in place: its program, binding, allocation and deferred tables."""
+
+    def __init__(self, program: Program, addr: int, allocation: Allocation, bound: dict, deferred: list) -> None:
+        self.program, self.addr, self.allocation = program, addr, allocation
+        self.bound, self.deferred = bound, deferred
+
+    def fill(self, peers: list[int]) -> None:
+        """Write the operand table with ``peers`` (each rank's tensor, at its address in this process)."""
+        for device_table, host_table in self.deferred:  # the instruction table, on a GPU
+            device_table.copy_(host_table)
+        rows = operand_rows(self.program, (self.addr,))
+        for row in rows:
+            p = row[2] >> _TOKEN_SHIFT
+            if row[0] == -1 and p >= 0x100:
+                row[2] = peers[p - 0x100] + row[2] - _token(p - 0x100)
+        table = torch.tensor(rows, dtype=torch.int64).reshape(-1)
+        self.bound["operands"].copy_(table)
+
+
+class GraphBuffers:
+    """The peer segments one graph's captured calls read, and their tables; :meth:`release` frees them."""
+
+    def __init__(self, segments: OpenedSegments, calls: list[_Captured]) -> None:
+        self.segments, self.calls = segments, calls
+
+    def release(self) -> None:
+        """Close the peer segments: the graph must not be replayed after this. Idempotent."""
+        self.segments.release()
+        self.calls = []
+
+
+class CapturedBuffers:
+    """The captured in-place all_reduces of one executor, and the graphs registered so far."""
+
+    def __init__(self, executor: object) -> None:
+        self.executor = executor
+        engine = executor.engine  # type: ignore[attr-defined]
+        self.engine = engine
+        self._pending: dict[tuple, _Captured] = {}
+        self._registered: list[GraphBuffers] = []
+        self._calls = 0  # captured all_reduces considered, the same count on every rank
+        self._rounds = 0  # registrations so far
+        self.copy_path_calls = 0  # captured calls left on the copy path (the tests count them)
+
+    def launch(self, program: Program, addrs: tuple[int, ...]) -> dict | None:
+        """While a graph captures: the binding of the in-place program that replaces ``program`` on
+        the buffer at ``addrs``, or None where the copy path's own launch is captured."""
+        plan = program.cache.get("all_reduce")
+        if plan is None or len(addrs) != 1 or any(_refs(program)):
+            return None  # not an all_reduce through the halves (symmetric tensors already run in place)
+        dtype, numel, op, algo = plan
+        if algo not in _SAME_BITS:
+            return None
+        key = (program.fingerprint, addrs)
+        if key in self._pending:  # the same call twice in one graph: one program, one table
+            return self._pending[key].bound
+        engine = self.engine
+        allocation = locate(addrs[0], engine.device)
+        mine = f"0 {allocation.reason}" if allocation.reason else f"1 {addrs[0] % 16}"
+        seq, self._calls = self._calls, self._calls + 1
+        prefix = f"{engine.graph_prefix}c{seq}/"
+        everyone = agree(engine._store, prefix, engine.rank, engine.world_size, engine.timeout, mine)
+        why = _why_not(everyone, engine.members)
+        if why:
+            self.copy_path_calls += 1
+            log.logger.info(
+                f"gpucomm[rank {engine.comm_rank}]: all_reduce bytes={numel * dtype.itemsize} captured with the "
+                f"copy path (copy-in and copy-out through the workspace): {why}"
+            )
+            return None
+        inplace = self._inplace(program, addrs[0], dtype, numel, op)
+        bound, deferred = self.executor.bind_deferred(inplace, addrs)  # type: ignore[attr-defined]
+        self._pending[key] = _Captured(inplace, addrs[0], allocation, bound, deferred)
+        log.logger.info(
+            f"gpucomm[rank {engine.comm_rank}]: all_reduce bytes={numel * dtype.itemsize} captured in place on the "
+            f"caller's tensor (no copy-in or copy-out); register_graph_buffers() before the first replay"
+        )
+        return bound
+
+    def _inplace(self, program: Program, addr: int, dtype: torch.dtype, numel: int, op: object) -> Program:
+        """The in-place two-shot on the tensor at ``addr``, the peers' tensors at placeholders."""
+        engine = self.engine
+        tensor = Region.alias(addr, numel * dtype.itemsize, engine.device).view(dtype)
+        bases = [_token(p) for p in range(engine.world_size)]
+        bases[engine.rank] = addr
+        fields = ("graph", program.fingerprint, *program.identity)
+        b = Builder(
+            engine.rank,
+            engine.world_size,
+            engine.half_bytes,
+            "all_reduce",
+            fields,
+            args=[Region.of(tensor)],
+            heap=bases,
+        )
+        twoshot_symmetric(b, tensor, op)  # type: ignore[arg-type]
+        inplace = b.finish()
+        inplace.captured = True
+        return inplace
+
+    def register(self, graph: object = None) -> GraphBuffers:
+        """Exchange the handles of the segments captured since the last registration, open them,
+        fill the tables (module docstring, step 2). Collective: every local rank calls it."""
+        engine = self.engine
+        calls = list(self._pending.values())
+        self._pending = {}
+        mine = json.dumps([[c.allocation.handle().hex(), c.allocation.offset] for c in calls])
+        prefix = f"{engine.graph_prefix}r{self._rounds}/"
+        self._rounds += 1
+        everyone = [
+            json.loads(s) for s in agree(engine._store, prefix, engine.rank, engine.world_size, engine.timeout, mine)
+        ]
+        counts = [len(theirs) for theirs in everyone]
+        if len(set(counts)) != 1:
+            raise CommMismatchError(
+                f"gpucomm.register_graph_buffers: the ranks captured different numbers of in-place all_reduces "
+                f"since their last registration: expected {counts[engine.rank]} on every rank, got {counts}",
+                op="register_graph_buffers",
+                epoch=None,
+                rank=engine.comm_rank,
+                peers=[engine.members[p] for p, n in enumerate(counts) if n != counts[engine.rank]],
+            )
+        segments = OpenedSegments()
+        for i, call in enumerate(calls):
+            peers = [
+                call.addr if p == engine.rank else segments.address(bytes.fromhex(theirs[i][0])) + theirs[i][1]
+                for p, theirs in enumerate(everyone)
+            ]
+            call.fill(peers)
+        buffers = GraphBuffers(segments, calls)
+        self._registered.append(buffers)
+        if graph is not None:
+            weakref.finalize(graph, buffers.release)
+        return buffers
+
+    def release(self) -> None:
+        """Release every graph's segments (the communicator closes)."""
+        registered, self._registered = self._registered, []
+        for buffers in registered:
+            buffers.release()
+        self._pending = {}
+
+
+def _refs(program: Program) -> list[bool]:
+    return [
+        isinstance(r, Ref)
+        for ins in program.instructions
+        if ins[0] in (COPY, REDUCE)
+        for r in (ins[3:] if ins[0] == COPY else [ins[3], *ins[4]])
+    ]
+
+
+def _why_not(everyone: list[str], members: list[int]) -> str:
+    """Why the ranks' answers (``"1 <addr % 16>"`` or ``"0 <reason>"``) keep the copy path; "" if none."""
+    for p, answer in enumerate(everyone):
+        if answer.startswith("0 "):
+            return f"rank {members[p]}'s tensor cannot be shared: {answer[2:]}"
+    residues = {answer.split()[1] for answer in everyone}
+    if len(residues) > 1:
+        return f"the ranks' tensors sit at different addresses modulo 16 bytes ({sorted(residues)})"
+    return ""
