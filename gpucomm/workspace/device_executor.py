@@ -33,6 +33,7 @@ from gpucomm.ops.program import Program, Slot, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import granule as granule_of
 from gpucomm.workspace.channels import launch_channels
+from gpucomm.workspace.graph_buffers import CapturedBuffers
 from gpucomm.workspace.stream_order import StreamOrder
 
 __all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows", "channel_layout"]
@@ -98,9 +99,7 @@ class DeviceExecutor:
         self._stream = (
             functools.partial(torch._C._cuda_getCurrentRawStream, self.device.index) if self._on_gpu else None
         )
-        from gpucomm.workspace.graph_buffers import CapturedBuffers  # (it builds on this module)
-
-        self.graphs = CapturedBuffers(self)  # captured all_reduces in place on the users' tensors
+        self.graphs = CapturedBuffers(self, operand_rows)  # captured all_reduces in place on the users' tensors
         self._deferred: list | None = None  # tables to fill after a capture (bind_deferred)
 
     def epoch(self) -> int:

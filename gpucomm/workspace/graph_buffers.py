@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -43,7 +44,6 @@ from gpucomm.ops.contract import Region
 from gpucomm.ops.instruction_set import COPY, REDUCE, SYNC
 from gpucomm.ops.program import Builder, Program, Ref, Slot
 from gpucomm.transport.heap_open import agree
-from gpucomm.workspace.device_executor import operand_rows
 from gpucomm.workspace.graph_segments import Allocation, OpenedSegments, locate
 
 __all__ = ["CapturedBuffers", "GraphBuffers", "staged_copies"]
@@ -54,6 +54,11 @@ _SAME_BITS = ("oneshot", "twoshot")
 # user-space address (47 bits on x86-64 and Arm), so that a placeholder never names real memory,
 # and 16-byte aligned, so that the launch's access width is set by the real addresses' residues.
 _TOKEN_SHIFT = 52
+
+
+# The executor's operand table of a program on the call's buffers
+# (gpucomm.workspace.device_executor.operand_rows, which builds on this module and passes it).
+Rows = Callable[[Program, tuple[int, ...]], list[list[int]]]
 
 
 def _token(peer: int) -> int:
@@ -75,15 +80,17 @@ def staged_copies(program: Program) -> int:
 class _Captured:
     """One captured all_reduce in place: its program, binding, allocation and deferred tables."""
 
-    def __init__(self, program: Program, addr: int, allocation: Allocation, bound: dict, deferred: list) -> None:
+    def __init__(
+        self, program: Program, addr: int, allocation: Allocation, bound: dict, deferred: list, rows: Rows
+    ) -> None:
         self.program, self.addr, self.allocation = program, addr, allocation
-        self.bound, self.deferred = bound, deferred
+        self.bound, self.deferred, self.rows = bound, deferred, rows
 
     def fill(self, peers: list[int]) -> None:
         """Write the operand table with ``peers`` (each rank's tensor, at its address in this process)."""
         for device_table, host_table in self.deferred:  # the instruction table, on a GPU
             device_table.copy_(host_table)
-        rows = operand_rows(self.program, (self.addr,))
+        rows = self.rows(self.program, (self.addr,))
         for row in rows:
             p = row[2] >> _TOKEN_SHIFT
             if row[0] == -1 and p >= 0x100:
@@ -107,8 +114,8 @@ class GraphBuffers:
 class CapturedBuffers:
     """The captured in-place all_reduces of one executor, and the graphs registered so far."""
 
-    def __init__(self, executor: object) -> None:
-        self.executor = executor
+    def __init__(self, executor: object, rows: Rows) -> None:
+        self.executor, self.rows = executor, rows
         engine = executor.engine  # type: ignore[attr-defined]
         self.engine = engine
         self._pending: dict[tuple, _Captured] = {}
@@ -145,7 +152,7 @@ class CapturedBuffers:
             return None
         inplace = self._inplace(program, addrs[0], dtype, numel, op)
         bound, deferred = self.executor.bind_deferred(inplace, addrs)  # type: ignore[attr-defined]
-        self._pending[key] = _Captured(inplace, addrs[0], allocation, bound, deferred)
+        self._pending[key] = _Captured(inplace, addrs[0], allocation, bound, deferred, self.rows)
         log.logger.info(
             f"gpucomm[rank {engine.comm_rank}]: all_reduce bytes={numel * dtype.itemsize} captured in place on the "
             f"caller's tensor (no copy-in or copy-out); register_graph_buffers() before the first replay"
