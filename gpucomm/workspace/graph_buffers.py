@@ -100,15 +100,17 @@ class _Captured:
 
 
 class GraphBuffers:
-    """The peer segments one graph's captured calls read, and their tables; :meth:`release` frees them."""
+    """The peer segments one graph's captured calls read, and their tables; :meth:`release` lets them go."""
 
-    def __init__(self, segments: OpenedSegments, calls: list[_Captured]) -> None:
-        self.segments, self.calls = segments, calls
+    def __init__(self, segments: OpenedSegments, handles: list[bytes], calls: list[_Captured]) -> None:
+        self.segments, self.handles, self.calls = segments, handles, calls
 
     def release(self) -> None:
-        """Close the peer segments: the graph must not be replayed after this. Idempotent."""
-        self.segments.release()
-        self.calls = []
+        """Let this graph's peer segments go (each closes with its last graph): the graph must not
+        be replayed after this. Idempotent."""
+        handles, self.handles, self.calls = self.handles, [], []
+        for handle in handles:
+            self.segments.drop(handle)
 
 
 class CapturedBuffers:
@@ -118,8 +120,9 @@ class CapturedBuffers:
         self.executor, self.rows = executor, rows
         engine = executor.engine  # type: ignore[attr-defined]
         self.engine = engine
-        self._pending: dict[tuple, _Captured] = {}
+        self._pending: list[_Captured] = []  # one per captured call, in call order on every rank
         self._registered: list[GraphBuffers] = []
+        self.segments = OpenedSegments()  # shared by the graphs: each peer segment opened once
         self._calls = 0  # captured all_reduces considered, the same count on every rank
         self._rounds = 0  # registrations so far
         self.copy_path_calls = 0  # captured calls left on the copy path (the tests count them)
@@ -133,9 +136,6 @@ class CapturedBuffers:
         dtype, numel, op, algo = plan
         if algo not in _SAME_BITS:
             return None
-        key = (program.fingerprint, addrs)
-        if key in self._pending:  # the same call twice in one graph: one program, one table
-            return self._pending[key].bound
         engine = self.engine
         allocation = locate(addrs[0], engine.device)
         mine = f"0 {allocation.reason}" if allocation.reason else f"1 {addrs[0] % 16}"
@@ -152,7 +152,8 @@ class CapturedBuffers:
             return None
         inplace = self._inplace(program, addrs[0], dtype, numel, op)
         bound, deferred = self.executor.bind_deferred(inplace, addrs)  # type: ignore[attr-defined]
-        self._pending[key] = _Captured(inplace, addrs[0], allocation, bound, deferred, self.rows)
+        # A program and table per call, even for the same tensor twice: another rank may pass two.
+        self._pending.append(_Captured(inplace, addrs[0], allocation, bound, deferred, self.rows))
         log.logger.info(
             f"gpucomm[rank {engine.comm_rank}]: all_reduce bytes={numel * dtype.itemsize} captured in place on the "
             f"caller's tensor (no copy-in or copy-out); register_graph_buffers() before the first replay"
@@ -184,14 +185,13 @@ class CapturedBuffers:
         """Exchange the handles of the segments captured since the last registration, open them,
         fill the tables (module docstring, step 2). Collective: every local rank calls it."""
         engine = self.engine
-        calls = list(self._pending.values())
-        self._pending = {}
-        mine = json.dumps([[c.allocation.handle().hex(), c.allocation.offset] for c in calls])
+        calls, self._pending = self._pending, []
+        handles: dict[tuple, str] = {}  # one handle per own segment (CUDA opens an allocation once)
+        mine = json.dumps([[_own_handle(c.allocation, handles), c.allocation.offset] for c in calls])
         prefix = f"{engine.graph_prefix}r{self._rounds}/"
         self._rounds += 1
-        everyone = [
-            json.loads(s) for s in agree(engine._store, prefix, engine.rank, engine.world_size, engine.timeout, mine)
-        ]
+        answers = agree(engine._store, prefix, engine.rank, engine.world_size, engine.timeout, mine)
+        everyone = [json.loads(answer) for answer in answers]
         counts = [len(theirs) for theirs in everyone]
         if len(set(counts)) != 1:
             raise CommMismatchError(
@@ -202,14 +202,19 @@ class CapturedBuffers:
                 rank=engine.comm_rank,
                 peers=[engine.members[p] for p, n in enumerate(counts) if n != counts[engine.rank]],
             )
-        segments = OpenedSegments()
+        taken: dict[bytes, int] = {}  # this graph's peer segments, each taken once
         for i, call in enumerate(calls):
-            peers = [
-                call.addr if p == engine.rank else segments.address(bytes.fromhex(theirs[i][0])) + theirs[i][1]
-                for p, theirs in enumerate(everyone)
-            ]
+            peers = []
+            for p, theirs in enumerate(everyone):
+                if p == engine.rank:
+                    peers.append(call.addr)
+                    continue
+                handle = bytes.fromhex(theirs[i][0])
+                if handle not in taken:
+                    taken[handle] = self.segments.take(handle)
+                peers.append(taken[handle] + theirs[i][1])
             call.fill(peers)
-        buffers = GraphBuffers(segments, calls)
+        buffers = GraphBuffers(self.segments, list(taken), calls)
         self._registered.append(buffers)
         if graph is not None:
             weakref.finalize(graph, buffers.release)
@@ -220,7 +225,16 @@ class CapturedBuffers:
         registered, self._registered = self._registered, []
         for buffers in registered:
             buffers.release()
-        self._pending = {}
+        self.segments.release()
+        self._pending = []
+
+
+def _own_handle(allocation: Allocation, handles: dict[tuple, str]) -> str:
+    """The handle of this rank's segment of ``allocation``, taken once per segment."""
+    key = (allocation.kind, allocation.base, allocation.name)
+    if key not in handles:
+        handles[key] = allocation.handle().hex()
+    return handles[key]
 
 
 def _refs(program: Program) -> list[bool]:

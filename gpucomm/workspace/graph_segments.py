@@ -111,33 +111,54 @@ def _shm_segment(addr: int) -> Allocation:
 
 
 class OpenedSegments:
-    """Peer segments opened in this process, each once, keyed by its handle."""
+    """Peer segments opened in this process, each once, keyed by its handle, with the graphs that
+    use each: a segment closes when the last graph using it lets it go (:meth:`drop`), or when
+    everything is released (the communicator closes). Graphs captured over the same buffers (one
+    per batch size, say) share one opening: CUDA opens an allocation once per process."""
 
     def __init__(self) -> None:
         self._open: dict[bytes, tuple[int, object]] = {}
+        self._users: dict[bytes, int] = {}
         self.opens = 0  # handles opened so far (the tests count them)
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def address(self, handle: bytes) -> int:
-        """The base address in this process of the segment ``handle`` names, opened at its first use."""
+    def take(self, handle: bytes) -> int:
+        """The base address in this process of the segment ``handle`` names, opened at its first
+        use; one more user of it until :meth:`drop`."""
         got = self._open.get(handle)
         if got is None:
             got = self._open[handle] = _open(handle)
             self.opens += 1
+        self._users[handle] = self._users.get(handle, 0) + 1
         return got[0]
+
+    def drop(self, handle: bytes) -> None:
+        """One user fewer of ``handle``'s segment: closed with its last user."""
+        users = self._users.get(handle, 0) - 1
+        if users > 0:
+            self._users[handle] = users
+            return
+        self._users.pop(handle, None)
+        opened = self._open.pop(handle, None)
+        if opened is not None:
+            _close(handle, *opened)
 
     def release(self) -> None:
         """Close every segment opened here; idempotent."""
-        opened, self._open = self._open, {}
+        opened, self._open, self._users = self._open, {}, {}
         for handle, (addr, keeper) in opened.items():
-            if handle.startswith(b"shm:"):
-                keeper.release(evict=True)  # type: ignore[attr-defined]
-            else:
-                import cupy
+            _close(handle, addr, keeper)
 
-                cupy.cuda.runtime.ipcCloseMemHandle(addr)
+
+def _close(handle: bytes, addr: int, keeper: object) -> None:
+    if handle.startswith(b"shm:"):
+        keeper.release(evict=True)  # type: ignore[attr-defined]
+    else:
+        import cupy
+
+        cupy.cuda.runtime.ipcCloseMemHandle(addr)
 
 
 def _open(handle: bytes) -> tuple[int, object]:

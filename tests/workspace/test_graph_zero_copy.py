@@ -92,14 +92,9 @@ def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str)
         t.copy_(_input(rank, 0))
         gpucomm.all_reduce(t)
     lib = ctypes.CDLL(double)
-    graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
-    assert lib.cuStreamBeginCapture_v2(ctypes.c_void_p(0xC0), 0) == 0
-    order.capturing, stream[0] = True, 0xC0
     said.clear()
-    gpucomm.all_reduce(shared)  # captured: recorded, not run
-    gpucomm.all_reduce(ordinary)
-    order.capturing, stream[0] = False, 0xE1
-    assert lib.cuStreamEndCapture(ctypes.c_void_p(0xC0), ctypes.byref(graph)) == 0
+    # Captured: recorded, not run.
+    first = _capture(lib, order, stream, lambda: (gpucomm.all_reduce(shared), gpucomm.all_reduce(ordinary)))
     capture_lines = [line for line in said if "captured" in line]
     comm.register_graph_buffers()
     (buffers,) = executor.graphs._registered
@@ -108,12 +103,11 @@ def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str)
         p for p in engine._programs.values() if (ordinary.data_ptr(),) in p.cache.get("device", {}).get("bound", {})
     )
     copy_table = copy_program.cache["device"]["bound"][(ordinary.data_ptr(),)]["operands"]
-    assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0) == 0
     same_bits = []
     for k in (6, 7):
         shared.copy_(_input(rank, k))
         ordinary.copy_(_input(rank, k))
-        assert lib.cuGraphLaunch(exec_, ctypes.c_void_p(0xF2)) == 0
+        assert lib.cuGraphLaunch(first, ctypes.c_void_p(0xF2)) == 0
         reference = _input(rank, k)
         gpucomm.all_reduce(reference)  # eager: the copy path
         same_bits.append(torch.equal(shared, reference) and torch.equal(ordinary, reference))
@@ -123,16 +117,39 @@ def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str)
         "inplace_staged": _slot_rows(inplace.bound["operands"]),
         "inplace_program_staged": graph_buffers.staged_copies(inplace.program),
         "copy_staged": _slot_rows(copy_table),
-        "opened": buffers.segments.opens,
         "copy_path_calls": executor.graphs.copy_path_calls,
         "capture_lines": capture_lines,
     }
-    lib.cuGraphDestroy(graph)
+    # A second graph over the same tensor: the peers' segments are not opened again, and outlive
+    # the first graph's release while the second uses them.
+    second = _capture(lib, order, stream, lambda: gpucomm.all_reduce(shared))
+    comm.register_graph_buffers()
+    result["opened"] = executor.graphs.segments.opens
+    buffers.release()
+    result["open_after_first_release"] = len(executor.graphs.segments)
+    shared.copy_(_input(rank, 8))
+    assert lib.cuGraphLaunch(second, ctypes.c_void_p(0xF2)) == 0
+    reference = _input(rank, 8)
+    gpucomm.all_reduce(reference)
+    result["second_same_bits"] = torch.equal(shared, reference)
     gpucomm.destroy_process_group()
-    opened_after_close = len(buffers.segments)
+    result["open_after_close"] = len(executor.graphs.segments)
     os.unlink(path)
-    result["opened_after_close"] = opened_after_close
     return result
+
+
+def _capture(lib, order: _CallerStream, stream: list, calls) -> object:  # noqa: ANN001
+    """An instantiated graph of what ``calls`` launches, captured on the driver double."""
+    import ctypes
+
+    graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cuStreamBeginCapture_v2(ctypes.c_void_p(0xC0), 0) == 0
+    order.capturing, stream[0] = True, 0xC0
+    calls()
+    order.capturing, stream[0] = False, 0xE1
+    assert lib.cuStreamEndCapture(ctypes.c_void_p(0xC0), ctypes.byref(graph)) == 0
+    assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0) == 0
+    return exec_
 
 
 @pytest.mark.skipif(native.load("launch") is None, reason="gpucomm's launcher cannot be built here (no C compiler)")
@@ -151,8 +168,10 @@ def test_a_replayed_all_reduce_on_ordinary_tensors_moves_no_copy_and_keeps_the_c
         assert result["same_bits"] == [True, True]
         assert result["inplace_staged"] == 0 and result["inplace_program_staged"] == 0
         assert result["copy_staged"] > 0  # the ordinary tensor's captured launch stages through the halves
-        assert result["opened"] == world - 1  # each peer's segment once
-        assert result["opened_after_close"] == 0  # released with the communicator
+        assert result["opened"] == world - 1  # each peer's segment once, for both graphs
+        assert result["open_after_first_release"] == world - 1  # the second graph still reads them
+        assert result["second_same_bits"]
+        assert result["open_after_close"] == 0  # released with the communicator at the latest
         assert result["copy_path_calls"] == 1
         if not debug:
             assert result["capture_lines"] == []
@@ -199,12 +218,14 @@ def test_each_handle_is_opened_once() -> None:
     try:
         handle = locate(whole.data_ptr(), torch.device("cpu")).handle()
         opened = OpenedSegments()
-        first, again = opened.address(handle), opened.address(handle)
+        first, again = opened.take(handle), opened.take(handle)
         assert first == again and opened.opens == 1
         whole[3] = 7.0
         assert Region.alias(first, 256, torch.device("cpu")).view(torch.float32)[3] == 7.0  # the peer's bytes
-        opened.release()
-        assert len(opened) == 0
+        opened.drop(handle)
+        assert len(opened) == 1  # one user left
+        opened.drop(handle)
+        assert len(opened) == 0 and opened.opens == 1
     finally:
         os.unlink(path)
 
