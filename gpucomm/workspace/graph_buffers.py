@@ -1,4 +1,4 @@
-"""Zero copies for captured graphs: an all_reduce captured on an ordinary tensor runs in place.
+"""Zero copies for captured graphs: an all_reduce or broadcast captured on an ordinary tensor runs in place.
 
 Eagerly, an all_reduce on an ordinary tensor copies it into the workspace's halves and the result
 back out (:mod:`gpucomm.algorithms.allreduce`): the peers cannot read the caller's memory. A CUDA
@@ -26,7 +26,10 @@ rank has mapped the others' memory:
 
 The result has the copy path's bits: two-shot folds each slice over the ranks in rank order,
 rounded once, as one-shot and two-shot through the halves do; only programs of those two are
-replaced (ring and tree round at every step, and keep their own program).
+replaced (ring and tree round at every step, and keep their own program). A broadcast captured
+the same way runs the in-place broadcast of symmetric tensors (the others copy the root's
+tensor where it is: :func:`gpucomm.algorithms.symmetric.broadcast`). The other collectives
+keep the copy path when captured.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Callable
 import torch
 
 from gpucomm import log
+from gpucomm.algorithms import symmetric
 from gpucomm.algorithms.allreduce import twoshot_symmetric
 from gpucomm.errors import CommMismatchError
 from gpucomm.ops.contract import Region
@@ -78,7 +82,7 @@ def staged_copies(program: Program) -> int:
 
 
 class _Captured:
-    """One captured all_reduce in place: its program, binding, allocation and deferred tables."""
+    """One captured call in place: its program, binding, allocation and deferred tables."""
 
     def __init__(
         self, program: Program, addr: int, allocation: Allocation, bound: dict, deferred: list, rows: Rows
@@ -95,8 +99,8 @@ class _Captured:
             p = row[2] >> _TOKEN_SHIFT
             if row[0] == -1 and p >= 0x100:
                 row[2] = peers[p - 0x100] + row[2] - _token(p - 0x100)
-        table = torch.tensor(rows, dtype=torch.int64).reshape(-1)
-        self.bound["operands"].copy_(table)
+        if rows:  # (a broadcast's root moves nothing: its table is the executor's placeholder row)
+            self.bound["operands"].copy_(torch.tensor(rows, dtype=torch.int64).reshape(-1))
 
 
 class GraphBuffers:
@@ -114,7 +118,7 @@ class GraphBuffers:
 
 
 class CapturedBuffers:
-    """The captured in-place all_reduces of one executor, and the graphs registered so far."""
+    """The captured in-place calls of one executor, and the graphs registered so far."""
 
     def __init__(self, executor: object, rows: Rows) -> None:
         self.executor, self.rows = executor, rows
@@ -123,18 +127,18 @@ class CapturedBuffers:
         self._pending: list[_Captured] = []  # one per captured call, in call order on every rank
         self._registered: list[GraphBuffers] = []
         self.segments = OpenedSegments()  # shared by the graphs: each peer segment opened once
-        self._calls = 0  # captured all_reduces considered, the same count on every rank
+        self._calls = 0  # captured calls considered, the same count on every rank
         self._rounds = 0  # registrations so far
         self.copy_path_calls = 0  # captured calls left on the copy path (the tests count them)
 
     def launch(self, program: Program, addrs: tuple[int, ...]) -> dict | None:
         """While a graph captures: the binding of the in-place program that replaces ``program`` on
         the buffer at ``addrs``, or None where the copy path's own launch is captured."""
-        plan = program.cache.get("all_reduce")
+        plan = program.cache.get("inplace")
         if plan is None or len(addrs) != 1 or any(_refs(program)):
-            return None  # not an all_reduce through the halves (symmetric tensors already run in place)
-        dtype, numel, op, algo = plan
-        if algo not in _SAME_BITS:
+            return None  # a collective with no in-place form here, or one on symmetric tensors (in place already)
+        fn, dtype, numel, op_or_root, algo = plan
+        if fn == "all_reduce" and algo not in _SAME_BITS:
             return None
         engine = self.engine
         allocation = locate(addrs[0], engine.device)
@@ -146,22 +150,23 @@ class CapturedBuffers:
         if why:
             self.copy_path_calls += 1
             log.logger.info(
-                f"gpucomm[rank {engine.comm_rank}]: all_reduce bytes={numel * dtype.itemsize} captured with the "
+                f"gpucomm[rank {engine.comm_rank}]: {fn} bytes={numel * dtype.itemsize} captured with the "
                 f"copy path (copy-in and copy-out through the workspace): {why}"
             )
             return None
-        inplace = self._inplace(program, addrs[0], dtype, numel, op)
+        inplace = self._inplace(program, addrs[0], dtype, numel, op_or_root)
         bound, deferred = self.executor.bind_deferred(inplace, addrs)  # type: ignore[attr-defined]
         # A program and table per call, even for the same tensor twice: another rank may pass two.
         self._pending.append(_Captured(inplace, addrs[0], allocation, bound, deferred, self.rows))
         log.logger.info(
-            f"gpucomm[rank {engine.comm_rank}]: all_reduce bytes={numel * dtype.itemsize} captured in place on the "
+            f"gpucomm[rank {engine.comm_rank}]: {fn} bytes={numel * dtype.itemsize} captured in place on the "
             f"caller's tensor (no copy-in or copy-out); register_graph_buffers() before the first replay"
         )
         return bound
 
-    def _inplace(self, program: Program, addr: int, dtype: torch.dtype, numel: int, op: object) -> Program:
-        """The in-place two-shot on the tensor at ``addr``, the peers' tensors at placeholders."""
+    def _inplace(self, program: Program, addr: int, dtype: torch.dtype, numel: int, op_or_root: object) -> Program:
+        """The in-place form of ``program`` on the tensor at ``addr``, the peers' tensors at placeholders:
+        all_reduce's two-shot (``op_or_root`` its op), broadcast's copy from the root (its root)."""
         engine = self.engine
         tensor = Region.alias(addr, numel * dtype.itemsize, engine.device).view(dtype)
         bases = [_token(p) for p in range(engine.world_size)]
@@ -171,12 +176,16 @@ class CapturedBuffers:
             engine.rank,
             engine.world_size,
             engine.half_bytes,
-            "all_reduce",
+            program.name,
             fields,
+            program.root,
             args=[Region.of(tensor)],
             heap=bases,
         )
-        twoshot_symmetric(b, tensor, op)  # type: ignore[arg-type]
+        if program.name == "broadcast":
+            symmetric.broadcast(b, tensor, op_or_root)  # type: ignore[arg-type]
+        else:
+            twoshot_symmetric(b, tensor, op_or_root)  # type: ignore[arg-type]
         inplace = b.finish()
         inplace.captured = True
         return inplace
@@ -195,7 +204,7 @@ class CapturedBuffers:
         counts = [len(theirs) for theirs in everyone]
         if len(set(counts)) != 1:
             raise CommMismatchError(
-                f"gpucomm.register_graph_buffers: the ranks captured different numbers of in-place all_reduces "
+                f"gpucomm.register_graph_buffers: the ranks captured different numbers of in-place calls "
                 f"since their last registration: expected {counts[engine.rank]} on every rank, got {counts}",
                 op="register_graph_buffers",
                 epoch=None,

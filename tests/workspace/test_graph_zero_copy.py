@@ -29,6 +29,7 @@ from gpucomm.workspace.graph_segments import OpenedSegments, _in_segments, locat
 
 N = 4099  # not a multiple of 16 bytes: the kernels' scalar tails run too
 OFFSET = 64  # elements into the shared file: the tensor is not at its segment's start
+ROOT = 1  # the broadcast's
 
 
 def _input(rank: int, k: int, n: int = N) -> torch.Tensor:
@@ -55,13 +56,29 @@ class _CallerStream:
         return not self.capturing
 
 
-def _slot_rows(table: torch.Tensor) -> int:
+def _slot_rows(table: torch.Tensor, operands: int) -> int:
     """Operands of a bound operand table in the workspace's halves (a row [peer, round, offset]
-    with a peer; -1 names an address): what the kernel that reads the table stages there."""
-    return int((table.view(-1, 3)[:, 0] >= 0).sum())
+    with a peer; -1 names an address): what the kernel that reads the table stages there. Only the
+    program's ``operands`` rows count (a program with none has a placeholder row)."""
+    return int((table.view(-1, 3)[:operands, 0] >= 0).sum())
+
+
+def _staged(call) -> int:  # noqa: ANN001
+    """Workspace operands in the operand table a captured in-place call's replay reads."""
+    from gpucomm.workspace.device_executor import operand_rows
+
+    return _slot_rows(call.bound["operands"], len(operand_rows(call.program, (call.addr,))))
 
 
 def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str) -> dict:
+    try:
+        return _capture_and_replay(rank, world_size, double, algo, f"{shm_path}-{rank}")
+    finally:
+        if os.path.exists(f"{shm_path}-{rank}"):
+            os.unlink(f"{shm_path}-{rank}")
+
+
+def _capture_and_replay(rank: int, world_size: int, double: str, algo: str, path: str) -> dict:
     import contextlib
     import ctypes
     import logging
@@ -84,21 +101,27 @@ def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str)
     device_executor.capturing = lambda device: order.capturing
     torch.cuda.device = lambda device: contextlib.nullcontext()
     torch._C._cuda_getDevice = lambda: executor.device.index
-    path = f"{shm_path}-{rank}"
-    segment = torch.from_file(path, shared=True, size=N + 2 * OFFSET, dtype=torch.float32)
+    segment = torch.from_file(path, shared=True, size=2 * N + 3 * OFFSET, dtype=torch.float32)
     shared = segment[OFFSET : OFFSET + N]  # in a shareable segment, at an offset
+    sent = segment[2 * OFFSET + N : 2 * OFFSET + 2 * N]  # a broadcast's, in the same segment
     ordinary = torch.empty(N)  # anonymous memory: no peer can open it
     for t in (shared, ordinary):  # the warm-up the capture needs: the copy path's programs
         t.copy_(_input(rank, 0))
         gpucomm.all_reduce(t)
+    gpucomm.broadcast(sent, src=ROOT)
     lib = ctypes.CDLL(double)
     said.clear()
     # Captured: recorded, not run.
-    first = _capture(lib, order, stream, lambda: (gpucomm.all_reduce(shared), gpucomm.all_reduce(ordinary)))
+    first = _capture(
+        lib,
+        order,
+        stream,
+        lambda: (gpucomm.all_reduce(shared), gpucomm.all_reduce(ordinary), gpucomm.broadcast(sent, src=ROOT)),
+    )
     capture_lines = [line for line in said if "captured" in line]
     comm.register_graph_buffers()
     (buffers,) = executor.graphs._registered
-    (inplace,) = buffers.calls
+    inplace, inplace_broadcast = buffers.calls
     copy_program = next(
         p for p in engine._programs.values() if (ordinary.data_ptr(),) in p.cache.get("device", {}).get("bound", {})
     )
@@ -107,16 +130,19 @@ def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str)
     for k in (6, 7):
         shared.copy_(_input(rank, k))
         ordinary.copy_(_input(rank, k))
+        sent.copy_(_input(rank, 100 + k))
         assert lib.cuGraphLaunch(first, ctypes.c_void_p(0xF2)) == 0
         reference = _input(rank, k)
         gpucomm.all_reduce(reference)  # eager: the copy path
         same_bits.append(torch.equal(shared, reference) and torch.equal(ordinary, reference))
+        same_bits.append(torch.equal(sent, _input(ROOT, 100 + k)))
     result = {
         "same_bits": same_bits,
         # Counted from what the replayed kernels read: the in-place call's operand table in memory.
-        "inplace_staged": _slot_rows(inplace.bound["operands"]),
-        "inplace_program_staged": graph_buffers.staged_copies(inplace.program),
-        "copy_staged": _slot_rows(copy_table),
+        "inplace_staged": _staged(inplace) + _staged(inplace_broadcast),
+        "inplace_program_staged": graph_buffers.staged_copies(inplace.program)
+        + graph_buffers.staged_copies(inplace_broadcast.program),
+        "copy_staged": _slot_rows(copy_table, copy_table.numel() // 3),
         "copy_path_calls": executor.graphs.copy_path_calls,
         "capture_lines": capture_lines,
     }
@@ -134,7 +160,6 @@ def _captured(rank: int, world_size: int, double: str, algo: str, shm_path: str)
     result["second_same_bits"] = torch.equal(shared, reference)
     gpucomm.destroy_process_group()
     result["open_after_close"] = len(executor.graphs.segments)
-    os.unlink(path)
     return result
 
 
@@ -165,7 +190,7 @@ def test_a_replayed_all_reduce_on_ordinary_tensors_moves_no_copy_and_keeps_the_c
     for result in run_ranks(
         _captured, world, double, algo, shm_path, env={"GPUCOMM_DEBUG": "INFO"} if debug else {}, timeout=600
     ):
-        assert result["same_bits"] == [True, True]
+        assert result["same_bits"] == [True] * 4
         assert result["inplace_staged"] == 0 and result["inplace_program_staged"] == 0
         assert result["copy_staged"] > 0  # the ordinary tensor's captured launch stages through the halves
         assert result["opened"] == world - 1  # each peer's segment once, for both graphs
@@ -176,8 +201,9 @@ def test_a_replayed_all_reduce_on_ordinary_tensors_moves_no_copy_and_keeps_the_c
         if not debug:
             assert result["capture_lines"] == []
             continue
-        (inplace_line, copy_line) = result["capture_lines"]
-        assert "captured in place" in inplace_line
+        (inplace_line, copy_line, broadcast_line) = result["capture_lines"]
+        assert "all_reduce" in inplace_line and "captured in place" in inplace_line
+        assert "broadcast" in broadcast_line and "captured in place" in broadcast_line
         assert "captured with the copy path" in copy_line and "not in a shared mapping" in copy_line, copy_line
 
 
