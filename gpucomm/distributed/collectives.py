@@ -23,6 +23,7 @@ from gpucomm.work import Work
 __all__ = [
     "empty",
     "graph_safe",
+    "register_graph_buffers",
     "check",
     "P2POp",
     "send",
@@ -259,6 +260,21 @@ def graph_safe(group: object = None) -> bool:
     """
     comm = find(group, "graph_safe")
     return comm is not None and comm.graph_safe()
+
+
+def register_graph_buffers(graph: object = None, group: object = None) -> None:
+    """After capturing ``graph``, before its first replay, on every rank of ``group`` (default: the
+    default group): the all_reduces and broadcasts it captured on ordinary tensors run in place,
+    with no copy in or out (:meth:`gpucomm.Communicator.register_graph_buffers`)::
+
+        with torch.cuda.graph(g):
+            gpucomm.all_reduce(t)
+        gpucomm.register_graph_buffers(g)  # the peers' segments stay open while g lives
+        g.replay()
+    """
+    comm = find(group, "register_graph_buffers")
+    if comm is not None:
+        comm.register_graph_buffers(graph)
 
 
 def check(group: object = None) -> None:

@@ -226,7 +226,14 @@ class CapturedBuffers:
         buffers = GraphBuffers(self.segments, list(taken), calls)
         self._registered.append(buffers)
         if graph is not None:
-            weakref.finalize(graph, buffers.release)
+            try:
+                weakref.finalize(graph, buffers.release)
+            except TypeError as exc:
+                buffers.release()
+                raise TypeError(
+                    f"gpucomm.register_graph_buffers: graph must be an object its segments can live as long as "
+                    f"(a torch.cuda.CUDAGraph, weakly referenced), got {type(graph).__name__}"
+                ) from exc
         return buffers
 
     def release(self) -> None:

@@ -146,21 +146,32 @@ def _capture_and_replay(rank: int, world_size: int, double: str, algo: str, path
         "copy_path_calls": executor.graphs.copy_path_calls,
         "capture_lines": capture_lines,
     }
-    # A second graph over the same tensor: the peers' segments are not opened again, and outlive
-    # the first graph's release while the second uses them.
+    # A second graph over the same tensor, its segments released with it: the peers' segments are
+    # not opened again, and outlive the second graph while the first uses them.
     second = _capture(lib, order, stream, lambda: gpucomm.all_reduce(shared))
-    comm.register_graph_buffers()
+    graph = _Graph()
+    comm.register_graph_buffers(graph)
     result["opened"] = executor.graphs.segments.opens
-    buffers.release()
-    result["open_after_first_release"] = len(executor.graphs.segments)
-    shared.copy_(_input(rank, 8))
-    assert lib.cuGraphLaunch(second, ctypes.c_void_p(0xF2)) == 0
-    reference = _input(rank, 8)
-    gpucomm.all_reduce(reference)
-    result["second_same_bits"] = torch.equal(shared, reference)
+
+    def replay(exec_: object, k: int) -> bool:
+        shared.copy_(_input(rank, k))
+        assert lib.cuGraphLaunch(exec_, ctypes.c_void_p(0xF2)) == 0
+        reference = _input(rank, k)
+        gpucomm.all_reduce(reference)
+        return torch.equal(shared, reference)
+
+    later_bits = [replay(second, 8)]
+    del graph  # the second graph is gone: its segments go with it, where the first does not use them
+    result["open_after_second_freed"] = len(executor.graphs.segments)
+    later_bits.append(replay(first, 9))
+    result["later_same_bits"] = later_bits
     gpucomm.destroy_process_group()
     result["open_after_close"] = len(executor.graphs.segments)
     return result
+
+
+class _Graph:
+    """Stands for a torch.cuda.CUDAGraph: something its segments live as long as."""
 
 
 def _capture(lib, order: _CallerStream, stream: list, calls) -> object:  # noqa: ANN001
@@ -194,8 +205,8 @@ def test_a_replayed_all_reduce_on_ordinary_tensors_moves_no_copy_and_keeps_the_c
         assert result["inplace_staged"] == 0 and result["inplace_program_staged"] == 0
         assert result["copy_staged"] > 0  # the ordinary tensor's captured launch stages through the halves
         assert result["opened"] == world - 1  # each peer's segment once, for both graphs
-        assert result["open_after_first_release"] == world - 1  # the second graph still reads them
-        assert result["second_same_bits"]
+        assert result["later_same_bits"] == [True, True]
+        assert result["open_after_second_freed"] == world - 1  # the first graph still reads them
         assert result["open_after_close"] == 0  # released with the communicator at the latest
         assert result["copy_path_calls"] == 1
         if not debug:
@@ -267,3 +278,24 @@ def test_the_in_place_program_stages_nothing_and_the_copy_path_does() -> None:
     inplace = Builder(0, 4, 1 << 16, "all_reduce", ("f",), args=[region], heap=bases)
     allreduce.twoshot_symmetric(inplace, t, ReduceOp.SUM)
     assert graph_buffers.staged_copies(inplace.finish()) == 0
+
+
+def test_a_segment_closes_with_the_last_graph_that_reads_it() -> None:
+    import weakref
+
+    path = f"/dev/shm/gpucomm-test-graphs-{os.getpid()}"
+    whole = torch.from_file(path, shared=True, size=64, dtype=torch.float32)
+    try:
+        handle = locate(whole.data_ptr(), torch.device("cpu")).handle()
+        opened = OpenedSegments()
+        graphs = [graph_buffers.GraphBuffers(opened, [handle], []) for _ in range(2)]
+        opened.take(handle), opened.take(handle)
+        stand_in = _Graph()
+        weakref.finalize(stand_in, graphs[1].release)
+        del stand_in  # the second graph is freed
+        assert len(opened) == 1 and opened.opens == 1
+        graphs[0].release()
+        graphs[0].release()  # idempotent: no second drop
+        assert len(opened) == 0
+    finally:
+        os.unlink(path)
