@@ -99,7 +99,7 @@ class DeviceExecutor:
         self._stream = (
             functools.partial(torch._C._cuda_getCurrentRawStream, self.device.index) if self._on_gpu else None
         )
-        self.graphs = CapturedBuffers(self, operand_rows)  # captured all_reduces in place on the users' tensors
+        self.graphs = CapturedBuffers(self, operand_rows)  # captured calls in place on the users' tensors
         self._deferred: list | None = None  # tables to fill after a capture (bind_deferred)
 
     def epoch(self) -> int:
