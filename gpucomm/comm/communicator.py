@@ -15,11 +15,12 @@ All ranks of the group must call each collective, in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -463,19 +464,34 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         engine = self._engines.get("cuda")
         return engine is not None and engine.kernels.name != "torch" and self._broken is None and not self._closed
 
-    def register_graph_buffers(self, graph: object = None) -> None:
-        """After capturing a CUDA graph, before its first replay: let the all_reduces it captured
-        on ordinary tensors run in place. Collective: every rank calls it once per capture.
+    @contextlib.contextmanager
+    def graph_capture(self, graph: object = None) -> Iterator[None]:
+        """Around CUDA graph captures: the all_reduces and broadcasts captured on ordinary tensors
+        run in place at replay, with no copy in or out, where every rank's tensor can be shared
+        (``GPUCOMM_DEBUG=INFO`` says why not, per call); leaving with no error registers them
+        (:meth:`register_graph_buffers` with ``graph``). Collective."""
+        graphs = [g for e in self._engines.values() if (g := getattr(e.executor, "graphs", None)) is not None]
+        for g in graphs:
+            g.enabled += 1
+        try:
+            yield
+        except BaseException:
+            for g in graphs:
+                g.discard()  # a failed capture registers nothing
+            raise
+        finally:
+            for g in graphs:
+                g.enabled -= 1
+        self.register_graph_buffers(graph)
 
-        The ranks exchange, once, the IPC handles of the segments holding those tensors; each
-        opens each peer segment once, and the captured kernels' operand tables are filled with
-        the peers' addresses (:mod:`gpucomm.workspace.graph_buffers`). The segments stay open
-        until ``graph`` is freed (where given) or this communicator closes. A graph whose calls
-        ran in place must not be replayed before this call, nor after ``graph`` is freed."""
-        fn = "register_graph_buffers"
-        self._check_usable(fn)
+    def register_graph_buffers(self, graph: object = None) -> None:
+        """What :meth:`graph_capture` does on leaving, before any replay: the ranks exchange, once,
+        the IPC handles of the segments of the calls captured in place since the last registration,
+        open each peer segment once and fill the captured kernels' operand tables with the peers'
+        addresses (:mod:`gpucomm.workspace.graph_buffers`). The segments stay open until ``graph``
+        is freed (where given) or this communicator closes. Collective."""
+        self._check_usable("register_graph_buffers")
         with self._lock:
             for engine in self._engines.values():
-                graphs = getattr(engine.executor, "graphs", None)
-                if graphs is not None:
+                if (graphs := getattr(engine.executor, "graphs", None)) is not None:
                     graphs.register(graph)

@@ -7,20 +7,22 @@ can instead run the in-place two-shot of symmetric tensors
 (:func:`gpucomm.algorithms.allreduce.twoshot_symmetric`) on the users' own tensors, once every
 rank has mapped the others' memory:
 
-1. **At capture** (:meth:`CapturedBuffers.launch`, from the executor while the caller's stream
-   captures): the call's allocation is recorded (:mod:`gpucomm.workspace.graph_segments`: the
-   caching allocator's segment and offset, on the CPU the /dev/shm file's). The ranks agree
-   through the store, host-side only, whether every one can share its segment and whether their
-   addresses sit alike modulo 16 bytes (the launch's access width is fixed at capture). Where
-   all can, the in-place program is built with placeholder addresses for the peers' tensors, and
-   its launch is captured: the kernel reads every operand address from its operand table, in
-   device memory. Where one cannot, the copy path's launch is captured, and with
+1. **At capture**, inside ``gpucomm.graph_capture()`` (outside it a captured call keeps the copy
+   path), :meth:`CapturedBuffers.launch`, from the executor while the caller's stream captures:
+   the call's allocation is recorded (:mod:`gpucomm.workspace.graph_segments`: the caching
+   allocator's segment and offset, on the CPU the /dev/shm file's). The ranks agree through the
+   store, host-side only, whether every one can share its segment and whether their addresses
+   sit alike modulo 16 bytes (the launch's access width is fixed at capture). Where all can, the
+   in-place program is built with placeholder addresses for the peers' tensors, and its launch
+   is captured: the kernel reads every operand address from its operand table, in device
+   memory. Where one cannot, the copy path's launch is captured, and with
    ``GPUCOMM_DEBUG=INFO`` each rank says why, per call.
-2. **After the capture** (:meth:`CapturedBuffers.register`, ``Communicator.register_graph_buffers``,
-   called by every rank before the first replay): the ranks exchange, once, the handle and offset
-   of every captured call's segment; each opens each peer segment once (keyed by its handle), and
-   the operand tables are filled with the peers' addresses. Nothing frozen in the graph depends
-   on them: the graph holds the table's address, and the table is written after the capture.
+2. **After the capture** (:meth:`CapturedBuffers.register`: ``graph_capture``'s exit, or
+   ``Communicator.register_graph_buffers``; every rank, before the first replay): the ranks
+   exchange, once, the handle and offset of every captured call's segment; each opens each peer
+   segment once (keyed by its handle), and the operand tables are filled with the peers'
+   addresses. Nothing frozen in the graph depends on them: the graph holds the table's address,
+   and the table is written after the capture.
 3. **Released** with :meth:`GraphBuffers.release` (pass the graph to ``register_graph_buffers``
    and it runs when the graph is freed), or at the latest when the communicator closes.
 
@@ -130,12 +132,15 @@ class CapturedBuffers:
         self._calls = 0  # captured calls considered, the same count on every rank
         self._rounds = 0  # registrations so far
         self.copy_path_calls = 0  # captured calls left on the copy path (the tests count them)
+        # Inside Communicator.graph_capture only: a graph captured without it replays the copy path,
+        # as before, with nothing to register (its replays need no call of gpucomm first).
+        self.enabled = 0
 
     def launch(self, program: Program, addrs: tuple[int, ...]) -> dict | None:
         """While a graph captures: the binding of the in-place program that replaces ``program`` on
         the buffer at ``addrs``, or None where the copy path's own launch is captured."""
         plan = program.cache.get("inplace")
-        if plan is None or len(addrs) != 1 or any(_refs(program)):
+        if not self.enabled or plan is None or len(addrs) != 1 or any(_refs(program)):
             return None  # a collective with no in-place form here, or one on symmetric tensors (in place already)
         fn, dtype, numel, op_or_root, algo = plan
         if fn == "all_reduce" and algo not in _SAME_BITS:
@@ -160,7 +165,7 @@ class CapturedBuffers:
         self._pending.append(_Captured(inplace, addrs[0], allocation, bound, deferred, self.rows))
         log.logger.info(
             f"gpucomm[rank {engine.comm_rank}]: {fn} bytes={numel * dtype.itemsize} captured in place on the "
-            f"caller's tensor (no copy-in or copy-out); register_graph_buffers() before the first replay"
+            f"caller's tensor (no copy-in or copy-out); registered when graph_capture() ends"
         )
         return bound
 
@@ -235,6 +240,10 @@ class CapturedBuffers:
                     f"(a torch.cuda.CUDAGraph, weakly referenced), got {type(graph).__name__}"
                 ) from exc
         return buffers
+
+    def discard(self) -> None:
+        """Forget the calls captured since the last registration (their capture failed)."""
+        self._pending = []
 
     def release(self) -> None:
         """Release every graph's segments (the communicator closes)."""

@@ -113,13 +113,13 @@ def _capture_and_replay(rank: int, world_size: int, double: str, algo: str, path
     said.clear()
     # Captured: recorded, not run.
     first = _capture(
+        gpucomm.graph_capture(),  # registers the calls captured in place on leaving
         lib,
         order,
         stream,
         lambda: (gpucomm.all_reduce(shared), gpucomm.all_reduce(ordinary), gpucomm.broadcast(sent, src=ROOT)),
     )
     capture_lines = [line for line in said if "captured" in line]
-    comm.register_graph_buffers()
     (buffers,) = executor.graphs._registered
     inplace, inplace_broadcast = buffers.calls
     copy_program = next(
@@ -148,9 +148,8 @@ def _capture_and_replay(rank: int, world_size: int, double: str, algo: str, path
     }
     # A second graph over the same tensor, its segments released with it: the peers' segments are
     # not opened again, and outlive the second graph while the first uses them.
-    second = _capture(lib, order, stream, lambda: gpucomm.all_reduce(shared))
     graph = _Graph()
-    comm.register_graph_buffers(graph)
+    second = _capture(comm.graph_capture(graph), lib, order, stream, lambda: gpucomm.all_reduce(shared))
     result["opened"] = executor.graphs.segments.opens
 
     def replay(exec_: object, k: int) -> bool:
@@ -165,6 +164,12 @@ def _capture_and_replay(rank: int, world_size: int, double: str, algo: str, path
     result["open_after_second_freed"] = len(executor.graphs.segments)
     later_bits.append(replay(first, 9))
     result["later_same_bits"] = later_bits
+    # Outside graph_capture a captured call keeps the copy path: nothing to register before its
+    # replay, which is right at once (graphs captured before gpucomm did this stay as they were).
+    said.clear()
+    plain = _capture(contextlib.nullcontext(), lib, order, stream, lambda: gpucomm.all_reduce(shared))
+    result["plain_pending"] = len(executor.graphs._pending) + len([line for line in said if "captured" in line])
+    result["plain_same_bits"] = replay(plain, 10)
     gpucomm.destroy_process_group()
     result["open_after_close"] = len(executor.graphs.segments)
     return result
@@ -174,16 +179,18 @@ class _Graph:
     """Stands for a torch.cuda.CUDAGraph: something its segments live as long as."""
 
 
-def _capture(lib, order: _CallerStream, stream: list, calls) -> object:  # noqa: ANN001
-    """An instantiated graph of what ``calls`` launches, captured on the driver double."""
+def _capture(around, lib, order: _CallerStream, stream: list, calls) -> object:  # noqa: ANN001
+    """An instantiated graph of what ``calls`` launches, captured on the driver double inside the
+    context ``around`` (gpucomm.graph_capture, or a context that does nothing)."""
     import ctypes
 
     graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
-    assert lib.cuStreamBeginCapture_v2(ctypes.c_void_p(0xC0), 0) == 0
-    order.capturing, stream[0] = True, 0xC0
-    calls()
-    order.capturing, stream[0] = False, 0xE1
-    assert lib.cuStreamEndCapture(ctypes.c_void_p(0xC0), ctypes.byref(graph)) == 0
+    with around:
+        assert lib.cuStreamBeginCapture_v2(ctypes.c_void_p(0xC0), 0) == 0
+        order.capturing, stream[0] = True, 0xC0
+        calls()
+        order.capturing, stream[0] = False, 0xE1
+        assert lib.cuStreamEndCapture(ctypes.c_void_p(0xC0), ctypes.byref(graph)) == 0
     assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0) == 0
     return exec_
 
@@ -206,6 +213,7 @@ def test_a_replayed_all_reduce_on_ordinary_tensors_moves_no_copy_and_keeps_the_c
         assert result["copy_staged"] > 0  # the ordinary tensor's captured launch stages through the halves
         assert result["opened"] == world - 1  # each peer's segment once, for both graphs
         assert result["later_same_bits"] == [True, True]
+        assert result["plain_pending"] == 0 and result["plain_same_bits"]
         assert result["open_after_second_freed"] == world - 1  # the first graph still reads them
         assert result["open_after_close"] == 0  # released with the communicator at the latest
         assert result["copy_path_calls"] == 1
