@@ -1,6 +1,7 @@
-"""Zero copies for captured graphs (gpucomm.workspace.graph_buffers): an all_reduce captured on an
-ordinary tensor whose memory every rank can map replays in place, with no copy-in or copy-out,
-and with the copy path's bits; a tensor no peer can map keeps the copy path and says so.
+"""Zero copies for captured graphs (gpucomm.workspace.graph_buffers): inside gpucomm.graph_capture,
+an all_reduce (or broadcast) captured on an ordinary tensor whose memory every rank can map
+replays in place, with no copy-in or copy-out, and with the copy path's bits; a tensor no peer can
+map keeps the copy path and says so; outside graph_capture every captured call keeps the copy path.
 
 The replay runs on the CPU as tests/workspace/test_cuda_bound_launch.py's does: the CUDA C++
 program kernel built for the host, launched through gpucomm's launcher to the driver double,
