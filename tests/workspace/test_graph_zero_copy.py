@@ -308,3 +308,11 @@ def test_a_segment_closes_with_the_last_graph_that_reads_it() -> None:
         assert len(opened) == 0
     finally:
         os.unlink(path)
+
+
+def test_the_ranks_keep_the_copy_path_where_one_cannot_share_or_their_addresses_sit_apart() -> None:
+    members = [0, 1, 2]
+    assert graph_buffers._why_not(["1 0", "1 0", "1 0"], members) == ""
+    why = graph_buffers._why_not(["1 0", "0 its segment is an expandable segment", "1 0"], members)
+    assert why == "rank 1's tensor cannot be shared: its segment is an expandable segment"
+    assert "different addresses modulo 16 bytes (['0', '8'])" in graph_buffers._why_not(["1 0", "1 8", "1 0"], members)
