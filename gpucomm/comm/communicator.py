@@ -15,12 +15,13 @@ All ranks of the group must call each collective, in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -478,3 +479,35 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         collective once, eagerly, before capturing it: its program is built on first use."""
         engine = self._engines.get("cuda")
         return engine is not None and engine.kernels.name != "torch" and self._broken is None and not self._closed
+
+    @contextlib.contextmanager
+    def graph_capture(self, graph: object = None) -> Iterator[None]:
+        """Around CUDA graph captures: the all_reduces and broadcasts captured on ordinary tensors
+        run in place at replay, with no copy in or out, where every rank's tensor can be shared
+        (``GPUCOMM_DEBUG=INFO`` says why not, per call); leaving with no error registers them
+        (:meth:`register_graph_buffers` with ``graph``). Collective."""
+        graphs = [g for e in self._engines.values() if (g := getattr(e.executor, "graphs", None)) is not None]
+        for g in graphs:
+            g.enabled += 1
+        try:
+            yield
+        except BaseException:
+            for g in graphs:
+                g.discard()  # a failed capture registers nothing
+            raise
+        finally:
+            for g in graphs:
+                g.enabled -= 1
+        self.register_graph_buffers(graph)
+
+    def register_graph_buffers(self, graph: object = None) -> None:
+        """What :meth:`graph_capture` does on leaving, before any replay: the ranks exchange, once,
+        the IPC handles of the segments of the calls captured in place since the last registration,
+        open each peer segment once and fill the captured kernels' operand tables with the peers'
+        addresses (:mod:`gpucomm.workspace.graph_buffers`). The segments stay open until ``graph``
+        is freed (where given) or this communicator closes. Collective."""
+        self._check_usable("register_graph_buffers")
+        with self._lock:
+            for engine in self._engines.values():
+                if (graphs := getattr(engine.executor, "graphs", None)) is not None:
+                    graphs.register(graph)

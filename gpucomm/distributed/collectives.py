@@ -8,6 +8,7 @@ group must call a collective simultaneously, in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Callable, Sequence
 
@@ -23,6 +24,8 @@ from gpucomm.work import Work
 __all__ = [
     "empty",
     "graph_safe",
+    "register_graph_buffers",
+    "graph_capture",
     "check",
     "P2POp",
     "send",
@@ -259,6 +262,30 @@ def graph_safe(group: object = None) -> bool:
     """
     comm = find(group, "graph_safe")
     return comm is not None and comm.graph_safe()
+
+
+def graph_capture(graph: object = None, group: object = None) -> contextlib.AbstractContextManager:
+    """Around CUDA graph captures on every rank of ``group`` (default: the default group): the
+    all_reduces and broadcasts captured on ordinary tensors run in place at replay, with no copy
+    in or out, where every rank's tensor can be shared (:meth:`gpucomm.Communicator.graph_capture`)::
+
+        gpucomm.all_reduce(t)                     # warm-up, as for any capture
+        with gpucomm.graph_capture(g):            # registers the peers' segments on leaving
+            with torch.cuda.graph(g):
+                gpucomm.all_reduce(t)
+        g.replay()                                # in place on t; the segments live as long as g
+    """
+    comm = find(group, "graph_capture")
+    return contextlib.nullcontext() if comm is None else comm.graph_capture(graph)
+
+
+def register_graph_buffers(graph: object = None, group: object = None) -> None:
+    """What :func:`graph_capture` does on leaving, on every rank of ``group``: the calls captured in
+    place since the last registration exchange their segments, so that ``graph`` may replay
+    (:meth:`gpucomm.Communicator.register_graph_buffers`)."""
+    comm = find(group, "register_graph_buffers")
+    if comm is not None:
+        comm.register_graph_buffers(graph)
 
 
 def check(group: object = None) -> None:

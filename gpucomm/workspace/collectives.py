@@ -104,7 +104,10 @@ class EngineCollectives:
             return launch_on_caller
         fields, build = self._all_reduce_plan(tensor, op, algo)
         region = Region.of(tensor)
-        return self.executor.bind(self.program("all_reduce", fields, [region], build), (region.addr,))
+        program = self.program("all_reduce", fields, [region], build)
+        # What a CUDA graph capture of this call needs to run it in place (gpucomm.workspace.graph_buffers).
+        program.cache.setdefault("inplace", ("all_reduce", tensor.dtype, tensor.numel(), op, algo))
+        return self.executor.bind(program, (region.addr,))
 
     def _lang_launch(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
         """The one-shot all_reduce written with gpucomm.language (kernels/triton/oneshot.py): the
@@ -208,7 +211,11 @@ class EngineCollectives:
         offsets = self._in_place(algo, tensor.numel() * tensor.element_size(), tensor)
         if offsets is not None:
             fields, build = (*fields, "symmetric", offsets), lambda b: symmetric.broadcast(b, tensor, root)  # noqa: E731
-        self.run("broadcast", fields, [Region.of(tensor)], build, root)
+        region = Region.of(tensor)
+        program = self.program("broadcast", fields, [region], build, root)
+        # What a CUDA graph capture of this call needs to run it in place (gpucomm.workspace.graph_buffers).
+        program.cache.setdefault("inplace", ("broadcast", tensor.dtype, tensor.numel(), root, algo))
+        self.executor.run(program, (region.addr,))
         return self.completed()
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, algo: str) -> Work:

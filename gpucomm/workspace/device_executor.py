@@ -33,6 +33,7 @@ from gpucomm.ops.program import Program, Slot, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import granule as granule_of
 from gpucomm.workspace.channels import launch_channels
+from gpucomm.workspace.graph_buffers import CapturedBuffers
 from gpucomm.workspace.stream_order import StreamOrder
 
 __all__ = ["DeviceExecutor", "DeviceEngine", "operand_rows", "instruction_rows", "channel_layout"]
@@ -98,6 +99,8 @@ class DeviceExecutor:
         self._stream = (
             functools.partial(torch._C._cuda_getCurrentRawStream, self.device.index) if self._on_gpu else None
         )
+        self.graphs = CapturedBuffers(self, operand_rows)  # captured calls in place on the users' tensors
+        self._deferred: list | None = None  # tables to fill after a capture (bind_deferred)
 
     def epoch(self) -> int:
         """Channel 0's epoch once the launches so far have run (waits for the device)."""
@@ -108,6 +111,12 @@ class DeviceExecutor:
     def run(self, program: Program, addrs: tuple[int, ...] = ()) -> None:
         """Launch ``program`` on the call's buffers at ``addrs`` (see :class:`gpucomm.ops.program.Arg`)."""
         self.check()
+        if self._on_gpu and capturing(self.device):
+            inplace = self.graphs.launch(program, addrs)  # gpucomm.workspace.graph_buffers
+            if inplace is not None:
+                with on_device(self.device):
+                    inplace["launch"](self._stream())
+                return
         form = program.cache.get("device")
         if form is None:
             self._no_upload_in_capture(program)
@@ -258,10 +267,27 @@ class DeviceExecutor:
                 del kept[stale]
         return bound
 
+    def bind_deferred(self, program: Program, addrs: tuple[int, ...]) -> tuple[dict, list]:
+        """Bind ``program`` to ``addrs`` inside a CUDA graph capture: its tables are allocated on the
+        device now (the graph's memory pool) and left unwritten, since a host-to-device copy
+        would be captured and replay from host memory gone by then. Returns the binding and the
+        ``(device table, host table)`` pairs to copy once the capture has ended
+        (gpucomm.workspace.graph_buffers); on the CPU the tables are host memory, already written."""
+        self._deferred = []
+        try:
+            form = program.cache["device"] = self._prepare(program)
+            bound = self._bind(program, form, addrs)
+        finally:
+            deferred, self._deferred = self._deferred, None
+        return bound, deferred
+
     def _upload(self, rows: list[list[int]], width: int) -> torch.Tensor:
         table = torch.tensor(rows or [[0] * width], dtype=torch.int64).reshape(-1)
         if self.device.type != "cuda":
             return table
+        if self._deferred is not None:  # inside a capture (bind_deferred)
+            self._deferred.append((torch.empty_like(table, device=self.device), table))
+            return self._deferred[-1][0]
         return self.engine.upload(table)
 
     # -- errors -------------------------------------------------------------------------------

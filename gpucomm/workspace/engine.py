@@ -168,6 +168,7 @@ class Engine(EngineCollectives):
         self._store = comm.store
         self.heap_bytes = comm.config.heap_bytes_for(device.type) // ALIGN * ALIGN
         self.heap_prefix = store_prefix + "heap/"
+        self.graph_prefix = store_prefix + "graph/"  # captured calls' segments (gpucomm.workspace.graph_buffers)
         self.heap: SymmetricHeap | None = None
         self._heap_workspace: Workspace | None = None  # the heap's own shm / CUDA IPC buffers
         self._heap_tries = 0  # opens that failed: each try agrees under a prefix of its own
@@ -390,6 +391,8 @@ class Engine(EngineCollectives):
                 self.inter.close()
         finally:
             self._programs.clear()
+            if hasattr(self.executor, "graphs"):
+                self.executor.graphs.release()  # the peers' segments captured graphs read
             try:
                 if self.heap is not None:
                     if self.heap.kind == "workspace" and self.device.type == "cuda" and self.heap.live_blocks:
