@@ -21,7 +21,7 @@ import logging
 import signal
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,7 @@ from gpucomm import log
 from gpucomm.comm.agreement import agree
 from gpucomm.comm.arrivals import draw_prefix, store_wait
 from gpucomm.comm.collectives import Collectives
+from gpucomm.comm.graph_capture import capturing_in_place, register
 from gpucomm.comm.memory import SymmetricMemory
 from gpucomm.comm.point_to_point import PointToPoint
 from gpucomm.comm.summary import summary_lines
@@ -480,25 +481,12 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         engine = self._engines.get("cuda")
         return engine is not None and engine.kernels.name != "torch" and self._broken is None and not self._closed
 
-    @contextlib.contextmanager
-    def graph_capture(self, graph: object = None) -> Iterator[None]:
+    def graph_capture(self, graph: object = None) -> contextlib.AbstractContextManager[None]:
         """Around CUDA graph captures: the all_reduces and broadcasts captured on ordinary tensors
         run in place at replay, with no copy in or out, where every rank's tensor can be shared
         (``GPUCOMM_DEBUG=INFO`` says why not, per call); leaving with no error registers them
         (:meth:`register_graph_buffers` with ``graph``). Collective."""
-        graphs = [g for e in self._engines.values() if (g := getattr(e.executor, "graphs", None)) is not None]
-        for g in graphs:
-            g.enabled += 1
-        try:
-            yield
-        except BaseException:
-            for g in graphs:
-                g.discard()  # a failed capture registers nothing
-            raise
-        finally:
-            for g in graphs:
-                g.enabled -= 1
-        self.register_graph_buffers(graph)
+        return capturing_in_place(self, graph)
 
     def register_graph_buffers(self, graph: object = None) -> None:
         """What :meth:`graph_capture` does on leaving, before any replay: the ranks exchange, once,
@@ -506,8 +494,4 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
         open each peer segment once and fill the captured kernels' operand tables with the peers'
         addresses (:mod:`gpucomm.workspace.graph_buffers`). The segments stay open until ``graph``
         is freed (where given) or this communicator closes. Collective."""
-        self._check_usable("register_graph_buffers")
-        with self._lock:
-            for engine in self._engines.values():
-                if (graphs := getattr(engine.executor, "graphs", None)) is not None:
-                    graphs.register(graph)
+        register(self, graph)

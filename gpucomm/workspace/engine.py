@@ -127,11 +127,8 @@ class Engine(EngineCollectives):
         self.kernels = get_kernels(kernels, device)
         data_bytes = comm.config.workspace_bytes_for(device.type)
         layout = DataLayout(data_bytes)
-        self.p2p_bytes, self.half_bytes, self.stage_half_bytes = (
-            layout.p2p_bytes,
-            layout.half_bytes,
-            layout.stage_half_bytes,
-        )
+        self.p2p_bytes, self.half_bytes = layout.p2p_bytes, layout.half_bytes
+        self.stage_half_bytes = layout.stage_half_bytes
         # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
         # each at least (two fp64 elements, one 16-byte vector).
         if self.half_bytes // self.world_size < 16:
