@@ -1,8 +1,9 @@
 """``--plot FILE.png``: bus bandwidth and time against message size, per backend and variant.
 
 Two panels per collective, both log-log: busbw above, time per call below. A linear axis flattened
-every row below 32 KiB of the 2-core CPU runs (busbw 0.0001-0.04 GB/s there against 1-5 GB/s at
-16 MiB) into the x axis; on log axes each decade of size and of bandwidth gets the same room.
+every row below 32 KiB of the 2-core CPU runs into the x axis: in docs/results/2026-11-29-bench-threads
+(all_reduce, 2 ranks) busbw reads 0.00005-1.09 GB/s below 32 KiB against up to 3.86 GB/s above; on
+log axes each decade of size and of bandwidth gets the same room.
 Each backend has one colour in every panel; out-of-place is a solid line with filled circles,
 in-place a dashed line with open squares, and the legend's handles are long enough to show the
 dashes (matplotlib's default handle holds one dash and reads as solid).

@@ -131,10 +131,24 @@ def test_every_dtype_and_op_in_one_run(tmp_path):
     ran = {(t["dtype"], t["op"]) for t in tables}
     assert ran == {(d, o) for d in DTYPES for o in OPS}, proc.stdout + proc.stderr
     assert "# Collective test: all_reduce    int64 max    backend: gloo" in proc.stdout
+    # torch's gloo has no AVG of integer tensors ("result type Float can't be cast ... Int"): those
+    # two tables say so, and as gloo is the backend under test the run fails (exit 1).
+    errors = {(t["dtype"], t["op"]) for t in tables if t["error"]}
+    assert errors == {("int32", "avg"), ("int64", "avg")}, [t["error"] for t in tables if t["error"]]
+    assert proc.returncode == 1 and "# ERROR: rank 0: RuntimeError: result type Float" in proc.stdout
     for table in tables:
         if table["error"] is None:
             assert table["wrong"] == 0 and table["rows"][0]["type"] == table["dtype"]
             assert table["rows"][0]["redop"] == table["op"]
+
+
+def test_a_collective_that_does_not_reduce_runs_once_per_dtype(tmp_path):
+    out = tmp_path / "b.json"
+    proc = _bench(["broadcast", *GLOO_2, "-b", "8", "-e", "8", "-d", "all", "-o", "all", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tables = json.loads(out.read_text())["tables"]
+    assert [(t["dtype"], t["op"]) for t in tables] == [(d, None) for d in DTYPES]
+    assert "# Collective test: broadcast    bfloat16    backend: gloo" in proc.stdout
 
 
 def test_plot_has_log_axes_a_time_panel_and_a_legend_that_shows_dashes():
