@@ -66,11 +66,11 @@ def _rank_main(
     settings: Settings,
     cores: set[int] | None,
     env: dict[str, str],
-    threads: tuple[int | None, str],
 ) -> None:
     if cores is not None:
         os.sched_setaffinity(0, cores)
-    apply_threads(*threads)
+    # Before any backend starts: torch's thread count for this rank's cores (bench/threads.py).
+    apply_threads(*plan_threads(cores, world, settings.threads))
     os.environ.update(
         env,  # what the backends read when they start (backends.nccl_spawn_env)
         RANK=str(rank),
@@ -102,10 +102,7 @@ def launch(settings: Settings, nproc: int) -> int:
     port = _free_port()
     cores = _cores_for(nproc, settings.bind)
     env = nccl_spawn_env(settings.backends, settings.device, nproc)
-    threads = [plan_threads(cores[r], nproc, settings.threads) for r in range(nproc)]
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, nproc, port, settings, cores[r], env, threads[r])) for r in range(nproc)
-    ]
+    procs = [ctx.Process(target=_rank_main, args=(r, nproc, port, settings, cores[r], env)) for r in range(nproc)]
     for p in procs:
         p.start()
     failed_at = None
