@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from gpucomm._bench.backends import gpucomm_api_available
 from gpucomm._bench.cli import build_parser, main
 from gpucomm._bench.combos import DTYPES, OPS, combos
 from gpucomm._bench.nccl_flags import REFUSED, check_nccl_flags
@@ -87,11 +88,17 @@ def test_rows_stream_as_each_size_finishes(tmp_path):
     )
 
 
+@pytest.mark.skipif(not gpucomm_api_available(), reason="gpucomm's collective API is not in this install")
 def test_several_backends_share_one_streamed_table():
-    proc = _bench(["all_reduce", *GLOO_2[2:], "--backend", "gloo", "--compare", "gloo", "-b", "8", "-e", "8"])
+    """gpucomm and gloo: one table, each size's rows in backend order with the name last, then each footer."""
+    args = ["all_reduce", "--backend", "gpucomm", "--compare", "gloo", "--nproc", "2", "-n", "2", "-w", "1"]
+    proc = _bench([*args, "-b", "8", "-e", "64", "-f", "8"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    head = "# Collective test: all_reduce    backend: gloo"
-    assert head in proc.stdout and proc.stdout.count("# Out of bounds values : 0 OK") == 1
+    assert "# Collective test: all_reduce    backends: gpucomm, gloo (last column)" in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("  ") and len(line.split()) == 14]
+    assert [(r[0], r[-1]) for r in rows] == [("8", "gpucomm"), ("8", "gloo"), ("64", "gpucomm"), ("64", "gloo")]
+    assert "#  gpucomm:\n# Out of bounds values : 0 OK" in proc.stdout
+    assert "#  gloo:\n# Out of bounds values : 0 OK" in proc.stdout
 
 
 @pytest.mark.parametrize("short,long,why", REFUSED)
