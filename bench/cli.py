@@ -16,11 +16,11 @@ import torch
 
 from .backends import BACKENDS, DEFAULT_TIMEOUT_S, gpucomm_api_available
 from .collectives import COLLECTIVES
-from .sizes import parse_size, size_sweep
+from .combos import DTYPES, OPS
+from .nccl_flags import add_nccl_flags, check_nccl_flags
+from .sizes import linear_sweep, parse_size, size_sweep
 
 __all__ = ["main", "build_parser"]
-
-OPS = ("sum", "prod", "min", "max", "avg")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,8 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
         "-b", "--minbytes", type=parse_size, default="8", help="smallest size (8, 1K, 4M, 1G) (default: %(default)s)"
     )
     p.add_argument("-e", "--maxbytes", type=parse_size, default="32M", help="largest size (default: %(default)s)")
+    p.add_argument("-f", "--stepfactor", type=float, default=None, help="size multiplier between rows (default: 2)")
     p.add_argument(
-        "-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows (default: %(default)s)"
+        "-i",
+        "--stepbytes",
+        type=parse_size,
+        default=None,
+        help="bytes added between rows, in place of -f's multiplier (default: none, -f's)",
     )
     p.add_argument(
         "-n", "--iters", type=int, default=20, help="timed iterations per size (median taken) (default: %(default)s)"
@@ -57,14 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
         "-c", "--check", type=int, choices=(0, 1), default=1, help="check results (1) or not (0) (default: %(default)s)"
     )
     p.add_argument(
-        "-o", "--op", choices=OPS, default="sum", help="reduction of reducing collectives (default: %(default)s)"
+        "-o",
+        "--op",
+        choices=(*OPS, "all"),
+        default="sum",
+        help="reduction of reducing collectives; all: each in turn (default: %(default)s)",
     )
     p.add_argument(
         "-d",
         "--datatype",
-        choices=("float", "half", "bfloat16", "double", "int32", "int64"),
+        choices=(*DTYPES, "all"),
         default="float",
-        help="element type (default: %(default)s)",
+        help="element type; all: each in turn (default: %(default)s)",
     )
     p.add_argument(
         "-r", "--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default: %(default)s)"
@@ -91,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
         "there is a core per rank, none leaves them to the scheduler (default: %(default)s)",
     )
     p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads per spawned rank (default: as many as the rank's cores under --bind; unbound, "
+        "OMP_NUM_THREADS, else the cores shared among the ranks)",
+    )
+    p.add_argument(
         "--backend",
         choices=BACKENDS,
         default=None,
@@ -112,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the tensors live; auto: CUDA if present (default: %(default)s)",
     )
     p.add_argument(
+        "-T",
         "--timeout",
         type=float,
         default=None,
@@ -120,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=None, help="seed of the check inputs (default: random)")
     p.add_argument("--json", default=None, metavar="FILE", help="write settings and every row as JSON (default: none)")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot busbw against size (default: none)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot busbw and time against size (default: none)")
+    add_nccl_flags(p)
     return p
 
 
@@ -158,13 +177,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _sizes(args: argparse.Namespace) -> list[int]:
+    """-f's geometric sweep, or -i's linear one (not both: nccl-tests takes one step or the other)."""
+    if args.stepbytes is None:
+        return size_sweep(args.minbytes, args.maxbytes, 2.0 if args.stepfactor is None else args.stepfactor)
+    if args.stepfactor is not None:
+        raise ValueError(
+            f"gpucomm-bench: -i/--stepbytes and -f/--stepfactor both given ({args.stepbytes}, {args.stepfactor}): "
+            "pass one step"
+        )
+    return linear_sweep(args.minbytes, args.maxbytes, args.stepbytes)
+
+
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    check_nccl_flags(args)
+    sizes = _sizes(args)
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        raise ValueError(f"gpucomm-bench: --cpu-threads must be >= 1, got {args.cpu_threads}")
     if args.rounds < 1:
         raise ValueError(f"gpucomm-bench: --rounds must be >= 1, got {args.rounds}")
     if args.cudagraph:
         _check_cudagraph(args)
     if args.test == "kernels":
+        if "all" in (args.datatype, args.op):
+            raise ValueError(
+                f"gpucomm-bench: kernels measures one dtype and op per run, got -d {args.datatype} -o {args.op}"
+            )
         from .kernels_bench import run_kernels
 
         return run_kernels(
@@ -202,11 +240,13 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         json_path=args.json,
         plot_path=args.plot,
         argv=list(argv),
-        step_factor=args.stepfactor,
+        step_factor=2.0 if args.stepfactor is None else args.stepfactor,
+        step_bytes=args.stepbytes,
         max_bytes=args.maxbytes,
         rounds=args.rounds,
         bind=args.bind,
         graph_launches=args.cudagraph,
+        threads=args.cpu_threads,
     )
     nproc = args.nproc
     if nproc is None:

@@ -11,6 +11,9 @@ balancer. On the 2-core CI machine, 2 ranks alternating 13 gpucomm and 13 gloo a
 near the 105-113 us of both ranks pinned to one core), 1077 bound (nearly all the first call
 after gloo's, which waits for the later rank); medians 26.9 and 26.1 us. Both backends run under the same
 binding, and the header lists each rank's cores.
+
+Each spawned rank runs as many torch threads as it has cores (bench/threads.py), and the header
+and the JSON say how many.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 
 from .backends import nccl_spawn_env
 from .runner import Settings, run_rank
+from .threads import apply_threads, plan_threads
 
 __all__ = ["BIND_MODES", "launch", "under_launcher"]
 
@@ -56,10 +60,17 @@ def _cores_for(nproc: int, bind: str) -> list[set[int] | None]:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, settings: Settings, cores: set[int] | None, env: dict[str, str]
+    rank: int,
+    world: int,
+    port: int,
+    settings: Settings,
+    cores: set[int] | None,
+    env: dict[str, str],
 ) -> None:
     if cores is not None:
         os.sched_setaffinity(0, cores)
+    # Before any backend starts: torch's thread count for this rank's cores (bench/threads.py).
+    apply_threads(*plan_threads(cores, world, settings.threads))
     os.environ.update(
         env,  # what the backends read when they start (backends.nccl_spawn_env)
         RANK=str(rank),
@@ -82,6 +93,8 @@ def _rank_main(
 def launch(settings: Settings, nproc: int) -> int:
     """Run every rank; the exit status: 0 if all passed, 1 on a failed check, 2 on bad settings."""
     if under_launcher():
+        if settings.threads is not None:
+            apply_threads(settings.threads, "--cpu-threads")
         return run_rank(settings)
     if nproc < 1:
         raise ValueError(f"gpucomm-bench: --nproc must be >= 1, got {nproc}")

@@ -9,12 +9,15 @@ __all__ = ["table_header", "table_row", "table_footer", "avg_busbw", "comparison
 VARIANTS = ("out_of_place", "in_place")
 
 
-def table_header() -> str:
+def table_header(backend_column: bool = False) -> str:
+    """nccl-tests' column heads; ``backend_column`` adds a last one (rows of several backends)."""
+    last = "  backend" if backend_column else ""
     return "\n".join(
         [
             f"#{'':>71}out-of-place{'':>23}in-place",
             f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
-            + f"  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2,
+            + f"  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2
+            + last,
             f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
             + f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2,
         ]
@@ -43,10 +46,11 @@ def _variant(cell: dict | None) -> str:
     return f"  {_time(cell['time_us'])}  {_bw(cell['algbw'])}  {_bw(cell['busbw'])}  {wrong:>6}"
 
 
-def table_row(row: dict) -> str:
-    return f"  {row['size']:>10}  {row['count']:>12}  {row['type']:>8}  {row['redop']:>6}  {row['root']:>6}" + "".join(
-        _variant(row[v]) for v in VARIANTS
-    )
+def table_row(row: dict, backend: str | None = None) -> str:
+    """One size's row; ``backend`` (where several share the table) as the last column."""
+    line = f"  {row['size']:>10}  {row['count']:>12}  {row['type']:>8}  {row['redop']:>6}  {row['root']:>6}"
+    line += "".join(_variant(row[v]) for v in VARIANTS)
+    return line if backend is None else f"{line}  {backend}"
 
 
 def avg_busbw(rows: Sequence[dict]) -> float | None:

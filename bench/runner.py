@@ -13,40 +13,29 @@ import datetime
 import json
 import os
 import random
-import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from .backends import (
     DEFAULT_TIMEOUT_S,
-    NCCL_MULTI_RANK_ENV,
     Backend,
     describe_gpucomm,
     gpucomm_api_available,
     make_backend,
-    nccl_shares_gpus,
-    nccl_version,
     why_unavailable,
 )
 from .collectives import SPECS, Case, poison_value
-from .hostinfo import device_name, versions
+from .combos import DTYPES, combos
+from .header import header_text, nccl_info, rank_info, write_report
 from .progress import emit, progress_bar, show_bar
-from .report import VARIANTS, avg_busbw, comparison_table, table_footer, table_header, table_row
+from .report import VARIANTS, avg_busbw
 from .rounds import combine_rounds, round_order
+from .stream import TableStream, combo_label
 from .timing import check_after, count_wrong, time_calls, time_graph
 
 __all__ = ["Settings", "run_rank", "DTYPES", "PLANT_ERROR_ENV"]
-
-DTYPES = {
-    "float": torch.float32,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "double": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
 
 # Test-only: corrupt one checked element on every checking rank, to prove a wrong result fails
 # the run. Not a CLI option, so that nobody reaches for it by accident.
@@ -76,6 +65,8 @@ class Settings:
     rounds: int = 1
     bind: str = "auto"  # auto | none | core: where spawned ranks may run (bench/launch.py)
     graph_launches: int = 0  # -G: > 0 times the calls captured into a CUDA graph (timing.time_graph)
+    step_bytes: int | None = None  # -i: rows step by this many bytes (not -f's factor)
+    threads: int | None = None  # --cpu-threads; None: as many as a rank's cores (bench/threads.py)
 
 
 def _device(kind: str, local_rank: int) -> torch.device:
@@ -174,12 +165,12 @@ def _measure_rounds(spec, case: Case, backends: list[Backend], s: Settings, bar)
     return results
 
 
-def _row(spec, case: Case, size: int, per_rank: list[dict], s: Settings) -> dict:
+def _row(spec, case: Case, size: int, per_rank: list[dict], dtype: str) -> dict:
     """Rank 0: one backend's nccl-tests row from every rank's rounds."""
     row = {
         "size": size,
         "count": case.count,
-        "type": s.dtype,
+        "type": dtype,
         "redop": case.op if spec.reducing else "none",
         "root": case.root if spec.rooted else -1,
     }
@@ -189,18 +180,21 @@ def _row(spec, case: Case, size: int, per_rank: list[dict], s: Settings) -> dict
     return row
 
 
-def _record(spec, case: Case, size: int, per_rank: list[dict], tables: dict[str, dict], s: Settings) -> None:
-    """Rank 0: each measured backend's row at this size, or its error, into its table."""
+def _record(spec, case: Case, size: int, per_rank: list[dict], tables: dict[str, dict], out: TableStream) -> None:
+    """Rank 0: each measured backend's row at this size, or its error, into its table and printed."""
     for name in per_rank[0]:
         errors = [f"rank {r}: {p[name]['error']}" for r, p in enumerate(per_rank) if "error" in p[name]]
         if errors:
             tables[name]["error"] = "; ".join(errors)
+            out.error(name, tables[name]["error"])
         else:
-            tables[name]["rows"].append(_row(spec, case, size, [p[name] for p in per_rank], s))
+            tables[name]["rows"].append(_row(spec, case, size, [p[name] for p in per_rank], tables[name]["dtype"]))
+            out.row(name, tables[name]["rows"][-1])
 
 
 def _run_collective(
     coll: str,
+    combo: tuple[str, str],
     backends: list[Backend],
     rank,
     world,
@@ -210,21 +204,23 @@ def _run_collective(
     bar,
     seed: int,
     not_run: list[dict],
+    label: str,
 ) -> list[dict]:
-    """Every size of one collective on every started backend; rank 0's tables (empty elsewhere).
+    """Every size of one collective at one (dtype, op) on every started backend; rank 0's tables
+    (empty elsewhere), each row printed as it is measured.
 
     In the order of ``s.backends``, with a table saying why for each peer in ``not_run``.
     """
     spec = SPECS[coll]
-    dtype = DTYPES[s.dtype]
+    dtype_name, op = combo
+    dtype = DTYPES[dtype_name]
     elem = torch.empty(0, dtype=dtype).element_size()
-    tables = {
-        b.name: {"backend": b.name, "collective": coll, "rows": [], "error": None, "skipped": None} for b in backends
-    }
+    kind = {"collective": coll, "dtype": dtype_name, "op": op if spec.reducing else None}
+    tables = {b.name: {"backend": b.name, **kind, "rows": [], "error": None, "skipped": None} for b in backends}
     refused = {
         item["backend"]: {
             "backend": item["backend"],
-            "collective": coll,
+            **kind,
             "rows": [],
             "error": None,
             "skipped": f"not run: {item['reason']}",
@@ -238,6 +234,10 @@ def _run_collective(
         for table in tables.values():
             table["skipped"] = f"{coll} needs at least {spec.min_world} ranks, this run has {world}"
         sizes = []
+    out = TableStream(bar, coll, label) if rank == 0 else None
+    if out is not None:
+        skipped = [t for t in (*tables.values(), *refused.values()) if t["skipped"]]
+        out.start([b.name for b in backends if not tables[b.name]["skipped"]], skipped)
     active = list(backends)
     seen = set()
     for size in sizes:
@@ -246,10 +246,10 @@ def _run_collective(
         if actual in seen:  # rounding to whole elements maps several sizes to one
             continue
         seen.add(actual)
-        case = Case(rank, world, count, dtype, device, s.op, s.root, seed)
+        case = Case(rank, world, count, dtype, device, op, s.root, seed)
         per_rank = ex.gather(_measure_rounds(spec, case, active, s, bar))
         if rank == 0:
-            _record(spec, case, actual, per_rank, tables, s)
+            _record(spec, case, actual, per_rank, tables, out)
         # Rank 0 alone sees every rank's error: all ranks drop a failed backend from this
         # collective together, and go on with the others.
         failed = json.loads(ex.share(json.dumps([n for n, t in tables.items() if t["error"]]) if rank == 0 else None))
@@ -262,6 +262,7 @@ def _run_collective(
         table["wrong"] = sum(r[v]["wrong"] or 0 for r in table["rows"] for v in VARIANTS if r[v])
         table["avg_busbw"] = avg_busbw(table["rows"])
     _add_ratios(list(tables.values()))
+    out.end(list(tables.values()), s.rounds)
     every = {**tables, **refused}
     return [every[name] for name in s.backends if name in every]
 
@@ -282,43 +283,6 @@ def _add_ratios(tables: list[dict]) -> None:
                 other = next((r[variant] for r in peer["rows"] if r["size"] == row["size"]), None)
                 if other is not None:
                     cell["ratio"][peer["backend"]] = cell["time_us"] / other["time_us"]
-
-
-def _table_text(table: dict) -> str:
-    if table["skipped"]:
-        return (
-            f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n"
-            f"# skipped: {table['skipped']}\n#"
-        )
-    lines = [f"#\n# Collective test: {table['collective']}    backend: {table['backend']}\n#", table_header()]
-    lines += [table_row(row) for row in table["rows"]]
-    if table["error"]:
-        lines.append(f"# ERROR: {table['error']}")
-    lines.append(table_footer(table["rows"], table["wrong"]))
-    return "\n".join(lines)
-
-
-def _print_collective(tables: list[dict], s: Settings, bar) -> None:
-    """Rank 0: each backend's nccl-tests table, then the backends side by side."""
-    for table in tables:
-        emit(bar, _table_text(table))
-    measured = [t for t in tables if t["rows"]]
-    if len(measured) >= 2:
-        emit(bar, comparison_table(measured[0]["collective"], measured, s.rounds))
-
-
-def _rank_info(device: torch.device) -> dict:
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "device": str(device),
-        "device_name": device_name(device),
-        "cores": sorted(os.sched_getaffinity(0)),
-    }
-
-
-def _cores_text(cores: list[int]) -> str:
-    return ",".join(map(str, cores)) if len(cores) <= 4 else f"{len(cores)} cores"
 
 
 def _runnable(s: Settings, device: torch.device, world: int, local_world: int) -> tuple[list[str], list[dict]]:
@@ -368,22 +332,23 @@ def run_rank(s: Settings) -> int:
         raise ValueError(f"gpucomm-bench: -r/--root must be in [0, {world}), got {s.root}")
     ex = _Exchange(store, rank, world)
     seed = int(ex.share(str(s.seed if s.seed is not None else random.randrange(1 << 31)) if rank == 0 else None))
-    infos = ex.gather(_rank_info(device))
+    infos = ex.gather(rank_info(device))
 
     runnable, skipped = _runnable(s, device, world, local_world)
-    nccl = _nccl_info(device, local_world) if "nccl" in runnable else None
+    nccl = nccl_info(device, local_world) if "nccl" in runnable else None
     backends = _start_backends(runnable, store, rank, world, device, s, skipped)
     try:
         # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
         served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
-        bar = progress_bar(len(s.collectives) * len(s.sizes) * s.rounds, rank == 0 and show_bar())
+        plan = [(coll, combo) for coll in s.collectives for combo in combos(s.dtype, s.op, SPECS[coll].reducing)]
+        bar = progress_bar(len(plan) * len(s.sizes) * s.rounds, rank == 0 and show_bar())
         if rank == 0:
-            emit(bar, _header(s, world, seed, served, device, infos, skipped, nccl))
+            emit(bar, header_text(s, world, seed, served, device, infos, skipped, nccl))
         by_backend: dict[str, list[dict]] = {name: [] for name in s.backends}
-        for coll in s.collectives:
-            tables = _run_collective(coll, backends, rank, world, device, s, ex, bar, seed, skipped)
-            if rank == 0:
-                _print_collective(tables, s, bar)
+        many = "all" in (s.dtype, s.op)  # -d all / -o all: each table's name says its dtype and op
+        for coll, combo in plan:
+            label = combo_label(*combo, SPECS[coll].reducing) if many else ""
+            tables = _run_collective(coll, combo, backends, rank, world, device, s, ex, bar, seed, skipped, label)
             for table in tables:
                 by_backend[table["backend"]].append(table)
         bar.close()
@@ -406,7 +371,7 @@ def run_rank(s: Settings) -> int:
             )
         )
         if s.json_path:
-            _write_json(s, world, seed, served, infos, skipped, tables, failed, nccl)
+            write_report(s, world, seed, served, infos, skipped, tables, failed, nccl)
         if s.plot_path:
             from .plot import plot_tables
 
@@ -417,81 +382,3 @@ def run_rank(s: Settings) -> int:
     code = int(ex.share(("1" if failed else "0") if rank == 0 else None))
     ex.close()
     return code
-
-
-def _gpucomm_line(served: dict, device: torch.device) -> str:
-    """The path that served this run's tensors, then the knobs as gpucomm resolved them.
-
-    ``# gpucomm: cpu tensors -> workspace transport=shm kernels=torch (transport=auto ...)``
-    """
-    config = served["config"]
-    knobs = " ".join(f"{k}={config[k]}" for k in ("transport", "kernels", "algo", "check"))
-    return f"# gpucomm: {device.type} tensors -> {served['paths'][device.type]} ({knobs})"
-
-
-def _header(s: Settings, world, seed, served, device, infos, skipped, nccl) -> str:
-    timing = "# time: per iteration the slowest rank's, median over iterations"
-    if s.graph_launches:
-        timing = (
-            f"# time: {s.iters} iterations captured into a CUDA graph, replayed {s.graph_launches} times; "
-            "per replay the slowest rank's time per iteration, median over replays"
-        )
-    if s.rounds > 1:
-        timing += f", median over {s.rounds} rounds (backends in alternating order)"
-    lines = [
-        f"# gpucomm-bench {' '.join(s.argv)}",
-        f"# world {world}  minBytes {s.sizes[0]}  maxBytes {s.max_bytes or s.sizes[-1]}  "
-        f"step: {s.step_factor:g}(factor)  warmup iters: {s.warmup}  iters: {s.iters}  "
-        f"validation: {int(s.check)}  seed: {seed}",
-        f"# dtype {s.dtype}  op {s.op}  root {s.root}  backends: {', '.join(s.backends)}",
-        f"{timing} ({'CUDA events' if device.type == 'cuda' else 'wall clock'})",
-    ]
-    if s.check:
-        after = "the graph's replays" if s.graph_launches else "the timed calls"
-        lines.append(f"# check: one call after {after}, inputs reset before it, on every rank")
-    if served is not None:
-        lines.append(_gpucomm_line(served, device))
-    if nccl is not None and nccl["multi_rank_gpu"]:
-        lines.append(
-            f"# nccl: NCCL {nccl['version']}, {nccl['local_ranks']} local ranks on {nccl['gpus']} GPU(s): "
-            f"{NCCL_MULTI_RANK_ENV}=1 in the ranks' environment, as gpucomm's ranks share them"
-        )
-    for item in skipped:
-        lines.append(f"# {item['backend']}: not run: {item['reason']}")
-    lines.append("#\n# Using devices")
-    for r, info in enumerate(infos):
-        lines.append(
-            f"#  Rank {r:2d} Pid {info['pid']:6d} on {info['host']} device {info['device']} [{info['device_name']}]"
-            f" cores {_cores_text(info['cores'])}"
-        )
-    return "\n".join(lines)
-
-
-def _nccl_info(device: torch.device, local_world: int) -> dict:
-    """The NCCL this run's nccl rows come from, and whether its ranks share GPUs."""
-    version, gpus = nccl_version(), torch.cuda.device_count()
-    return {
-        "version": ".".join(map(str, version)) if version else None,
-        "gpus": gpus,
-        "local_ranks": local_world,
-        "multi_rank_gpu": nccl_shares_gpus(version, gpus, local_world),
-        NCCL_MULTI_RANK_ENV: os.environ.get(NCCL_MULTI_RANK_ENV),
-    }
-
-
-def _write_json(s: Settings, world, seed, served, infos, skipped, tables, failed, nccl) -> None:
-    settings = asdict(s)
-    settings.update(
-        nccl=nccl,
-        world_size=world,
-        seed=seed,
-        gpucomm_knobs=s.knobs if "gpucomm" in s.backends else None,
-        gpucomm=served,
-        host=infos[0]["host"],
-        device_name=infos[0]["device_name"],
-        ranks=infos,
-        versions=versions(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    )
-    with open(s.json_path, "w") as f:
-        json.dump({"settings": settings, "tables": tables, "skipped": skipped, "failed": failed}, f, indent=1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["parse_size", "size_sweep"]
+__all__ = ["parse_size", "size_sweep", "linear_sweep"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -38,3 +38,12 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
         sizes.append(int(size))
         size *= factor
     return sizes
+
+
+def linear_sweep(min_bytes: int, max_bytes: int, step_bytes: int) -> list[int]:
+    """``min, min+i, min+2i, ... <= max`` (nccl-tests' ``-i/--stepbytes``)."""
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise ValueError(f"linear_sweep: expected 0 < min <= max, got min={min_bytes} max={max_bytes}")
+    if step_bytes <= 0:
+        raise ValueError(f"linear_sweep: expected a step of at least 1 byte, got {step_bytes}")
+    return list(range(min_bytes, max_bytes + 1, step_bytes))

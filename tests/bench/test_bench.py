@@ -450,7 +450,7 @@ def test_bind_sets_and_reports_each_ranks_cores(tmp_path, bind):
     assert [r["cores"] for r in ranks] == expected
     for r, rank_cores in enumerate(expected):
         shown = ",".join(map(str, rank_cores)) if len(rank_cores) <= 4 else f"{len(rank_cores)} cores"
-        assert re.search(rf"^#  Rank\s+{r} .* cores {shown}$", proc.stdout, re.M), proc.stdout
+        assert re.search(rf"^#  Rank\s+{r} .* cores {shown} threads \d+$", proc.stdout, re.M), proc.stdout
 
 
 def test_bind_core_needs_a_core_per_rank():

@@ -14,7 +14,8 @@ import torch
 
 from gpucomm._bench import backends, launch
 from gpucomm._bench.backends import NCCL_MULTI_RANK_ENV, nccl_refusal, nccl_shares_gpus, nccl_spawn_env
-from gpucomm._bench.runner import Settings, _header
+from gpucomm._bench.header import header_text
+from gpucomm._bench.runner import Settings
 
 
 @pytest.mark.parametrize(
@@ -135,19 +136,33 @@ def test_launch_puts_the_variable_in_every_spawned_rank_before_it_starts(monkeyp
 
     monkeypatch.setattr(launch, "run_rank", run_rank)
     monkeypatch.setattr(launch.os, "environ", {})
-    with pytest.raises(SystemExit):
-        launch._rank_main(0, 2, 1234, _settings(["gpucomm", "nccl"]), None, {NCCL_MULTI_RANK_ENV: "1"})
+    threads = torch.get_num_threads()  # _rank_main sets the rank's threads: this process's, here
+    try:
+        with pytest.raises(SystemExit):
+            launch._rank_main(0, 2, 1234, _settings(["gpucomm", "nccl"]), None, {NCCL_MULTI_RANK_ENV: "1"})
+    finally:
+        torch.set_num_threads(threads)
     assert seen["env"] == "1"
 
 
 def test_header_says_when_nccl_ranks_share_a_gpu():
     nccl = {"version": "2.30.0", "gpus": 1, "local_ranks": 2, "multi_rank_gpu": True, NCCL_MULTI_RANK_ENV: "1"}
-    infos = [{"pid": 1, "host": "h", "device": "cuda:0", "device_name": "GPU", "cores": [0]}] * 2
-    text = _header(_settings(["gpucomm", "nccl"]), 2, 1, None, torch.device("cuda", 0), infos, [], nccl)
+    infos = [
+        {
+            "pid": 1,
+            "host": "h",
+            "device": "cuda:0",
+            "device_name": "GPU",
+            "cores": [0],
+            "threads": 1,
+            "threads_from": "--cpu-threads",
+        }
+    ] * 2
+    text = header_text(_settings(["gpucomm", "nccl"]), 2, 1, None, torch.device("cuda", 0), infos, [], nccl)
     assert (
         "# nccl: NCCL 2.30.0, 2 local ranks on 1 GPU(s): NCCL_MULTI_RANK_GPU_ENABLE=1 in the ranks' environment" in text
     )
-    alone = _header(
+    alone = header_text(
         _settings(["gpucomm", "nccl"]),
         2,
         1,
