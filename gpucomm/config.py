@@ -32,7 +32,9 @@ __all__ = [
 
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "gloo")
 KERNELS = ("auto", "triton", "cuda", "torch")
-ALGOS = ("auto", "oneshot", "twoshot", "ring", "tree", "direct", "multimem", "oneshot_lang", "oneshot_small")
+ALGOS = (
+    "auto", "oneshot", "twoshot", "ring", "tree", "direct", "spread", "multimem", "oneshot_lang", "oneshot_small",
+)  # fmt: skip
 CHECKS = ("fingerprint", "full", "off")
 ASYNC_ERROR_HANDLING = ("raise", "abort")
 

@@ -81,27 +81,31 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     whole = Region.of(tensor)
     everyone = b.peers()
     P, me = b.world_size, b.rank
+    # Per-peer loops start at my own rank (Builder.spread): in step i rank r reads rank r + i's slice,
+    # so each GPU's outbound link serves one reader a step. The reduce keeps rank order.
+    order = b.spread()
+    pieces = ranges(tensor.numel(), b.half_bytes // size)
+    # Every piece's slices are cut at the first (largest) piece's bounds, clipped to its own length:
+    # the last piece's slices then sit where the previous piece's do, so its copy-in pairs with
+    # that piece's all-gather over their common length (the last slices only are shorter).
+    full = pieces[0][1]
     # The all-gather of piece k-1 and the copy-in of piece k share a round: slice by slice, the
-    # two are one paired COPY (Builder.copy_pair) where the slices have one size and position
-    # (every piece but the last: gpucomm.algorithms._pieces), so that the copy-in's pass
-    # through local memory runs beside the all-gather's reads over the links.
+    # two are one paired COPY (Builder.copy_pair) over the length they share, so that the copy-in's
+    # pass through local memory runs beside the all-gather's reads over the links.
     gather: list[tuple[Region, object]] = []  # piece k-1's copies out: (my tensor's slice, the peer's slot)
-    for start, count in ranges(tensor.numel(), b.half_bytes // size):
+    for start, count in pieces:
         mine = whole.sub(start * size, count * size)
         staged = b.write_offset()
-        bounds = [count * p // P * size for p in range(P + 1)]
+        bounds = [min(count, full * p // P) * size for p in range(P + 1)]
+        bounds[P] = count * size
         copy_in = [
             (b.slot(me, staged + bounds[p], bounds[p + 1] - bounds[p]), mine.sub(bounds[p], bounds[p + 1] - bounds[p]))
-            for p in everyone
+            for p in order
         ]
-        if gather and all(
-            out.nbytes == dst.nbytes and theirs.offset == dst.offset for (out, theirs), (dst, _) in zip(gather, copy_in)
-        ):
+        if gather:
             for (out, theirs), (dst, src) in zip(gather, copy_in):
-                b.copy_pair(out, theirs, dst, src)
+                _copy_paired(b, out, theirs, dst, src)
         else:
-            for out, theirs in gather:
-                b.copy(out, theirs)
             b.copy(b.slot(me, staged, mine.nbytes), mine)
         b.sync(everyone, everyone)
         lo, hi = bounds[me], bounds[me + 1]
@@ -111,10 +115,20 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         b.sync(everyone, everyone)
         gather = [
             (mine.sub(bounds[p], bounds[p + 1] - bounds[p]), b.slot(p, reduced + bounds[p], bounds[p + 1] - bounds[p]))
-            for p in everyone
+            for p in order
         ]
     for out, theirs in gather:
         b.copy(out, theirs)
+
+
+def _copy_paired(b: Builder, out: Region, theirs: object, dst: object, src: Region) -> None:
+    """``out = theirs`` and ``dst = src`` (one slice of the all-gather, one of the next copy-in, at
+    one in-half position): paired over their common length, the longer one's rest alone."""
+    common = min(out.nbytes, dst.nbytes)
+    if common:
+        b.copy_pair(out.sub(0, common), theirs.sub(0, common), dst.sub(0, common), src.sub(0, common))
+    b.copy(out.sub(common, out.nbytes - common), theirs.sub(common, theirs.nbytes - common))
+    b.copy(dst.sub(common, dst.nbytes - common), src.sub(common, src.nbytes - common))
 
 
 def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -136,7 +150,7 @@ def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     mine = whole.sub(lo, hi - lo)
     b.reduce(mine, [b.symmetric(p, mine) for p in everyone], tensor.dtype, op, P)
     b.sync(everyone, everyone)
-    for p in everyone:
+    for p in b.spread():
         if p != me:
             theirs = whole.sub(bounds[p], bounds[p + 1] - bounds[p])
             b.copy(theirs, b.symmetric(p, theirs))

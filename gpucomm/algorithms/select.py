@@ -58,8 +58,8 @@ SMALL_MAX_BYTES = 64 << 10
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem", "oneshot_lang", SMALL),
-    "broadcast": ("direct", "tree"),
-    "reduce": ("direct", "tree"),
+    "broadcast": ("direct", "spread", "tree"),
+    "reduce": ("direct", "spread", "tree"),
     "all_gather": ("direct", "ring"),
     "reduce_scatter": ("direct", "ring"),
     "gather": ("direct",),
@@ -153,6 +153,20 @@ ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 # all_gather and reduce_scatter: direct vs ring. All-gather: direct was ahead at every size
 # (P=8, 1 MiB gathered: 133 vs 373 ms). Reduce-scatter: direct ahead at 16 KiB (P=4, 8), mixed
 # above (P=8, 256 KiB: 43 vs 17 ms ring ahead; 4 MiB: 350 vs 341 ms). The table picks direct.
+
+# broadcast and reduce on GPUs: direct (every byte through the root's one link, one SYNC a piece)
+# up to these sizes, spread above (gpucomm.algorithms.spread: every GPU's links carry about one
+# piece; one SYNC more for a one-piece broadcast, two for a reduce). From the model with both ends
+# of each link charged (python -m gpucomm._bench.model, 8 ranks, 0.82 x 450 GB/s; its "rooted"
+# rows, docs/performance.md), device us direct / spread:
+ROOTED_DIRECT_MAX_BYTES_GPU: dict[str, int] = {
+    # broadcast: 256 KiB 11.67 / 12.95; 512 KiB 16.64 / 13.66 (and at 0.57 x 450: 13.85 / 14.33,
+    # 21.01 / 15.35: the same crossover).
+    "broadcast": 256 << 10,
+    # reduce: 8 KiB 8.57 / 9.72; 16 KiB 11.15 / 10.44 (0.57 x 450: 8 KiB 9.66 / 9.99, 16 KiB
+    # 13.33 / 10.99).
+    "reduce": 8 << 10,
+}
 
 
 def oneshot_max_bytes(world_size: int, topology: str) -> int:
@@ -260,4 +274,6 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
         if nbytes > oneshot_max_bytes(world_size, topology):
             return "twoshot"
         return SMALL if topology == "cuda_ipc" and nbytes <= SMALL_MAX_BYTES else "oneshot"
+    if topology == "cuda_ipc" and nbytes > ROOTED_DIRECT_MAX_BYTES_GPU.get(family, 1 << 62):
+        return "spread"
     return "direct"
