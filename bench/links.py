@@ -151,24 +151,37 @@ def program_us(walks: Sequence[tuple[int, list[dict]]], p: argparse.Namespace) -
 
 
 def outbound_balance(walks: Sequence[tuple[int, list[dict]]]) -> list[dict]:
-    """For every round and step k with outbound bytes: the busiest outbound link over the mean.
+    """For every round and step k that moves bytes over links: each end's load.
 
-    Rows ``{round, step, busiest, mean, ratio}``; the mean is over all ranks' outbound links.
+    Rows ``{round, step, busiest, mean, inbound, ratio}``: the busiest outbound link's bytes, the
+    mean of all ranks' outbound bytes, the busiest inbound link's bytes, and
+    ``busiest / max(mean, inbound)``. Where fewer ranks read than own the data (a root gathering),
+    the busiest reader's inbound link carries what the busiest outbound one does, and the
+    outbound end is not the narrow one: the bar is then the inbound link, not the mean.
     """
     world = len(walks)
     out = []
     for i in range(len(walks[0][1])):
         depth = max(len(w[1][i]["steps"]) for w in walks)
         for k in range(depth):
-            load = [0] * world
+            load = {"out": [0] * world, "in": [0] * world}
             for w in walks:
                 steps = w[1][i]["steps"]
                 if k < len(steps):
                     for (kind, owner), b in steps[k]:
-                        if kind == "out":
-                            load[owner] += b
-            total = sum(load)
+                        if kind in load:
+                            load[kind][owner] += b
+            total = sum(load["out"])
             if total:
-                mean = total / world
-                out.append({"round": i, "step": k, "busiest": max(load), "mean": mean, "ratio": max(load) / mean})
+                busiest, mean, inbound = max(load["out"]), total / world, max(load["in"])
+                out.append(
+                    {
+                        "round": i,
+                        "step": k,
+                        "busiest": busiest,
+                        "mean": mean,
+                        "inbound": inbound,
+                        "ratio": busiest / max(mean, inbound),
+                    }
+                )
     return out

@@ -64,16 +64,20 @@ def build(
     half_bytes: int,
     algo: str | None = None,
     symmetric_tensor: bool = False,
+    force_in_place: bool = False,
 ) -> tuple[Program, list[int] | None]:
     """Rank ``rank``'s program of ``collective`` moving ``nbytes`` (module docstring), and the heap
-    bases it was built with where it runs in place on a symmetric tensor (else None)."""
+    bases it was built with where it runs in place on a symmetric tensor (else None).
+
+    ``force_in_place``: in place at any size, as a forced two-shot (GPUCOMM_ALGO) runs.
+    """
     P, me = world, rank
     algo = algo or pick(collective, nbytes, world)
     if algo == select.SMALL:
         algo = "oneshot"  # the small path moves one-shot's bytes (gpucomm.workspace.small)
     n = max(1, nbytes // 4)
     share = max(1, n // P)
-    inplace = symmetric_tensor and _in_place(collective, algo, nbytes, half_bytes)
+    inplace = symmetric_tensor and (force_in_place or _in_place(collective, algo, nbytes, half_bytes))
     if collective in ("all_gather", "gather"):
         tensor, outs = torch.empty(share), [torch.empty(share) for _ in range(P)]
         whole = torch.empty(share * P)

@@ -84,51 +84,64 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     # Per-peer loops start at my own rank (Builder.spread): in step i rank r reads rank r + i's slice,
     # so each GPU's outbound link serves one reader a step. The reduce keeps rank order.
     order = b.spread()
-    pieces = ranges(tensor.numel(), b.half_bytes // size)
-    # Every piece's slices are cut at the first (largest) piece's bounds, clipped to its own length:
-    # the last piece's slices then sit where the previous piece's do, so its copy-in pairs with
-    # that piece's all-gather over their common length (the last slices only are shorter).
-    full = pieces[0][1]
+    # The even pieces of gpucomm.algorithms._pieces with the short one first, and every piece's slices
+    # cut at the bounds of a full piece, clipped to its own length: slice p sits at one in-half
+    # position in every piece, so each piece's copy-in pairs with the previous piece's all-gather
+    # over their common length, and where they differ (the first piece's last slice) what is left
+    # over is the copy-in's, a local copy, never a read of one peer by every rank.
+    counts = [count for _, count in ranges(tensor.numel(), b.half_bytes // size)][::-1]
+    pieces = [(sum(counts[:k]), count) for k, count in enumerate(counts)]
+    full = counts[-1]
     # The all-gather of piece k-1 and the copy-in of piece k share a round: slice by slice, the
     # two are one paired COPY (Builder.copy_pair) over the length they share, so that the copy-in's
     # pass through local memory runs beside the all-gather's reads over the links.
-    gather: list[tuple[Region, object]] = []  # piece k-1's copies out: (my tensor's slice, the peer's slot)
+    gather: dict[int, tuple[Region, object]] = {}  # piece k-1's copies out, by peer: (my tensor's slice, its slot)
     for start, count in pieces:
         mine = whole.sub(start * size, count * size)
         staged = b.write_offset()
         bounds = [min(count, full * p // P) * size for p in range(P + 1)]
         bounds[P] = count * size
-        copy_in = [
-            (b.slot(me, staged + bounds[p], bounds[p + 1] - bounds[p]), mine.sub(bounds[p], bounds[p + 1] - bounds[p]))
-            for p in order
-        ]
-        if gather:
-            for (out, theirs), (dst, src) in zip(gather, copy_in):
-                _copy_paired(b, out, theirs, dst, src)
-        else:
-            b.copy(b.slot(me, staged, mine.nbytes), mine)
+
+        def part(p: int, bounds: list[int] = bounds) -> tuple[int, int]:
+            return bounds[p], bounds[p + 1] - bounds[p]
+
+        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor,
+        # so only the other P - 1 slices are copied in, each paired with the all-gather's read of
+        # the same slice of the previous piece (my own slice of that: local on both sides, alone).
+        rests = []
+        for p in order:
+            dst, src = b.slot(me, staged + bounds[p], part(p)[1]), mine.sub(*part(p))
+            if p == me:
+                if gather:
+                    b.copy(*gather[p])
+            elif gather:
+                rests += _copy_paired(b, *gather[p], dst, src)
+            else:
+                b.copy(dst, src)
+        for dst, src in rests:  # after every pair, so that the ranks' k-th steps stay the same work
+            b.copy(dst, src)
         b.sync(everyone, everyone)
         lo, hi = bounds[me], bounds[me + 1]
         reduced = b.write_offset()
-        slices = [b.slot(p, staged + lo, hi - lo) for p in everyone]
+        slices = [mine.sub(lo, hi - lo) if p == me else b.slot(p, staged + lo, hi - lo) for p in everyone]
         b.reduce(b.slot(me, reduced + lo, hi - lo), slices, tensor.dtype, op, P)
         b.sync(everyone, everyone)
-        gather = [
-            (mine.sub(bounds[p], bounds[p + 1] - bounds[p]), b.slot(p, reduced + bounds[p], bounds[p + 1] - bounds[p]))
-            for p in order
-        ]
-    for out, theirs in gather:
-        b.copy(out, theirs)
+        gather = {p: (mine.sub(*part(p)), b.slot(p, reduced + bounds[p], part(p)[1])) for p in everyone}
+    for p in order:
+        b.copy(*gather[p])
 
 
-def _copy_paired(b: Builder, out: Region, theirs: object, dst: object, src: Region) -> None:
+def _copy_paired(b: Builder, out: Region, theirs: object, dst: object, src: Region) -> list[tuple]:
     """``out = theirs`` and ``dst = src`` (one slice of the all-gather, one of the next copy-in, at
-    one in-half position): paired over their common length, the longer one's rest alone."""
+    one in-half position), paired over their common length; returns the longer one's rest, as
+    (dst, src) pairs for the caller to copy."""
     common = min(out.nbytes, dst.nbytes)
     if common:
         b.copy_pair(out.sub(0, common), theirs.sub(0, common), dst.sub(0, common), src.sub(0, common))
-    b.copy(out.sub(common, out.nbytes - common), theirs.sub(common, theirs.nbytes - common))
-    b.copy(dst.sub(common, dst.nbytes - common), src.sub(common, src.nbytes - common))
+    return [
+        (out.sub(common, out.nbytes - common), theirs.sub(common, theirs.nbytes - common)),
+        (dst.sub(common, dst.nbytes - common), src.sub(common, src.nbytes - common)),
+    ]
 
 
 def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
