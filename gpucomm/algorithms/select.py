@@ -20,7 +20,8 @@ run only when GPUCOMM_ALGO names them, with one warning per process that the cal
 contract (:data:`ORDER_CHANGING`).
 
 Each threshold names the measurement or the model row behind it. On CUDA IPC (GPUs) the
-one-shot / two-shot threshold comes from the performance model read from gpucomm's programs
+one-shot / two-shot and the direct / spread thresholds come from the performance model read from
+gpucomm's programs
 (``python -m gpucomm._bench.model``, docs/performance.md), until a GPU measures it; on the
 shared-memory workspace (CPU tensors) from CPU measurements.
 """
@@ -112,20 +113,21 @@ FAMILIES: dict[str, str] = {
 # until a GPU run (bench/gpu_check.sh) measures them.
 ONESHOT_MAX_BYTES = 64 << 10
 # all_reduce, one-shot vs two-shot, on GPUs (CUDA IPC), per world size: the largest size at which
-# the model has one-shot ahead, the model's 8 B - 1 GiB rows on ordinary float32 tensors
-# (docs/results/2026-11-26-model/, "crossover": device us one-shot / two-shot at that size and
-# at twice it). One-shot reads (P-1)/P of n more over NVLink than two-shot and saves one SYNC
-# per piece, so the crossover falls as P grows.
+# the model has one-shot ahead, both ends of every link charged (python -m gpucomm._bench.model,
+# 0.82 x 450 GB/s, ordinary float32 tensors; docs/results/2026-11-29-model/, "crossover": device us
+# one-shot / two-shot at that size and at twice it). One-shot reads (P-1)/P of n more over NVLink
+# than two-shot and saves one SYNC per piece, so the crossover falls as P grows.
 ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
-    # P=2: one-shot ahead at every size to 1 GiB (the same NVLink bytes as two-shot, half the
-    # SYNCs): 1 GiB 3759.95 / 3905.6 us.
-    2: 1 << 30,
-    3: 1 << 20,  # P=3: 1 MiB 12.41 / 13.74 us; 2 MiB 18.86 / 18.51 us
-    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.57 us; 64 KiB 15.22 / 14.14 us
-    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.35 us; 32 KiB 12.03 / 11.69 us
-    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.39 us; 32 KiB 13.45 / 11.78 us
-    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.71 us; 16 KiB 10.44 / 10.42 us
-    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.72 us; 16 KiB 11.15 / 10.44 us (the model's 8-rank rows)
+    # P=2: the same NVLink bytes, half the SYNCs; two-shot copies in only the peer's half (it folds
+    # its own from the tensor), so it leads once the pieces' copies outweigh a SYNC:
+    # 32 MiB 122.30 / 122.71 us; 48 MiB 178.95 / 176.57 us; 64 MiB 238.61 / 232.69 us.
+    2: 32 << 20,
+    3: 1 << 20,  # P=3: 1 MiB 12.38 / 13.49 us; 2 MiB 18.76 / 17.98 us
+    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.48 us; 64 KiB 15.22 / 13.96 us
+    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.31 us; 32 KiB 12.03 / 11.62 us
+    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.36 us; 32 KiB 13.45 / 11.72 us
+    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.70 us; 16 KiB 10.44 / 10.39 us
+    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.71 us; 16 KiB 11.15 / 10.42 us (the model's 8-rank rows)
 }
 # Above 8 ranks (no model row): 8 ranks' value, the lowest; the crossover falls as P grows to 8.
 ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
