@@ -316,7 +316,7 @@ def sync_share(workspace_bytes: int, p: argparse.Namespace, nbytes: int = 1 << 3
 # Published all_reduce figures on 8 GPUs set beside the model (docs/performance.md names their
 # sources): (who, us). NCCL at 1 GiB from its published bus bandwidths (bytes x 1.75 / busbw).
 PUBLISHED: dict[int, list[tuple[str, float]]] = {
-    8: [("NCCL 2.27 symmetric kernels (8 x H800/H200)", 2.3), ("NCCL classic kernels, 15-35", 15.0)],
+    8: [("NCCL 2.27 symmetric kernels (8 x H800/H200)", 2.3), ("NCCL classic kernels (low end of 15-35)", 15.0)],
     512: [("SGLang", 5.9), ("vLLM custom AR", 10.0)],
     32 << 10: [("MSCCL++ (24 KB)", 6.2)],
     512 << 10: [("torch multimem", 11.0), ("NCCL", 24.0)],
@@ -382,7 +382,7 @@ def markdown(rows_: Sequence[dict]) -> str:
             f"| {_size_name(size)} | "
             + " | ".join(cell(r) for r in ordinary)
             + f" | {cell(find('symmetric', size, rates[0]))} | "
-            + "; ".join(f"{who} {us:g}" for who, us in theirs)
+            + "; ".join(f"{who}: {us:g}" for who, us in theirs)
             + " | "
             + " | ".join(_lead(r["device_us"], theirs) if r else "" for r in ordinary)
             + " |"

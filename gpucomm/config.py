@@ -47,8 +47,8 @@ MAX_TIMEOUT_S = threading.TIMEOUT_MAX
 # send/recv mailboxes, then two halves that collectives alternate between, a large message
 # moving one half-sized piece per round (two SYNCs per piece for two-shot).
 # CPU: 8 MiB (3 MiB halves). GPU: 64 MiB (24 MiB halves), from the model of docs/performance.md
-# (python -m gpucomm._bench.model, 8 x H100, 3 us per SYNC; docs/results/2026-11-26-model/): the
-# SYNCs of a 1 GiB two-shot take 27.6% of its time with 8 MiB, 8.9% with 32 MiB, 4.6% with 64 MiB,
+# (python -m gpucomm._bench.model, 8 x H100, 3 us per SYNC; docs/results/2026-11-29-model/): the
+# SYNCs of a 1 GiB two-shot take 28.0% of its time with 8 MiB, 8.9% with 32 MiB, 4.7% with 64 MiB,
 # 2.4% with 128 MiB; 64 MiB is the smallest under 6%, and 8 ranks sharing one 80 GB GPU (the test
 # layout) still take only 0.5 GB.
 DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "cuda": 64 << 20}
