@@ -1,37 +1,37 @@
-"""A model of all_reduce on 8 x H100 read from gpucomm's own programs: their critical path.
+"""A model of gpucomm's collectives on 8 x H100 read from its own programs, both ends of every link charged.
 
-For each size and algorithm this builds the programs gpucomm runs on every rank (the real
-Builder and algorithms, on CPU tensors that are never touched: nothing is launched), lays each
-out on the program kernel's channels by the executor's own rule
-(:func:`gpucomm.workspace.device_executor.channel_layout`) and walks it round by round. A round is the
-work between two SYNCs; a channel runs its instructions one after the other, in the program's
-order (a paired COPY, two copies whose loads the kernels keep in flight together, is one), so
-within a round its time is the sum over its instructions of
+For each size, collective and algorithm this builds the programs gpucomm runs on every rank (the
+real Builder and algorithms, on CPU tensors that are never touched: nothing is launched;
+bench/programs.py) and times them round by round (bench/links.py). A round is the work between two
+SYNCs; each rank runs its instructions (its *steps*) one after the other. Each step's bytes load:
+its reader's inbound link and the outbound link of every rank whose memory it reads (a peer's
+workspace slot or symmetric heap), and the reader's HBM, all at once (a step's loads and stores
+move in lockstep). The steps in flight share every link and every HBM max-min fairly; a rank of
+``grid`` channels draws at most grid/saturating_grid of its inbound link and HBM. A round ends
+with its last step on any rank, plus one SYNC:
 
-    max(link_bytes / link_per_channel, (link_bytes + local_bytes) / hbm_per_channel)
+    T = launch + sum over rounds of (max-min fair time of the round's steps + sync if a SYNC ends it)
 
-where an instruction's link bytes are its operands in a peer's memory (a peer's workspace slot
-or symmetric heap), its local bytes the others, and both are this channel's share of them. Each
-channel has 1/max(grid, saturating_grid) of the link and of HBM. The round lasts as long as the
-slowest channel of the slowest rank (a SYNC waits for the peers' same channel), plus one SYNC.
-
-    T = launch + sum over rounds of (slowest channel + sync if the round ends in a SYNC)
-
-Copies are where the code puts them: a copy into the workspace is part of its round's channel
-time, overlapped with nothing. The rows (``--json``) give, per size, world, tensor kind
-(``ordinary``, ``symmetric``: in the symmetric heap, ``multimem``: symmetric with NVLink SHARP)
-and algorithm, whether ``auto`` (gpucomm.algorithms.select and the engine's in-place rule) picks
-it, the device microseconds, the bus bandwidth, and the phases: rounds with the same work merged
-(in the order they first occur), with rank 0's bytes per channel summed over them and their
-SYNCs. The multimem path is no program; its row is counted by construction (count_multimem).
+Copies are where the code puts them: a copy into the workspace is a step of its round (a paired
+COPY, two copies whose loads the kernels keep in flight together, is one step). The rows
+(``--json``) give, per link rate (``link_gbs``: 0.82 and 0.57 x 450 GB/s by default), size, world,
+collective, tensor kind (``ordinary``; for all_reduce also ``symmetric``: in the symmetric heap,
+and ``multimem``: symmetric with NVLink SHARP) and algorithm, whether ``auto`` picks it
+(gpucomm.algorithms.select and the engine's in-place rule), the device microseconds, NCCL's bus
+bandwidth, and the phases: rounds with the same work merged (in the order they first occur), with
+rank 0's bytes and SYNCs summed over them. The multimem path is no program; its row is counted by
+construction (count_multimem).
 
 Every input is a published figure or an assumption (docs/performance.md says which); none is
-measured here. NVLink runs at 0.82 x 450 GB/s, the share of it NCCL's ring reaches on 8 x H100
-(370 GB/s bus bandwidth at 1 GiB), until a GPU measures gpucomm's.
+measured here. The link rate is an input: 0.82 x 450 GB/s is the share NCCL's (push) ring reaches
+on 8 x H100 (370 GB/s bus bandwidth at 1 GiB); 0.57 x 450 is the rate at which the one published
+pull-style two-shot (torch symmetric memory, 0.468 ms at 64 MiB, vLLM PR #42324) fits this model.
+gpucomm's kernels pull: both stand until a GPU measures a pull.
 
 Example::
 
     python -m gpucomm._bench.model --json model.json
+    python -m gpucomm._bench.model --table model.json   # docs/performance.md's table
 """
 
 from __future__ import annotations
@@ -41,44 +41,44 @@ import json
 import sys
 from collections.abc import Sequence
 
-import torch
-
-from gpucomm.algorithms import allreduce, select
+from gpucomm.algorithms import select
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
-from gpucomm.ops.contract import Region
-from gpucomm.ops.program import COPY, SYNC, Builder, Program, Ref, Slot
-from gpucomm.reduce_op import ReduceOp
-from gpucomm.workspace.channels import MAX_CHANNELS, launch_channels, shares
-from gpucomm.workspace.device_executor import channel_layout
+from gpucomm.ops.program import COPY, SYNC, Program, Slot
+from gpucomm.workspace.channels import MAX_CHANNELS, launch_channels
 
+from . import links, programs
 from .hostinfo import run_settings, write_json
 
 __all__ = [
     "main",
     "build",
     "walk",
-    "critical_path",
-    "crossover",
     "count",
     "count_multimem",
     "predict",
     "rows",
     "busbw",
+    "crossover",
     "sync_share",
     "LINK_GBS",
+    "LINK_RATES",
     "SIZES",
     "markdown",
 ]
 
-# NVLink 4: 450 GB/s per direction per H100 (published), of which NCCL's ring reaches 82%
-# (370 GB/s bus bandwidth at 1 GiB on 8 x H100, published): the share a load-and-store
-# algorithm gets until a GPU measures gpucomm's own.
-LINK_GBS = 0.82 * 450.0
+NVLINK_GBS = 450.0  # NVLink 4, per direction per H100 (published)
+# The shares of it the model is run at (module docstring): NCCL's push ring, and the published
+# pull-style two-shot's fit.
+LINK_RATES = (0.82, 0.57)
+LINK_GBS = LINK_RATES[0] * NVLINK_GBS
 ALGOS = ("oneshot", "twoshot", "ring", "tree")
 # 8 B to 1 GiB, every power of two: the powers of 4 and 8 x the powers of 4.
 SIZES = [1 << k for k in range(3, 31)]
 # Workspaces whose SYNC share the model prints (how the default is chosen, gpucomm.config).
 WORKSPACE_SIZES = [s << 20 for s in (8, 16, 32, 64, 128, 256)]
+# The other collectives' rows: what auto picks, and for the rooted ones both forms (select's
+# ROOTED_DIRECT_MAX_BYTES_GPU comes from them).
+OTHERS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 
 
 def _half_bytes(workspace_bytes: int) -> int:
@@ -87,40 +87,31 @@ def _half_bytes(workspace_bytes: int) -> int:
     return (workspace_bytes - p2p) // 2 // 256 * 256
 
 
-def _heap(tensor: torch.Tensor, rank: int, world: int) -> list[int]:
-    """Every rank's heap base as rank ``rank`` sees it, its own at ``tensor``.
-
-    The peers' are at addresses nothing else uses: nothing is launched, they only tell its operands
-    from theirs.
-    """
-    span = -(-tensor.numel() * tensor.element_size() // (1 << 30)) * (4 << 30)
-    return [tensor.data_ptr() + (p - rank) * span for p in range(world)]
-
-
 def build(
     algo: str, nbytes: int, world: int, rank: int, half_bytes: int, inplace: bool = False
 ) -> tuple[Program, list[int] | None]:
-    """Rank ``rank``'s program of an all_reduce of ``nbytes`` (float32, SUM), and its heap bases.
-
-    The heap bases are those it was built with where ``inplace`` (two-shot on a symmetric tensor).
-    """
-    tensor = torch.empty(max(1, nbytes // 4), dtype=torch.float32)  # never touched: no memory used
-    heap = _heap(tensor, rank, world) if inplace else None
-    b = Builder(rank, world, half_bytes, "all_reduce", (algo, nbytes), args=[Region.of(tensor)], heap=heap)
-    if inplace:
-        allreduce.twoshot_symmetric(b, tensor, ReduceOp.SUM)
-    else:
-        allreduce.run(algo, b, tensor, ReduceOp.SUM)
-    return b.finish(), heap
+    """Rank ``rank``'s program of an all_reduce of ``nbytes`` (float32, SUM), and its heap bases
+    (two-shot in place on a symmetric tensor where ``inplace``)."""
+    return programs.build(
+        "all_reduce", nbytes, world, rank, half_bytes, algo=algo, symmetric_tensor=inplace, force_in_place=inplace
+    )
 
 
-def _remote(operand: object, rank: int, heap: Sequence[int] | None) -> bool:
-    if isinstance(operand, Slot):
-        return operand.peer != rank
-    if heap is not None and isinstance(operand, Ref):
-        mine = heap[rank]
-        return not mine <= operand.addr < mine + (heap[1] - heap[0] if len(heap) > 1 else 0)
-    return False
+def walk(program: Program, world: int, rank: int, heap: Sequence[int] | None = None) -> tuple[int, list[dict]]:
+    """(grid, rounds) of ``program`` on rank ``rank`` (bench/links.py), each round named by the kinds
+    of its instructions."""
+    grid, rounds = links.rounds(program, world, rank, heap)
+    i = 0
+    for ins in program.instructions:
+        if ins[0] == SYNC:
+            i += 1
+            continue
+        pairs = [ins[:3] + ins[j : j + 2] for j in range(3, len(ins), 2)] if ins[0] == COPY else [ins]
+        kinds = rounds[i].setdefault("kinds", [])
+        for kind in (_kind(one, rank, heap) for one in pairs):
+            if kind not in kinds:
+                kinds.append(kind)
+    return grid, rounds
 
 
 def _kind(ins: tuple, rank: int, heap: Sequence[int] | None) -> str:
@@ -133,65 +124,45 @@ def _kind(ins: tuple, rank: int, heap: Sequence[int] | None) -> str:
         return "copy-out"
     if isinstance(src, Slot):
         return "forward"
-    return "gather" if _remote(src, rank, heap) else "copy"
+    return "gather" if links.remote_owner(src, rank, heap) is not None else "copy"
 
 
-def walk(
-    program: Program, world: int, rank: int, heap: Sequence[int] | None = None, channels: int = MAX_CHANNELS
-) -> tuple[int, list[dict]]:
-    """(grid, rounds) of ``program`` on rank ``rank``.
-
-    Each round's name (the kinds of its instructions), each channel's link and local bytes, and
-    whether a SYNC ends it.
-    """
-    grid, granule = channel_layout(program, world, channels)
-    rounds = [{"kinds": [], "link": [0] * grid, "local": [0] * grid, "sync": False, "steps": []}]
-    for ins in program.instructions:
-        if ins[0] == SYNC:
-            rounds[-1]["sync"] = True
-            rounds.append({"kinds": [], "link": [0] * grid, "local": [0] * grid, "sync": False, "steps": []})
-            continue
-        operands = list(ins[3:]) if ins[0] == COPY else [ins[3], *ins[4]]  # a paired COPY has 4
-        remote = sum(_remote(r, rank, heap) for r in operands)
-        split = shares(ins[2], ins[1], grid, granule)
-        now = rounds[-1]
-        pairs = [ins[:3] + ins[i : i + 2] for i in range(3, len(ins), 2)] if ins[0] == COPY else [ins]
-        for kind in (_kind(one, rank, heap) for one in pairs):
-            if kind not in now["kinds"]:
-                now["kinds"].append(kind)
-        now["steps"].append([(s * remote, s * (len(operands) - remote)) for s in split])
-        for c, s in enumerate(split):
-            now["link"][c] += s * remote
-            now["local"][c] += s * (len(operands) - remote)
-    return grid, rounds
-
-
-def _channel_us(steps: list[list[tuple[int, int]]], grid: int, c: int, p: argparse.Namespace) -> float:
-    """Channel ``c``'s time in a round: its instructions one after the other."""
-    ways = max(grid, p.saturating_grid)
-    link_ch, hbm_ch = p.link_gbs * 1e3 / ways, p.hbm_gbs * 1e3 / ways  # bytes per us
-    return sum(max(step[c][0] / link_ch, (step[c][0] + step[c][1]) / hbm_ch) for step in steps)
-
-
-def critical_path(walks: Sequence[tuple[int, list[dict]]], p: argparse.Namespace) -> tuple[float, list[dict]]:
-    """(device us, phases) of one call from every rank's :func:`walk`.
-
-    Each round is as long as its slowest channel on its slowest rank, plus its SYNC; phases as the
-    module docstring says.
-    """
-    grid, first = walks[0]
-    us = p.launch_us
+def _phases(walks: Sequence[tuple[int, list[dict]]]) -> list[dict]:
+    """Rank 0's rounds with the same work merged: name, bytes (link in + HBM), SYNCs."""
     phases: dict[str, dict] = {}
-    for i, mine in enumerate(first):
-        slowest = max(max((_channel_us(w[1][i]["steps"], w[0], c, p) for c in range(w[0])), default=0.0) for w in walks)
-        us += slowest + (p.sync_us if mine["sync"] else 0.0)
-        if not mine["kinds"] and not mine["sync"]:
+    for r in walks[0][1]:
+        kinds = r.get("kinds", [])
+        if not kinds and not r["sync"]:
             continue
-        name = "+".join(mine["kinds"]) or "sync"
-        phase = phases.setdefault(name, {"name": name, "channel_bytes": [0] * grid, "syncs": 0})
-        phase["channel_bytes"] = [a + b + c for a, b, c in zip(phase["channel_bytes"], mine["link"], mine["local"])]
-        phase["syncs"] += int(mine["sync"])
-    return us, list(phases.values())
+        name = "+".join(kinds) or "sync"
+        phase = phases.setdefault(name, {"name": name, "link_bytes": 0, "hbm_bytes": 0, "syncs": 0})
+        for step in r["steps"]:
+            for (res, _owner), b in step:
+                phase["link_bytes"] += b if res == "in" else 0
+                phase["hbm_bytes"] += b if res == "hbm" else 0
+        phase["syncs"] += int(r["sync"])
+    return list(phases.values())
+
+
+def _walks(collective: str, nbytes: int, world: int, half: int, algo: str, symmetric: bool = False) -> list:
+    out = []
+    for rank in range(world):
+        program, heap = programs.build(collective, nbytes, world, rank, half, algo=algo, symmetric_tensor=symmetric)
+        out.append(walk(program, world, rank, heap))
+    return out
+
+
+def _counted(walks: list, syncs: int) -> dict:
+    grid, rounds = walks[0]
+    steps = [step for r in rounds for step in r["steps"]]
+    return {
+        "syncs": syncs,
+        "link_bytes": sum(b for step in steps for (res, _), b in step if res == "in"),
+        "local_bytes": sum(b for step in steps for (res, _), b in step if res == "hbm"),
+        "grid": grid,
+        "walks": walks,
+        "phases": _phases(walks),
+    }
 
 
 def count(
@@ -199,25 +170,17 @@ def count(
 ) -> dict:
     """What one all_reduce of ``nbytes`` costs, by the model.
 
-    Its SYNCs, rank 0's NVLink and local bytes, the grid, and (``p`` given) the device us and phases
-    of its critical path. ``symmetric``: two-shot in place on a symmetric tensor.
+    Its SYNCs, rank 0's inbound link bytes and HBM bytes, the grid, every rank's walk, the phases,
+    and (``p`` given) the device us. ``symmetric``: two-shot in place on a symmetric tensor.
     """
-    walks = []
-    for rank in range(world if p is not None else 1):
+    walks, syncs = [], []
+    for rank in range(world):
         program, heap = build(algo, nbytes, world, rank, half_bytes, inplace=symmetric and algo == "twoshot")
-        if rank == 0:
-            syncs = program.syncs
+        syncs.append(program.syncs)
         walks.append(walk(program, world, rank, heap))
-    grid, rounds = walks[0]
-    out = {
-        "syncs": syncs,
-        "link_bytes": sum(sum(r["link"]) for r in rounds),
-        "local_bytes": sum(sum(r["local"]) for r in rounds),
-        "grid": grid,
-        "walks": walks,
-    }
+    out = _counted(walks, syncs[0])
     if p is not None:
-        out["device_us"], out["phases"] = critical_path(walks, p)
+        out["device_us"] = links.program_us(walks, p)
     return out
 
 
@@ -238,8 +201,8 @@ def count_multimem(nbytes: int, world: int) -> dict:
         "grid": grid,
         "multimem": True,
         "phases": [
-            {"name": "barrier", "channel_bytes": [0] * grid, "syncs": 1},
-            {"name": "ld_reduce+st", "channel_bytes": [link // grid] * grid, "syncs": 1},
+            {"name": "barrier", "link_bytes": 0, "hbm_bytes": 0, "syncs": 1},
+            {"name": "ld_reduce+st", "link_bytes": link, "hbm_bytes": 0, "syncs": 1},
         ],
     }
 
@@ -249,58 +212,80 @@ def predict(counts: dict, p: argparse.Namespace) -> float:
     if counts.get("multimem"):
         share = min(1.0, counts["grid"] / p.saturating_grid)
         return p.launch_us + counts["syncs"] * p.sync_us + counts["link_bytes"] / (p.multimem_gbs * 1e3 * share)
-    if "device_us" in counts:
-        return counts["device_us"]
-    return critical_path(counts["walks"], p)[0]
+    return links.program_us(counts["walks"], p)
 
 
-def busbw(nbytes: int, us: float, world: int) -> float:
-    """NCCL's bus bandwidth of an all_reduce, GB/s: bytes / time * 2 (P - 1) / P."""
-    return nbytes / (us * 1e3) * 2 * (world - 1) / world
+# NCCL's bus bandwidth factor per collective (its performance notes): bytes / time x factor.
+_BUS = {"all_reduce": lambda P: 2 * (P - 1) / P, "all_gather": lambda P: (P - 1) / P}
+_BUS.update(reduce_scatter=_BUS["all_gather"], all_to_all=_BUS["all_gather"])
 
 
-def _row(nbytes: int, world: int, tensor: str, algo: str, auto: bool, c: dict, p: argparse.Namespace) -> dict:
+def busbw(nbytes: int, us: float, world: int, collective: str = "all_reduce") -> float:
+    """NCCL's bus bandwidth, GB/s: bytes / time x 2 (P - 1) / P for all_reduce, (P - 1) / P for
+    all_gather, reduce_scatter and all_to_all, 1 for the rooted ones."""
+    return nbytes / (us * 1e3) * _BUS.get(collective, lambda P: 1.0)(world)
+
+
+def _row(collective: str, nbytes: int, world: int, tensor: str, algo: str, auto: bool, c: dict, p) -> dict:
     us = predict(c, p)
     return {
+        "collective": collective,
+        "link_gbs": round(p.link_gbs, 1),
         "size_bytes": nbytes,
         "world": world,
         "tensor": tensor,
         "algo": algo,
         "auto": auto,
         "device_us": round(us, 2),
-        "busbw_gbps": round(busbw(nbytes, us, world), 1),
+        "busbw_gbps": round(busbw(nbytes, us, world, collective), 1),
         "phases": c["phases"],
     }
 
 
-def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES) -> list[dict]:
-    """Every size's rows of the model's table.
+def _rates(p: argparse.Namespace) -> list[argparse.Namespace]:
+    return [argparse.Namespace(**{**vars(p), "link_gbs": share * NVLINK_GBS}) for share in p.link_shares]
 
-    Each algorithm on an ordinary tensor; on a symmetric one the in-place two-shot and what the
-    halves serve; multimem. ``auto`` marks the row of what gpucomm picks for a float32 SUM (the
-    engine runs two-shot in place on a symmetric tensor above one half).
+
+def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES, others: Sequence[str] = OTHERS) -> list[dict]:
+    """Every size's rows of the model's table, at every link rate of ``p.link_shares``.
+
+    all_reduce: each algorithm on an ordinary tensor; on a symmetric one the in-place two-shot and
+    what the halves serve; multimem. ``auto`` marks the row of what gpucomm picks for a float32 SUM
+    (the engine runs two-shot in place on a symmetric tensor above one half). ``others``: what
+    auto runs, and broadcast and reduce both direct and spread.
     """
     half = _half_bytes(p.workspace_bytes)
     P = p.world
+    rates = _rates(p)
     out = []
     for nbytes in sizes:
         pick = select.choose("all_reduce", nbytes, P, "cuda_ipc", "auto")
-        counted = {algo: count(algo, nbytes, P, half, p=p) for algo in ALGOS}
+        counted = {algo: count(algo, nbytes, P, half) for algo in ALGOS}
         if nbytes <= select.SMALL_MAX_BYTES:
-            # The small path (gpucomm.workspace.small) moves one-shot's bytes with one-shot's SYNC on the
-            # same grid; what it saves, the chain of dependent loads before a channel's first
-            # byte (tests/ops/test_small_ptx.py), is a latency this model has no term for.
+            # The small path (gpucomm.workspace.small) moves one-shot's bytes with one-shot's SYNC; what
+            # it saves, the chain of dependent loads before a channel's first byte
+            # (tests/ops/test_small_ptx.py), is a latency this model has no term for.
             counted[select.SMALL] = counted["oneshot"]
-        for algo, c in counted.items():
-            out.append(_row(nbytes, P, "ordinary", algo, algo == pick, c, p))
         # The engine's rule (Engine.serves): a symmetric tensor larger than a half goes in place.
         inplace = pick in ("oneshot", "twoshot") and nbytes > half
-        for algo in [a for a in counted if a in ("oneshot", "twoshot", select.SMALL)]:
-            out.append(_row(nbytes, P, "symmetric", algo, algo == pick and not inplace, counted[algo], p))
-        c = count("twoshot", nbytes, P, half, symmetric=True, p=p)
-        out.append(_row(nbytes, P, "symmetric", "twoshot_inplace", inplace, c, p))
-        # Float SUM: auto takes multimem only where its fold is exact (integer SUM, MIN, MAX).
-        out.append(_row(nbytes, P, "multimem", "multimem", False, count_multimem(nbytes, P), p))
+        symmetric = count("twoshot", nbytes, P, half, symmetric=True)
+        rooted = {
+            (c, a): _counted(_walks(c, nbytes, P, half, a), 0)
+            for c in others
+            for a in ({programs.pick(c, nbytes, P)} | ({"direct", "spread"} if c in ("broadcast", "reduce") else set()))
+        }
+        for q in rates:
+            for algo, c in counted.items():
+                out.append(_row("all_reduce", nbytes, P, "ordinary", algo, algo == pick, c, q))
+            for algo in [a for a in counted if a in ("oneshot", "twoshot", select.SMALL)]:
+                out.append(
+                    _row("all_reduce", nbytes, P, "symmetric", algo, algo == pick and not inplace, counted[algo], q)
+                )
+            out.append(_row("all_reduce", nbytes, P, "symmetric", "twoshot_inplace", inplace, symmetric, q))
+            # Float SUM: auto takes multimem only where its fold is exact (integer SUM, MIN, MAX).
+            out.append(_row("all_reduce", nbytes, P, "multimem", "multimem", False, count_multimem(nbytes, P), q))
+            for (c, a), counts in rooted.items():
+                out.append(_row(c, nbytes, P, "ordinary", a, a == programs.pick(c, nbytes, P), counts, q))
     return out
 
 
@@ -328,56 +313,79 @@ def sync_share(workspace_bytes: int, p: argparse.Namespace, nbytes: int = 1 << 3
     return c["syncs"] * p.sync_us / c["device_us"]
 
 
-# Published 8 x H100 all_reduce figures set beside the model (docs/performance.md names their
-# sources): NCCL's, in us (bus GB/s at 1 GiB), and other libraries' (the anchors).
-PUBLISHED = {
-    8: ("15-35 us", "NCCL symmetric kernels ~5-7 us"),
-    512: ("15-35 us", "SGLang 5.9 us, vLLM custom AR ~10 us"),
-    8 << 10: ("15-35 us", ""),
-    32 << 10: ("", "MSCCL++ 6.2 us at 24 KB"),
-    512 << 10: ("24 us", "torch multimem 11 us"),
-    4 << 20: ("50 us", "torch multimem 27 us"),
-    16 << 20: ("121 us", ""),
-    64 << 20: ("316 us", ""),
-    1 << 30: ("~5080 us (ring, 370 GB/s)", "NCCL NVLS ~3910 us (480 GB/s)"),
+# Published all_reduce figures on 8 GPUs set beside the model (docs/performance.md names their
+# sources): (who, us). NCCL at 1 GiB from its published bus bandwidths (bytes x 1.75 / busbw).
+PUBLISHED: dict[int, list[tuple[str, float]]] = {
+    8: [("NCCL 2.27 symmetric kernels (8 x H800/H200)", 2.3), ("NCCL classic kernels (low end of 15-35)", 15.0)],
+    512: [("SGLang", 5.9), ("vLLM custom AR", 10.0)],
+    32 << 10: [("MSCCL++ (24 KB)", 6.2)],
+    512 << 10: [("torch multimem", 11.0), ("NCCL", 24.0)],
+    4 << 20: [("torch multimem", 27.0), ("NCCL", 50.0)],
+    16 << 20: [("NCCL", 121.0)],
+    64 << 20: [("NCCL", 316.0), ("torch symmetric-memory two-shot", 468.0)],
+    128 << 20: [("NCCL NVLS (419 GB/s bus)", 561.0)],
+    1 << 30: [("NCCL NVLS (~480 GB/s bus)", 3914.0), ("NCCL ring (370 GB/s bus)", 5078.0)],
 }
 # The table's sizes: 8 x the powers of 4, and the sizes with published figures.
 TABLE_SIZES = sorted({8 << (2 * i) for i in range(14)} | set(PUBLISHED))
 
 
+def _size_name(size: int) -> str:
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if size >= 1 << shift:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
+def _lead(ours: float, theirs: list[tuple[str, float]]) -> str:
+    """Who leads a row: gpucomm (the model) or the fastest published figure, and by how much."""
+    if not theirs:
+        return ""
+    who, us = min(theirs, key=lambda t: t[1])
+    if ours <= us:
+        return f"gpucomm, {us / ours:.2f}x ahead of {who}"
+    return f"{who}, {ours / us:.2f}x ahead of gpucomm"
+
+
 def markdown(rows_: Sequence[dict]) -> str:
     """docs/performance.md's table from the rows of a ``--json`` file.
 
-    What ``auto`` runs on an ordinary and on a symmetric tensor, the multimem path, and the
-    published figures.
+    all_reduce: what ``auto`` runs on an ordinary tensor at each link rate, on a symmetric tensor at
+    the first rate, the published figures and who leads at each rate.
     """
+    mine = [r for r in rows_ if r.get("collective", "all_reduce") == "all_reduce" and r["auto"]]
+    rates = sorted({r["link_gbs"] for r in mine}, reverse=True)
 
-    def cell(tensor: str, size: int, auto: bool = True) -> str:
-        found = [r for r in rows_ if r["size_bytes"] == size and r["tensor"] == tensor and (r["auto"] or not auto)]
-        if not found:
+    def find(tensor: str, size: int, rate: float) -> dict | None:
+        found = [r for r in mine if r["size_bytes"] == size and r["tensor"] == tensor and r["link_gbs"] == rate]
+        return found[0] if found else None
+
+    def cell(r: dict | None) -> str:
+        if r is None:
             return ""
-        r = found[0]
-        bus = f", {r['busbw_gbps']:.0f}" if size >= 2 << 20 else ""
+        bus = f", {r['busbw_gbps']:.0f}" if r["size_bytes"] >= 2 << 20 else ""
         return f"{r['device_us']:.1f}{bus} ({r['algo']})"
 
+    heads = [f"ordinary, link {rate:.0f} GB/s" for rate in rates]
     lines = [
-        "| size | ordinary (auto) | symmetric (auto) | multimem (symmetric) | NCCL (published) | others (published) |",
-        "|---|---|---|---|---|---|",
+        "| size | "
+        + " | ".join(heads)
+        + f" | symmetric, link {rates[0]:.0f} GB/s | published (us) | "
+        + " | ".join(f"leads at {rate:.0f} GB/s" for rate in rates)
+        + " |",
+        "|---" * (3 + 2 * len(rates)) + "|",
     ]
     for size in TABLE_SIZES:
-        nccl, others = PUBLISHED.get(size, ("", ""))
-        name = (
-            f"{size >> 30} GiB"
-            if size >= 1 << 30
-            else f"{size >> 20} MiB"
-            if size >= 1 << 20
-            else f"{size >> 10} KiB"
-            if size >= 1 << 10
-            else f"{size} B"
-        )
+        theirs = PUBLISHED.get(size, [])
+        ordinary = [find("ordinary", size, rate) for rate in rates]
         lines.append(
-            f"| {name} | {cell('ordinary', size)} | {cell('symmetric', size)} | "
-            f"{cell('multimem', size, auto=False)} | {nccl} | {others} |"
+            f"| {_size_name(size)} | "
+            + " | ".join(cell(r) for r in ordinary)
+            + f" | {cell(find('symmetric', size, rates[0]))} | "
+            + "; ".join(f"{who}: {us:g}" for who, us in theirs)
+            + " | "
+            + " | ".join(_lead(r["device_us"], theirs) if r else "" for r in ordinary)
+            + " |"
         )
     return "\n".join(lines)
 
@@ -389,10 +397,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--launch-us", type=float, default=3.0, help="assumed: kernel start to first instruction")
     ap.add_argument("--sync-us", type=float, default=3.0, help="assumed: one flag round trip over NVLink")
     ap.add_argument(
-        "--link-gbs",
+        "--link-shares",
         type=float,
-        default=LINK_GBS,
-        help="NVLink per direction per H100: 0.82 x the published 450 GB/s, NCCL's ring's share",
+        nargs="+",
+        default=list(LINK_RATES),
+        help="NVLink per direction per H100 as shares of the published 450 GB/s, one set of rows each: "
+        "0.82 (NCCL's push ring) and 0.57 (the published pull-style two-shot's fit)",
     )
     ap.add_argument(
         "--multimem-gbs",
@@ -416,20 +426,21 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.link_gbs = args.link_shares[0] * NVLINK_GBS  # the first rate: crossover, sync share
     if args.table:
         with open(args.table) as f:
             print(markdown(json.load(f)["rows"]))
         return 0
     table = rows(args)
     print(
-        f"{'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} {'bus GB/s':>9}  "
-        "phases (name: busiest channel bytes, syncs)"
+        f"{'link':>5} {'collective':>14} {'bytes':>12} {'tensor':>9} {'algo':>15} {'auto':>4} {'device us':>10} "
+        f"{'bus GB/s':>9}  phases (name: rank 0's link bytes in, HBM bytes, syncs)"
     )
     for r in table:
-        phases = "; ".join(f"{ph['name']}: {max(ph['channel_bytes'], default=0)}, {ph['syncs']}" for ph in r["phases"])
+        phases = "; ".join(f"{ph['name']}: {ph['link_bytes']}, {ph['hbm_bytes']}, {ph['syncs']}" for ph in r["phases"])
         print(
-            f"{r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} {'*' if r['auto'] else '':>4} "
-            f"{r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
+            f"{r['link_gbs']:>5.0f} {r['collective']:>14} {r['size_bytes']:>12} {r['tensor']:>9} {r['algo']:>15} "
+            f"{'*' if r['auto'] else '':>4} {r['device_us']:>10.2f} {r['busbw_gbps']:>9.1f}  {phases}"
         )
     shares_ = {ws: round(sync_share(ws, args), 3) for ws in WORKSPACE_SIZES}
     print("share of a 1 GiB two-shot all_reduce (ordinary tensor) spent in SYNCs, by GPUCOMM_WORKSPACE_BYTES:")

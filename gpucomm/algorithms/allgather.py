@@ -52,7 +52,7 @@ def direct(b: Builder, mine: Region, outs: Sequence[Region]) -> None:
         mine_t = piece(mine, t, cap)
         b.copy(b.slot(me, offset, mine_t.nbytes), mine_t)
         b.sync(everyone, everyone)
-        for p in everyone:
+        for p in b.spread():
             if p != me:
                 out_t = piece(outs[p], t, cap)
                 b.copy(out_t, b.slot(p, offset, out_t.nbytes))

@@ -6,11 +6,19 @@ data written between two syncs is read by its readers after the next one, and on
 one-shot (per piece of up to one half): copy my piece into my half; sync with all; every rank
 reduces all P halves, in rank order, straight into its own tensor. One sync per piece.
 
-two-shot (per piece of up to one half): copy in; sync with all; rank r reduces slice r of all
-P halves into slice r of its *other* half (reduce-scatter); sync with all; every rank copies
-slice p from rank p (all-gather). Two syncs per piece. The all-gather of a piece shares its round
-with the next piece's copy-in, slice by slice in paired COPYs: the copy-in's local pass runs
-beside the all-gather's link reads.
+two-shot (per piece of up to one half): copy in the P - 1 slices the peers fold; sync with all;
+rank r reduces slice r of every rank's half (its own straight from its tensor) into slice r of
+its *other* half (reduce-scatter); sync with all; every rank copies slice p from rank p
+(all-gather). Two syncs per piece. The all-gather of a piece shares its round with the next
+piece's copy-in, slice by slice in paired COPYs: the copy-in's local pass runs beside the
+all-gather's link reads. Every per-peer loop starts at the rank's own next peer.
+
+two-shot pipelined (from PIPELINED_MIN_PIECES pieces): one sync per piece. Round t reduces piece
+t - 1 (staged in round t - 1), gathers piece t - 2 (reduced in round t - 1) and copies piece t in,
+paired with that all-gather. Both kinds of data share a half: in the half of round t, rank r's slice
+r holds its fold of piece t - 1, its other slices piece t's copy-in; no position is written twice in
+a round, and every rank reads the peers' half of the last round only. Pieces + 1 syncs, against 2 per
+piece; one copy-in more is exposed (round 1's, beside a reduce), so it leads only with many pieces.
 
 ring (per piece of up to P halves, cut into P chunks; q-1 and q+1 are the neighbours):
 reduce-scatter in P steps, step t handling chunk c = q-1-t: step 0 copies my chunk into my
@@ -44,6 +52,7 @@ times for ring, once per tree level), as NCCL's ring does; one-shot and two-shot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -76,45 +85,118 @@ def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         b.reduce(mine, slots, tensor.dtype, op, b.world_size)
 
 
+# Two-shot pipelined from 6 pieces on: the model (both ends charged, 8 ranks, 0.82 x 450 GB/s,
+# 24 MiB halves; python -m gpucomm._bench.model), device us two syncs a piece / pipelined: 5 pieces
+# (120 MiB) 654.9 / 657.6, 6 pieces (128 MiB) 699.8 / 697.8, 43 pieces (1 GiB) 5457 / 5346.
+PIPELINED_MIN_PIECES = 6
+
+
+def _two_shot_pieces(b: Builder, tensor: torch.Tensor) -> tuple[list[Region], Callable[[int, int], tuple[int, int]]]:
+    """The pieces of a two-shot, and where slice p of piece t lies, (offset, bytes) in the piece
+    and in the half.
+
+    The even pieces of gpucomm.algorithms._pieces with the short one first, and every piece's
+    slices cut at the bounds of a full piece, clipped to its own length: slice p sits at one
+    in-half position in every piece, so each piece's copy-in pairs with the previous piece's
+    all-gather over their common length, and where they differ (the first piece's last slice) what
+    is left over is the copy-in's, a local copy, never a read of one peer by every rank.
+    """
+    size, P = tensor.element_size(), b.world_size
+    counts = [count for _, count in ranges(tensor.numel(), b.half_bytes // size)][::-1]
+    whole, full = Region.of(tensor), counts[-1]
+    pieces = [whole.sub(sum(counts[:k]) * size, count * size) for k, count in enumerate(counts)]
+
+    def part(t: int, p: int) -> tuple[int, int]:
+        lo, hi = (min(counts[t], full * q // P) * size for q in (p, p + 1))
+        hi = counts[t] * size if p == P - 1 else hi
+        return lo, hi - lo
+
+    return pieces, part
+
+
 def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
-    size = tensor.element_size()
-    whole = Region.of(tensor)
+    pieces, part = _two_shot_pieces(b, tensor)
+    if len(pieces) >= PIPELINED_MIN_PIECES:
+        _twoshot_pipelined(b, tensor, op, pieces, part)
+        return
     everyone = b.peers()
     P, me = b.world_size, b.rank
-    # The all-gather of piece k-1 and the copy-in of piece k share a round: slice by slice, the
-    # two are one paired COPY (Builder.copy_pair) where the slices have one size and position
-    # (every piece but the last: gpucomm.algorithms._pieces), so that the copy-in's pass
-    # through local memory runs beside the all-gather's reads over the links.
-    gather: list[tuple[Region, object]] = []  # piece k-1's copies out: (my tensor's slice, the peer's slot)
-    for start, count in ranges(tensor.numel(), b.half_bytes // size):
-        mine = whole.sub(start * size, count * size)
+    # Per-peer loops start at my own rank (Builder.spread): in step i rank r reads rank r + i's slice,
+    # so each GPU's outbound link serves one reader a step. The reduce keeps rank order.
+    order = b.spread()
+    gather: dict[int, tuple[Region, object]] = {}  # piece k-1's copies out, by peer: (my tensor's slice, its slot)
+    for t, mine in enumerate(pieces):
         staged = b.write_offset()
-        bounds = [count * p // P * size for p in range(P + 1)]
-        copy_in = [
-            (b.slot(me, staged + bounds[p], bounds[p + 1] - bounds[p]), mine.sub(bounds[p], bounds[p + 1] - bounds[p]))
-            for p in everyone
-        ]
-        if gather and all(
-            out.nbytes == dst.nbytes and theirs.offset == dst.offset for (out, theirs), (dst, _) in zip(gather, copy_in)
-        ):
-            for (out, theirs), (dst, src) in zip(gather, copy_in):
-                b.copy_pair(out, theirs, dst, src)
-        else:
-            for out, theirs in gather:
-                b.copy(out, theirs)
-            b.copy(b.slot(me, staged, mine.nbytes), mine)
+        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor,
+        # so only the other P - 1 slices are copied in, each paired with the all-gather's read of
+        # the same slice of the previous piece (my own slice of that: local on both sides, alone).
+        rests = []
+        for p in order:
+            dst, src = b.slot(me, staged + part(t, p)[0], part(t, p)[1]), mine.sub(*part(t, p))
+            if p == me:
+                if gather:
+                    b.copy(*gather[p])
+            elif gather:
+                rests += _copy_paired(b, *gather[p], dst, src)
+            else:
+                b.copy(dst, src)
+        for dst, src in rests:  # after every pair, so that the ranks' k-th steps stay the same work
+            b.copy(dst, src)
         b.sync(everyone, everyone)
-        lo, hi = bounds[me], bounds[me + 1]
+        lo, n = part(t, me)
         reduced = b.write_offset()
-        slices = [b.slot(p, staged + lo, hi - lo) for p in everyone]
-        b.reduce(b.slot(me, reduced + lo, hi - lo), slices, tensor.dtype, op, P)
+        slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
+        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P)
         b.sync(everyone, everyone)
-        gather = [
-            (mine.sub(bounds[p], bounds[p + 1] - bounds[p]), b.slot(p, reduced + bounds[p], bounds[p + 1] - bounds[p]))
-            for p in everyone
-        ]
-    for out, theirs in gather:
-        b.copy(out, theirs)
+        gather = {p: (mine.sub(*part(t, p)), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
+    for p in order:
+        b.copy(*gather[p])
+
+
+def _twoshot_pipelined(
+    b: Builder, tensor: torch.Tensor, op: ReduceOp, pieces: list[Region], part: Callable[[int, int], tuple[int, int]]
+) -> None:
+    """Two-shot, one sync a piece (module docstring)."""
+    everyone = b.peers()
+    P, me, k = b.world_size, b.rank, len(pieces)
+    for t in range(k + 2):
+        into, out = b.write_offset(), b.read_offset()
+        if 1 <= t <= k:  # fold piece t - 1, my slice, my own from my tensor
+            lo, n = part(t - 1, me)
+            srcs = [pieces[t - 1].sub(lo, n) if p == me else b.slot(p, out + lo, n) for p in everyone]
+            b.reduce(b.slot(me, into + lo, n), srcs, tensor.dtype, op, P)
+        rests = []
+        for p in b.spread():
+            copy_in = None
+            if t < k and p != me:  # piece t's slice p, for rank p to fold next round
+                lo, n = part(t, p)
+                copy_in = (b.slot(me, into + lo, n), pieces[t].sub(lo, n))
+            if t >= 2:  # piece t - 2's slice p, folded by rank p last round
+                lo, n = part(t - 2, p)
+                gather = (pieces[t - 2].sub(lo, n), b.slot(p, out + lo, n))
+                if copy_in is None:
+                    b.copy(*gather)
+                else:
+                    rests += _copy_paired(b, *gather, *copy_in)
+            elif copy_in is not None:
+                b.copy(*copy_in)
+        for dst, src in rests:
+            b.copy(dst, src)
+        if t <= k:
+            b.sync(everyone, everyone)
+
+
+def _copy_paired(b: Builder, out: Region, theirs: object, dst: object, src: Region) -> list[tuple]:
+    """``out = theirs`` and ``dst = src`` (one slice of the all-gather, one of the next copy-in, at
+    one in-half position), paired over their common length; returns the longer one's rest, as
+    (dst, src) pairs for the caller to copy."""
+    common = min(out.nbytes, dst.nbytes)
+    if common:
+        b.copy_pair(out.sub(0, common), theirs.sub(0, common), dst.sub(0, common), src.sub(0, common))
+    return [
+        (out.sub(common, out.nbytes - common), theirs.sub(common, theirs.nbytes - common)),
+        (dst.sub(common, dst.nbytes - common), src.sub(common, src.nbytes - common)),
+    ]
 
 
 def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -137,7 +219,7 @@ def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     mine = whole.sub(lo, hi - lo)
     b.reduce(mine, [b.symmetric(p, mine) for p in everyone], tensor.dtype, op, P)
     b.sync(everyone, everyone)
-    for p in everyone:
+    for p in b.spread():
         if p != me:
             theirs = whole.sub(bounds[p], bounds[p + 1] - bounds[p])
             b.copy(theirs, b.symmetric(p, theirs))

@@ -106,7 +106,7 @@ def deliver(b: Builder, outs: Sequence[Region], ins: Sequence[Region], total_rou
         offset = b.read_offset() + header_bytes(P)
         if t == 0:
             b.copy(outs[me], ins[me])
-        for j in b.peers():
+        for j in b.spread():
             if j != me:
                 part = piece(outs[j], t, sub)
                 b.copy(part, b.slot(j, offset + me * sub, part.nbytes))

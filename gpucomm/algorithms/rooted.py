@@ -1,6 +1,7 @@
 """Rooted collectives on the workspace: broadcast, reduce, gather and scatter.
 
-Broadcast and reduce are direct or tree, gather and scatter direct. Roots are communicator ranks;
+Broadcast and reduce are direct, spread (scatter + all-gather, reduce-scatter + gather:
+gpucomm.algorithms.spread) or tree, gather and scatter direct. Roots are communicator ranks;
 on the flat workspace they are local ranks too.
 
 direct broadcast (per piece of one half): the root copies its piece into its half; one sync
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpucomm.algorithms import tree
+from gpucomm.algorithms import spread, tree
 from gpucomm.algorithms._pieces import count, piece, ranges
 from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
@@ -50,6 +51,9 @@ def broadcast(algo: str, b: Builder, tensor: torch.Tensor, root: int) -> None:
     if algo == "tree":
         tree.broadcast_down(b, Region.of(tensor), root)
         return
+    if algo == "spread":
+        spread.broadcast(b, tensor, root)
+        return
     is_root, others = _roles(b, root)
     whole = Region.of(tensor)
     for start, nbytes in ranges(whole.nbytes, b.half_bytes):
@@ -66,6 +70,9 @@ def reduce(algo: str, b: Builder, tensor: torch.Tensor, root: int, op: ReduceOp)
     whole = Region.of(tensor)
     if algo == "tree":
         tree.reduce_up(b, whole, whole, tensor.dtype, op, root)
+        return
+    if algo == "spread":
+        spread.reduce(b, tensor, root, op)
         return
     is_root, others = _roles(b, root)
     size = tensor.element_size()
@@ -90,8 +97,9 @@ def gather(b: Builder, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | N
             b.copy(b.slot(b.rank, offset, nbytes), whole.sub(start, nbytes))
         b.sync(sources=others if is_root else [], readers=[] if is_root else [root])
         if is_root:
-            for p in others:
-                b.copy(outs[p].sub(start, nbytes), b.slot(p, offset, nbytes))
+            for p in b.spread():
+                if p != root:
+                    b.copy(outs[p].sub(start, nbytes), b.slot(p, offset, nbytes))
     # The root's own entry last, after the first sync: ranks whose calls differ raise there,
     # before anything is written into the caller's tensors.
     if is_root:

@@ -20,7 +20,8 @@ run only when GPUCOMM_ALGO names them, with one warning per process that the cal
 contract (:data:`ORDER_CHANGING`).
 
 Each threshold names the measurement or the model row behind it. On CUDA IPC (GPUs) the
-one-shot / two-shot threshold comes from the performance model read from gpucomm's programs
+one-shot / two-shot and the direct / spread thresholds come from the performance model read from
+gpucomm's programs
 (``python -m gpucomm._bench.model``, docs/performance.md), until a GPU measures it; on the
 shared-memory workspace (CPU tensors) from CPU measurements.
 """
@@ -58,8 +59,8 @@ SMALL_MAX_BYTES = 64 << 10
 # What serves each call family on the workspace path.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("oneshot", "twoshot", "ring", "tree", "multimem", "oneshot_lang", SMALL),
-    "broadcast": ("direct", "tree"),
-    "reduce": ("direct", "tree"),
+    "broadcast": ("direct", "spread", "tree"),
+    "reduce": ("direct", "spread", "tree"),
     "all_gather": ("direct", "ring"),
     "reduce_scatter": ("direct", "ring"),
     "gather": ("direct",),
@@ -112,20 +113,21 @@ FAMILIES: dict[str, str] = {
 # until a GPU run (bench/gpu_check.sh) measures them.
 ONESHOT_MAX_BYTES = 64 << 10
 # all_reduce, one-shot vs two-shot, on GPUs (CUDA IPC), per world size: the largest size at which
-# the model has one-shot ahead, the model's 8 B - 1 GiB rows on ordinary float32 tensors
-# (docs/results/2026-11-26-model/, "crossover": device us one-shot / two-shot at that size and
-# at twice it). One-shot reads (P-1)/P of n more over NVLink than two-shot and saves one SYNC
-# per piece, so the crossover falls as P grows.
+# the model has one-shot ahead, both ends of every link charged (python -m gpucomm._bench.model,
+# 0.82 x 450 GB/s, ordinary float32 tensors; docs/results/2026-11-29-model/, "crossover": device us
+# one-shot / two-shot at that size and at twice it). One-shot reads (P-1)/P of n more over NVLink
+# than two-shot and saves one SYNC per piece, so the crossover falls as P grows.
 ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
-    # P=2: one-shot ahead at every size to 1 GiB (the same NVLink bytes as two-shot, half the
-    # SYNCs): 1 GiB 3759.95 / 3905.6 us.
-    2: 1 << 30,
-    3: 1 << 20,  # P=3: 1 MiB 12.41 / 13.74 us; 2 MiB 18.86 / 18.51 us
-    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.57 us; 64 KiB 15.22 / 14.14 us
-    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.35 us; 32 KiB 12.03 / 11.69 us
-    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.39 us; 32 KiB 13.45 / 11.78 us
-    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.71 us; 16 KiB 10.44 / 10.42 us
-    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.72 us; 16 KiB 11.15 / 10.44 us (the model's 8-rank rows)
+    # P=2: the same NVLink bytes, half the SYNCs; two-shot copies in only the peer's half (it folds
+    # its own from the tensor), so it leads once the pieces' copies outweigh a SYNC:
+    # 32 MiB 122.30 / 122.71 us; 48 MiB 178.95 / 176.57 us; 64 MiB 238.61 / 232.69 us.
+    2: 32 << 20,
+    3: 1 << 20,  # P=3: 1 MiB 12.38 / 13.49 us; 2 MiB 18.76 / 17.98 us
+    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.48 us; 64 KiB 15.22 / 13.96 us
+    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.31 us; 32 KiB 12.03 / 11.62 us
+    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.36 us; 32 KiB 13.45 / 11.72 us
+    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.70 us; 16 KiB 10.44 / 10.39 us
+    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.71 us; 16 KiB 11.15 / 10.42 us (the model's 8-rank rows)
 }
 # Above 8 ranks (no model row): 8 ranks' value, the lowest; the crossover falls as P grows to 8.
 ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
@@ -153,6 +155,20 @@ ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]
 # all_gather and reduce_scatter: direct vs ring. All-gather: direct was ahead at every size
 # (P=8, 1 MiB gathered: 133 vs 373 ms). Reduce-scatter: direct ahead at 16 KiB (P=4, 8), mixed
 # above (P=8, 256 KiB: 43 vs 17 ms ring ahead; 4 MiB: 350 vs 341 ms). The table picks direct.
+
+# broadcast and reduce on GPUs: direct (every byte through the root's one link, one SYNC a piece)
+# up to these sizes, spread above (gpucomm.algorithms.spread: every GPU's links carry about one
+# piece; one SYNC more for a one-piece broadcast, two for a reduce). From the model with both ends
+# of each link charged (python -m gpucomm._bench.model, 8 ranks, 0.82 x 450 GB/s; its "rooted"
+# rows, docs/performance.md), device us direct / spread:
+ROOTED_DIRECT_MAX_BYTES_GPU: dict[str, int] = {
+    # broadcast: 256 KiB 11.67 / 12.95; 512 KiB 16.64 / 13.66 (and at 0.57 x 450: 13.85 / 14.33,
+    # 21.01 / 15.35: the same crossover).
+    "broadcast": 256 << 10,
+    # reduce: 8 KiB 8.57 / 9.72; 16 KiB 11.15 / 10.44 (0.57 x 450: 8 KiB 9.66 / 9.99, 16 KiB
+    # 13.33 / 10.99).
+    "reduce": 8 << 10,
+}
 
 
 def oneshot_max_bytes(world_size: int, topology: str) -> int:
@@ -260,4 +276,6 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
         if nbytes > oneshot_max_bytes(world_size, topology):
             return "twoshot"
         return SMALL if topology == "cuda_ipc" and nbytes <= SMALL_MAX_BYTES else "oneshot"
+    if topology == "cuda_ipc" and nbytes > ROOTED_DIRECT_MAX_BYTES_GPU.get(family, 1 << 62):
+        return "spread"
     return "direct"

@@ -71,7 +71,7 @@ def all_gather_into_tensor(b: Builder, output: Region, tensor: torch.Tensor) -> 
     b.program.grid_bytes = output.nbytes
     everyone = b.peers()
     b.sync(everyone, everyone, fence=True)
-    for p in everyone:
+    for p in b.spread():
         slot = output.sub(p * size, size)
         if not (p == b.rank and slot.addr == mine.addr):  # in place: my slice holds my input already
             b.copy(slot, b.symmetric(p, mine))

@@ -329,6 +329,16 @@ class Builder:
         """Every local rank, in order."""
         return list(range(self.world_size))
 
+    def spread(self) -> list[int]:
+        """Every local rank, starting at this one: ``(rank + i) % P``, the order of a per-peer loop.
+
+        In step i of a loop over the peers, rank r reads from rank r + i, so every GPU's outbound
+        link serves one reader per step; in rank order every rank would read rank i's memory at once
+        while the other links sat idle (docs/performance.md). Folds keep :meth:`peers`' rank order.
+        """
+        P = self.world_size
+        return [(self.rank + i) % P for i in range(P)]
+
     def write_offset(self) -> HalfOffset:
         """The half that data written now goes to (read by its readers after the next sync)."""
         return HalfOffset(self.program.syncs)

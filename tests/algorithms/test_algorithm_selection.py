@@ -46,7 +46,8 @@ def test_table(fn: str, nbytes: int, world_size: int, expected: str) -> None:
         (2 * MIB, 3, "twoshot"),
         (select.SMALL_MAX_BYTES, 2, select.SMALL),
         (select.SMALL_MAX_BYTES + 4, 2, "oneshot"),
-        (1 << 30, 2, "oneshot"),
+        (32 * MIB, 2, "oneshot"),
+        (64 * MIB, 2, "twoshot"),
         (16 * KIB, 16, "twoshot"),
     ],
 )
@@ -54,6 +55,17 @@ def test_the_gpu_table_follows_the_model(nbytes: int, world_size: int, expected:
     """On CUDA IPC the one-shot threshold is the model's crossover per world size (the rows
     named beside ONESHOT_MAX_BYTES_GPU; tests/bench/test_perf_model.py checks them against the model)."""
     assert select.choose("all_reduce", nbytes, world_size, "cuda_ipc", "auto") == expected
+
+
+def test_broadcast_and_reduce_spread_over_the_links_above_the_models_threshold() -> None:
+    """On CUDA IPC, direct up to ROOTED_DIRECT_MAX_BYTES_GPU, spread above (the model's rows beside
+    it; tests/algorithms/test_link_balance.py checks the model has direct ahead below); the
+    shared-memory workspace keeps direct, which no CPU measurement has put behind."""
+    for fn in ("broadcast", "reduce"):
+        limit = select.ROOTED_DIRECT_MAX_BYTES_GPU[fn]
+        assert select.choose(fn, limit, 8, "cuda_ipc", "auto") == "direct"
+        assert select.choose(fn, limit + 4, 8, "cuda_ipc", "auto") == "spread"
+        assert select.choose(fn, 1 << 30, 8, "shm", "auto") == "direct"
 
 
 @pytest.mark.parametrize("fn", ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"])

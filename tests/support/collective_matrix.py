@@ -316,6 +316,7 @@ SERVES = {
     "twoshot": ("all_reduce",),
     "ring": ("all_reduce", "all_gather", "reduce_scatter"),
     "tree": ("all_reduce", "broadcast", "reduce"),
+    "spread": ("broadcast", "reduce"),
     "direct": (
         "broadcast",
         "reduce",

@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = ["ALGOS", "SIZES", "TINY", "WORKSPACE", "check_results", "labels_of", "torch_plan"]
 
 SIZES = (0, 1, 7, 4099)
-ALGOS = ("oneshot", "twoshot", "ring", "tree", "direct")
+ALGOS = ("oneshot", "twoshot", "ring", "tree", "direct", "spread")
 # 48 KiB of data per rank: 12 KiB of mailboxes, two 18 KiB halves (4099 elements still take
 # a few pieces in most algorithms); 4 KiB, the smallest workspace: 4099 elements take 3 to
 # 100+ pieces in every algorithm.
