@@ -330,14 +330,10 @@ class Builder:
         return list(range(self.world_size))
 
     def spread(self) -> list[int]:
-        """Every local rank, starting at this one: ``(rank + i) % P``, the order of a per-peer loop.
-
-        In step i of a loop over the peers, rank r reads from rank r + i, so every GPU's outbound
-        link serves one reader per step; in rank order every rank would read rank i's memory at once
-        while the other links sat idle (docs/performance.md). Folds keep :meth:`peers`' rank order.
-        """
-        P = self.world_size
-        return [(self.rank + i) % P for i in range(P)]
+        """Every local rank from this one, ``(rank + i) % P``: a per-peer loop's order. In step i rank
+        r reads rank r + i, so every GPU's outbound link serves one reader per step (in rank order all
+        would read rank i at once: docs/performance.md). Folds keep :meth:`peers`' rank order."""
+        return [(self.rank + i) % self.world_size for i in range(self.world_size)]
 
     def write_offset(self) -> HalfOffset:
         """The half that data written now goes to (read by its readers after the next sync)."""
