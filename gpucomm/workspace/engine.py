@@ -184,7 +184,7 @@ class Engine(EngineCollectives):
         try:
             self.executor = self._make_executor()
             self.small = SmallAllReduce(self)
-            self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
+            self.inter = hierarchical.InterNode(comm, topology, transport) if topology.hierarchical else None
         except BaseException:
             self.workspace.close()
             raise
