@@ -62,6 +62,7 @@ from gpucomm.roles import Group
 from gpucomm.transport import Workspace, open_workspace
 from gpucomm.transport.heap import StoreAgreement, SymmetricHeap
 from gpucomm.transport.heap_open import agree, heap_kind, heap_of_its_own, vmm_heap
+from gpucomm.workspace import node_sizes
 from gpucomm.workspace.channels import layout_channels
 from gpucomm.workspace.collectives import EngineCollectives
 from gpucomm.workspace.layout import ALIGN, DataLayout, FlagLayout
@@ -199,6 +200,7 @@ class Engine(EngineCollectives):
                 f"gpucomm: GPUCOMM_TRANSPORT={transport} needs a CUDA device, and this host has none"
             )
         topology = Topology(comm)
+        node_sizes.agree(comm, transport, topology.nodes)  # a rank of another layout fails here, on every rank
         if not topology.uniform:
             # Nodes with different member counts: no layout serves them; gloo does, unless a
             # transport was asked for by name.

@@ -219,3 +219,55 @@ def test_two_torchrun_agents(tmp_path: Path, per_node: int) -> None:
     assert all(r["digests"] == results[0]["digests"] for r in results)
     assert [r["local_world_size"] for r in results] == [per_node] * (2 * per_node)
     check_logs([r["log"] for r in results])
+
+
+# -- nodes of different sizes -------------------------------------------------------------------
+def _stated_sizes_rank(rank: int, world_size: int) -> str:
+    import gpucomm as dist
+
+    try:  # two "agents" of 2 and 1 ranks: each rank states its own agent's size
+        dist.init_process_group(transport="shm", kernels="torch", local_world_size=2 if rank < 2 else 1, timeout=20)
+    except dist.UnsupportedError as err:
+        return str(err)
+    return "no error"
+
+
+def test_ranks_that_state_different_node_sizes_fail_on_every_rank() -> None:
+    results = run_ranks(_stated_sizes_rank, 3, timeout=120)
+    assert all("rank 0: 2, rank 1: 2, rank 2: 1" in r for r in results), results
+    assert all("nodes of different sizes are not supported" in r for r in results), results
+
+
+def _uneven_nodes_rank(rank: int, world_size: int) -> tuple[list[str], list[str]]:
+    import io
+    import logging
+
+    import torch
+
+    import gpucomm as dist
+
+    stream = io.StringIO()
+    logging.getLogger("gpucomm").addHandler(logging.StreamHandler(stream))
+    dist.init_process_group(transport="auto", kernels="torch", debug="INFO", timeout=20)
+    failures = []
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    if not torch.equal(t, torch.full((5,), 6.0)):
+        failures.append(f"rank {rank}: all_reduce gave {t}")
+    outs = [torch.empty(2) for _ in range(world_size)]
+    dist.all_gather(outs, torch.full((2,), float(rank)))
+    if not torch.equal(torch.stack(outs), torch.arange(3.0).repeat_interleave(2).view(3, 2)):
+        failures.append(f"rank {rank}: all_gather gave {outs}")
+    dist.destroy_process_group()
+    return failures, stream.getvalue().splitlines()
+
+
+def test_nodes_of_different_sizes_go_through_gloo_and_say_so() -> None:
+    """3 ranks, 2 a node: nodes of 2 and 1 ranks. No workspace layout serves them: gloo does,
+    and rank 0 says so once."""
+    results = run_ranks(_uneven_nodes_rank, 3, timeout=120, env={"GPUCOMM_LOCAL_WORLD_SIZE": "2"})
+    assert not [f for r in results for f in r[0]]
+    warned = [line for r in results for line in r[1] if "nodes of different sizes" in line]
+    assert len(warned) == 1 and "nodes of [2, 1] ranks" in warned[0], warned
+    calls = [line for r in results for line in r[1] if line.startswith("gpucomm[rank")]
+    assert calls and all("path=gloo" in line for line in calls), calls[:3]
