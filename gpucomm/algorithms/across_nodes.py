@@ -43,13 +43,13 @@ or "between nodes") and its path (the workspace algorithm, or nccl / gloo and th
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from gpucomm import log
 from gpucomm.algorithms import select
+from gpucomm.algorithms.hierarchical import InterNode, Placement, log_stage
 from gpucomm.ops.reference import fold_into
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 
@@ -61,7 +61,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "gather",
-    "log_stage",
+    "SpanningEngine",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
@@ -69,12 +69,40 @@ __all__ = [
 ]
 
 
+@runtime_checkable
+class SpanningEngine(Protocol):
+    """What the compositions drive: the workspace engine of a communicator whose ranks span
+    nodes (:class:`gpucomm.workspace.engine.Engine`): the node's flat collectives (each with the
+    arguments of :class:`gpucomm.comm.path.Path`'s and ``algo=``), and the inter-node group."""
+
+    rank: int  # this rank's index on its node
+    world_size: int  # ranks on the node
+    members: list[int]  # the communicator rank of each local rank
+    comm_rank: int
+    comm_size: int
+    transport: str
+    knob_algo: str  # GPUCOMM_ALGO, which the node's stages follow
+    device: torch.device
+    topology: Placement
+    inter: InterNode | None
+
+    describe: Callable[[str], dict[str, object]]
+    all_gather_into_tensor: Callable[..., object]
+    reduce_scatter_tensor: Callable[..., object]
+    broadcast: Callable[..., object]
+    reduce: Callable[..., object]
+    gather: Callable[..., object]
+    scatter: Callable[..., object]
+    all_to_all: Callable[..., object]
+    barrier: Callable[..., object]
+
+
 # -- helpers ----------------------------------------------------------------------------------
-def _nodes(engine) -> list[list[int]]:
+def _nodes(engine: SpanningEngine) -> list[list[int]]:
     return [list(node) for node in engine.topology.nodes]
 
 
-def _place(engine, comm_rank: int) -> tuple[int, int]:
+def _place(engine: SpanningEngine, comm_rank: int) -> tuple[int, int]:
     """(node, local rank) of a communicator rank."""
     for k, node in enumerate(engine.topology.nodes):
         if comm_rank in node:
@@ -82,36 +110,21 @@ def _place(engine, comm_rank: int) -> tuple[int, int]:
     raise ValueError(f"gpucomm: rank {comm_rank} is on none of the nodes {engine.topology.nodes}")
 
 
-def _flat_algo(engine, fn: str, nbytes: int) -> str:
+def _flat_algo(engine: SpanningEngine, fn: str, nbytes: int) -> str:
     """The node stage's algorithm: the flat table's for L ranks (GPUCOMM_ALGO applies too)."""
     return select.choose(fn, nbytes, engine.world_size, engine.transport, engine.knob_algo)
 
 
-def log_stage(
-    engine, fn: str, step: int, steps: int, tensor: torch.Tensor | None, algo: str | None, via: str | None = None
-) -> None:
-    """One GPUCOMM_DEBUG=INFO line per stage: its path in the node (``algo``, the flat collective
-    ``via`` where it is not ``fn``) or between nodes (None)."""
-    if not log.logger.isEnabledFor(logging.INFO):
-        return
-    if algo is not None:
-        where = {"where": "in node", **({"via": via} if via and via != fn else {}), "path": "workspace"}
-        where.update(engine.describe(algo))
-    else:
-        group = [node[engine.topology.local] for node in engine.topology.nodes]
-        where = {"where": "between nodes", "path": engine.inter.path(tensor), "group": group}
-    text = log.describe_call(engine.comm_rank, f"{fn} stage {step}/{steps}", tensor, **where)
-    log.logger.info(text.replace("where=", "").replace("via=", "via "))
-
-
-def _node(engine, fn: str, step: int, steps: int, tensor: torch.Tensor | None, nbytes: int, via: str = "") -> str:
+def _node(
+    engine: SpanningEngine, fn: str, step: int, steps: int, tensor: torch.Tensor | None, nbytes: int, via: str = ""
+) -> str:
     """The node stage's algorithm for the flat collective ``via`` (``fn`` itself by default), logged."""
     algo = _flat_algo(engine, via or fn, nbytes)
     log_stage(engine, fn, step, steps, tensor, algo, via)
     return algo
 
 
-def _between(engine, fn: str, step: int, steps: int, tensor: torch.Tensor | None) -> None:
+def _between(engine: SpanningEngine, fn: str, step: int, steps: int, tensor: torch.Tensor | None) -> None:
     log_stage(engine, fn, step, steps, tensor, None)
 
 
@@ -119,14 +132,14 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def _order(engine) -> list[int]:
+def _order(engine: SpanningEngine) -> list[int]:
     """The communicator rank of row l·N + k of a node's staging: (k, l), local rank major."""
     nodes = _nodes(engine)
     return [nodes[k][l] for l in range(engine.world_size) for k in range(len(nodes))]  # noqa: E741
 
 
 # -- all_gather -------------------------------------------------------------------------------
-def _gather_all(engine, fn: str, tensor: torch.Tensor) -> torch.Tensor | None:
+def _gather_all(engine: SpanningEngine, fn: str, tensor: torch.Tensor) -> torch.Tensor | None:
     """Every rank's piece, (W, bytes) rows in the order of :func:`_order`; None where empty."""
     n = tensor.numel()
     if n == 0:
@@ -144,14 +157,14 @@ def _gather_all(engine, fn: str, tensor: torch.Tensor) -> torch.Tensor | None:
     return _bytes(staged).view(L * N, -1)
 
 
-def all_gather_into_tensor(engine, output: torch.Tensor, tensor: torch.Tensor) -> None:
+def all_gather_into_tensor(engine: SpanningEngine, output: torch.Tensor, tensor: torch.Tensor) -> None:
     rows = _gather_all(engine, "all_gather_into_tensor", tensor)
     if rows is not None:
         index = torch.tensor(_order(engine), device=rows.device)
         _bytes(output).view(rows.shape[0], -1).index_copy_(0, index, rows)
 
 
-def all_gather(engine, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> None:
+def all_gather(engine: SpanningEngine, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> None:
     rows = _gather_all(engine, "all_gather", tensor)
     if rows is not None:
         for row, rank in zip(rows, _order(engine)):
@@ -159,7 +172,9 @@ def all_gather(engine, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) ->
 
 
 # -- reduce_scatter ---------------------------------------------------------------------------
-def _reduce_scatter(engine, fn: str, output: torch.Tensor, pieces: Sequence[torch.Tensor], op: ReduceOp) -> None:
+def _reduce_scatter(
+    engine: SpanningEngine, fn: str, output: torch.Tensor, pieces: Sequence[torch.Tensor], op: ReduceOp
+) -> None:
     """``output`` = the fold of ``pieces[rank]`` of every rank, in the two-level order."""
     n = output.numel()
     if n == 0:
@@ -193,18 +208,18 @@ def _fold(output: torch.Tensor, parts: list[torch.Tensor], op: ReduceOp, world_s
         target.copy_(total)  # the one rounding, to nearest even
 
 
-def reduce_scatter_tensor(engine, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> None:
+def reduce_scatter_tensor(engine: SpanningEngine, output: torch.Tensor, input: torch.Tensor, op: ReduceOp) -> None:
     n = output.numel()
     pieces = list(input.reshape(-1).view(engine.comm_size, n)) if n else []
     _reduce_scatter(engine, "reduce_scatter_tensor", output, pieces, op)
 
 
-def reduce_scatter(engine, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp) -> None:
+def reduce_scatter(engine: SpanningEngine, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp) -> None:
     _reduce_scatter(engine, "reduce_scatter", output, inputs, op)
 
 
 # -- rooted collectives -----------------------------------------------------------------------
-def broadcast(engine, tensor: torch.Tensor, src: int) -> None:
+def broadcast(engine: SpanningEngine, tensor: torch.Tensor, src: int) -> None:
     if tensor.numel() == 0:
         return
     root_node, root_local = _place(engine, src)
@@ -217,7 +232,7 @@ def broadcast(engine, tensor: torch.Tensor, src: int) -> None:
         engine.broadcast(tensor, engine.members[root_local], algo=algo)
 
 
-def reduce(engine, tensor: torch.Tensor, dst: int, op: ReduceOp) -> None:
+def reduce(engine: SpanningEngine, tensor: torch.Tensor, dst: int, op: ReduceOp) -> None:
     n = tensor.numel()
     if n == 0:
         return
@@ -238,7 +253,7 @@ def reduce(engine, tensor: torch.Tensor, dst: int, op: ReduceOp) -> None:
         _fold(tensor, list(gathered.view(N, n)), op, engine.comm_size)
 
 
-def gather(engine, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int) -> None:
+def gather(engine: SpanningEngine, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int) -> None:
     n = tensor.numel()
     if n == 0:
         return
@@ -263,7 +278,7 @@ def gather(engine, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None,
                 outputs[rank].view(-1).copy_(rows[k, l])
 
 
-def scatter(engine, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, src: int) -> None:
+def scatter(engine: SpanningEngine, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, src: int) -> None:
     n = tensor.numel()
     if n == 0:
         return
@@ -289,7 +304,7 @@ def scatter(engine, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None,
 
 
 # -- all_to_all -------------------------------------------------------------------------------
-def all_to_all(engine, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+def all_to_all(engine: SpanningEngine, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
     _all_to_all(engine, "all_to_all", [_bytes(t) for t in outputs], [_bytes(t) for t in inputs])
 
 
@@ -312,7 +327,7 @@ def _split(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> li
     return list(_bytes(tensor).split([s * row_bytes for s in sizes]))
 
 
-def _all_to_all(engine, fn: str, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
+def _all_to_all(engine: SpanningEngine, fn: str, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
     """Byte pieces: ``ins[r]`` goes to rank r, ``outs[r]`` comes from rank r."""
     nodes, L, me = _nodes(engine), engine.world_size, engine.rank
     N = len(nodes)
@@ -346,7 +361,7 @@ def _all_to_all(engine, fn: str, outs: list[torch.Tensor], ins: list[torch.Tenso
 
 
 # -- barrier ----------------------------------------------------------------------------------
-def barrier(engine) -> None:
+def barrier(engine: SpanningEngine) -> None:
     L = engine.world_size
     steps = 3 if L > 1 else 1
     if L > 1:

@@ -36,14 +36,15 @@ the message.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
+from gpucomm import log
 from gpucomm.algorithms import allgather, reducescatter, select
-from gpucomm.algorithms.across_nodes import log_stage
 from gpucomm.errors import CommTimeoutError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.program import Builder
@@ -51,7 +52,7 @@ from gpucomm.ops.reference import fold_into
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.roles import Group
 
-__all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce"]
+__all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce", "log_stage", "make_nccl", "takes_nccl"]
 
 
 @runtime_checkable
@@ -213,8 +214,35 @@ class NodeEngine(Protocol):
     transport: str
     knob_algo: str  # GPUCOMM_ALGO, which the node's stages follow too
     inter: InterNode | None  # None where the communicator spans one node
+    comm_rank: int  # this rank in the communicator (for the log)
+    topology: Placement
+
+    def describe(self, algo: str) -> dict[str, object]: ...
 
     def run(self, name: str, fields: tuple, regions: Sequence[Region], build: Callable[[Builder], None]) -> None: ...
+
+
+def log_stage(
+    engine: NodeEngine,
+    fn: str,
+    step: int,
+    steps: int,
+    tensor: torch.Tensor | None,
+    algo: str | None,
+    via: str | None = None,
+) -> None:
+    """One GPUCOMM_DEBUG=INFO line per stage: its path in the node (``algo``, the flat collective
+    ``via`` where it is not ``fn``) or between nodes (None)."""
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    if algo is not None:
+        where = {"where": "in node", **({"via": via} if via and via != fn else {}), "path": "workspace"}
+        where.update(engine.describe(algo))
+    else:
+        group = [node[engine.topology.local] for node in engine.topology.nodes]
+        where = {"where": "between nodes", "path": engine.inter.path(tensor), "group": group}
+    text = log.describe_call(engine.comm_rank, f"{fn} stage {step}/{steps}", tensor, **where)
+    log.logger.info(text.replace("where=", "").replace("via=", "via "))
 
 
 def all_reduce(engine: NodeEngine, tensor: torch.Tensor, op: ReduceOp) -> None:
