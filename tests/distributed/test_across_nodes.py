@@ -216,8 +216,12 @@ def test_two_torchrun_agents(tmp_path: Path, per_node: int) -> None:
     finally:  # a hung agent (and its ranks) must not outlive the test
         for agent in agents:
             if agent.poll() is None:
-                agent.kill()
-                agent.wait()
+                agent.terminate()  # torchrun stops its workers on SIGTERM, not on SIGKILL
+                try:
+                    agent.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+                    agent.wait()
     assert all(a.returncode == 0 for a in agents), [log.read_text()[-3000:] for log in logs]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2 * per_node)]
     failures = [f for r in results for f in r["failures"]]
