@@ -11,7 +11,7 @@ from spawn import run_ranks
 def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
     import gpucomm
     from gpucomm import roles
-    from gpucomm.algorithms import hierarchical, p2p
+    from gpucomm.algorithms import across_nodes, hierarchical, p2p
     from gpucomm.language.context import DeviceWorkspace, SymmetricRegion
     from gpucomm.workspace.device_executor import DeviceEngine, DeviceExecutor
     from gpucomm.workspace.host_executor import HostEngine, HostExecutor, Mail
@@ -24,7 +24,8 @@ def _roles_filled(rank: int, world_size: int, kernels: str) -> list[str]:
     fillers = [
         (comm, roles.Ranks), (comm, roles.Group),
         (engine, roles.NodeWorkspace), (engine, role), (engine, p2p.MailEngine),
-        (engine, hierarchical.NodeEngine), (engine, Repeatable), (engine.flags, roles.FlagWords),
+        (engine, hierarchical.NodeEngine), (engine, across_nodes.SpanningEngine),
+        (engine, Repeatable), (engine.flags, roles.FlagWords),
         (engine.mail, Mail), (engine.topology, hierarchical.Placement),
         (engine, DeviceWorkspace), (comm.heap("cpu"), SymmetricRegion),  # heap(): opens it
     ]  # fmt: skip

@@ -15,8 +15,9 @@ machine. The engine's workspace then spans only its node's ranks, and:
 
   Each rank moves 2·(L-1)/L·n bytes inside its node and receives (N-1)/L·n bytes across N nodes
   (the same as a ring all-reduce's 2(N-1)/N/L·n at N = 2, N/2 times more beyond).
-- every other collective goes through torch.distributed directly (the communicator's gloo
-  group): the selector returns no workspace algorithm for them (gpucomm.algorithms.select).
+- every other collective but send and recv in stages of the same kind, composed in
+  :mod:`gpucomm.algorithms.across_nodes` (with this module's inter-node group); send and recv
+  go through the communicator's gloo group.
 
 Deterministic by contract, in a fixed two-level order: every stage runs in the accumulation
 type (16-bit floats are staged in fp32, on a buffer kept for the next call of that size, and so
@@ -35,12 +36,14 @@ the message.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
+from gpucomm import log
 from gpucomm.algorithms import allgather, reducescatter, select
 from gpucomm.errors import CommTimeoutError
 from gpucomm.ops.contract import Region
@@ -49,7 +52,7 @@ from gpucomm.ops.reference import fold_into
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.roles import Group
 
-__all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce"]
+__all__ = ["InterNode", "Placement", "NodeEngine", "all_reduce", "log_stage", "make_nccl", "takes_nccl"]
 
 
 @runtime_checkable
@@ -63,6 +66,24 @@ class Placement(Protocol):
     def nodes(self) -> Sequence[Sequence[int]]:
         """The communicator ranks on each node."""
         ...
+
+
+def takes_nccl(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` crosses nodes on NCCL: a CUDA tensor, where torch has NCCL."""
+    return tensor.device.type == "cuda" and dist.is_nccl_available()
+
+
+def make_nccl(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> dist.ProcessGroup:
+    """The NCCL group of the ranks with one local rank, on gpucomm's store (built on first use)."""
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, options)
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as one uint8 row: the nodes move bytes, whatever the dtype
+    (gloo and NCCL both move uint8; some dtypes gpucomm serves, such as float8, they do not)."""
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 def _connect_failed(comm: Group, topology: Placement, err: BaseException) -> CommTimeoutError:
@@ -85,12 +106,14 @@ def _connect_failed(comm: Group, topology: Placement, err: BaseException) -> Com
 class InterNode:
     """The torch.distributed group of the ranks that share this rank's local rank, one per node."""
 
-    def __init__(self, comm: Group, topology: Placement) -> None:
+    def __init__(self, comm: Group, topology: Placement, tag: str = "") -> None:
         self.rank = topology.node
         self.size = len(topology.nodes)
         self.world_size = comm.world_size
         self.timeout = datetime.timedelta(seconds=comm.timeout)
-        self._store = dist.PrefixStore(f"{comm.prefix}inter/{topology.local}/", comm.store)
+        # ``tag`` (the engine's transport) keeps apart the groups of a communicator's two engines
+        # on a GPU host (CUDA tensors, CPU tensors), which connect at the same time.
+        self._store = dist.PrefixStore(f"{comm.prefix}inter/{tag}{topology.local}/", comm.store)
         # gloo connects every pair at construction, which every member does now (the engine
         # is built collectively); NCCL is built on first use by a CUDA tensor, which is also
         # collective (every member calls the same all_reduce).
@@ -106,13 +129,51 @@ class InterNode:
         self._staging: torch.Tensor | None = None
 
     def _group(self, tensor: torch.Tensor) -> dist.ProcessGroup:
-        if tensor.device.type != "cuda" or not dist.is_nccl_available():
+        if not takes_nccl(tensor):
             return self._gloo
         if self._nccl is None:
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = self.timeout
-            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", self._store), self.rank, self.size, options)
+            self._nccl = make_nccl(dist.PrefixStore("nccl/", self._store), self.rank, self.size, self.timeout)
         return self._nccl
+
+    def path(self, tensor: torch.Tensor | None) -> str:
+        """The engine that carries ``tensor`` between nodes: "nccl" or "gloo" (for the log)."""
+        return "nccl" if tensor is not None and takes_nccl(tensor) else "gloo"
+
+    # -- the data movements of the other collectives (gpucomm.algorithms.across_nodes) ----------
+    # Each is one torch.distributed collective of this group; ``root`` is a node index.
+    def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        """``output`` (size x tensor's bytes, contiguous) gets every node's ``tensor`` in node order."""
+        self._group(tensor)._allgather_base(_flat(output), _flat(tensor)).wait()
+
+    def all_to_all(
+        self, output: torch.Tensor, tensor: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> None:
+        """Node k gets ``tensor``'s piece k (``in_splits``); ``output`` holds the pieces from every node."""
+        group = self._group(tensor)
+        group.alltoall_base(_flat(output), _flat(tensor), out_splits, in_splits, dist.AllToAllOptions()).wait()
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = root
+        self._group(tensor).broadcast([_flat(tensor)], options).wait()
+
+    def gather(self, output: torch.Tensor | None, tensor: torch.Tensor, root: int) -> None:
+        """Node ``root``'s ``output`` (size x tensor's bytes) gets every node's ``tensor`` in node order."""
+        options = dist.GatherOptions()
+        options.rootRank = root
+        outputs = [list(_flat(output).tensor_split(self.size))] if self.rank == root else []
+        self._group(tensor).gather(outputs, [_flat(tensor)], options).wait()
+
+    def scatter(self, output: torch.Tensor, tensor: torch.Tensor | None, root: int) -> None:
+        """Node k's ``output`` gets piece k of node ``root``'s ``tensor`` (size x output's bytes)."""
+        options = dist.ScatterOptions()
+        options.rootRank = root
+        inputs = [list(_flat(tensor).tensor_split(self.size))] if self.rank == root else []
+        self._group(output).scatter([_flat(output)], inputs, options).wait()
+
+    def barrier(self) -> None:
+        """Return once every node's member of this group has arrived (gloo: there is no tensor)."""
+        self._gloo.barrier(dist.BarrierOptions()).wait()
 
     def staging(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``'s values in its accumulation type (exact), in a buffer kept for reuse."""
@@ -153,8 +214,35 @@ class NodeEngine(Protocol):
     transport: str
     knob_algo: str  # GPUCOMM_ALGO, which the node's stages follow too
     inter: InterNode | None  # None where the communicator spans one node
+    comm_rank: int  # this rank in the communicator (for the log)
+    topology: Placement
+
+    def describe(self, algo: str) -> dict[str, object]: ...
 
     def run(self, name: str, fields: tuple, regions: Sequence[Region], build: Callable[[Builder], None]) -> None: ...
+
+
+def log_stage(
+    engine: NodeEngine,
+    fn: str,
+    step: int,
+    steps: int,
+    tensor: torch.Tensor | None,
+    algo: str | None,
+    via: str | None = None,
+) -> None:
+    """One GPUCOMM_DEBUG=INFO line per stage: its path in the node (``algo``, the flat collective
+    ``via`` where it is not ``fn``) or between nodes (None)."""
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    if algo is not None:
+        where = {"where": "in node", **({"via": via} if via and via != fn else {}), "path": "workspace"}
+        where.update(engine.describe(algo))
+    else:
+        group = [node[engine.topology.local] for node in engine.topology.nodes]
+        where = {"where": "between nodes", "path": engine.inter.path(tensor), "group": group}
+    text = log.describe_call(engine.comm_rank, f"{fn} stage {step}/{steps}", tensor, **where)
+    log.logger.info(text.replace("where=", "").replace("via=", "via "))
 
 
 def all_reduce(engine: NodeEngine, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -178,12 +266,16 @@ def _all_reduce(engine: NodeEngine, tensor: torch.Tensor, op: ReduceOp) -> None:
     rs = select.choose("reduce_scatter_tensor", nbytes // max(L, 1), L, engine.transport, engine.knob_algo)
     ag = select.choose("all_gather_into_tensor", nbytes // max(L, 1), L, engine.transport, engine.knob_algo)
     if L > 1:
+        log_stage(engine, "all_reduce", 1, 3, tensor, rs)
         intra_op = ReduceOp.SUM if op is ReduceOp.AVG else op
         fields = (tensor.dtype, n, op.name, "hierarchical", "node reduce-scatter", rs)
         scatter = lambda b: reducescatter.run(rs, b, shards, shards[me], tensor.dtype, intra_op, source=whole)  # noqa: E731
         engine.run("all_reduce", fields, [whole], scatter)
     if bounds[me + 1] > bounds[me]:  # the same on every member of the inter-node group
-        engine.inter.all_reduce(tensor.view(-1)[bounds[me] : bounds[me + 1]], op)
+        shard = tensor.view(-1)[bounds[me] : bounds[me + 1]]
+        log_stage(engine, "all_reduce", 2 if L > 1 else 1, 3 if L > 1 else 1, shard, None)
+        engine.inter.all_reduce(shard, op)
     if L > 1:
+        log_stage(engine, "all_reduce", 3, 3, tensor, ag)
         fields = (tensor.dtype, n, "hierarchical", "node all-gather", ag)
         engine.run("all_reduce", fields, [whole], lambda b: allgather.run(ag, b, shards[me], shards))

@@ -263,9 +263,10 @@ def choose(fn: str, nbytes: int, world_size: int, topology: str, knob: str) -> s
     if family is None:
         return None
     if topology == "hierarchical":
-        # Only all_reduce has a hierarchical plan on the workspace; the other collectives go
-        # through torch.distributed directly (docs/algorithms.md, "Hierarchical").
-        return "hierarchical" if family == "all_reduce" else None
+        # Ranks on several nodes: every collective is composed of the node's flat ones and an
+        # inter-node group's (gpucomm.algorithms.hierarchical, gpucomm.algorithms.across_nodes;
+        # GPUCOMM_ALGO applies to the node's stages). Send and recv go through gloo.
+        return "hierarchical" if family != "p2p" else None
     served = ALGORITHMS[family]
     forced = _forced(family, served, knob)
     if forced != "auto":

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gpucomm.algorithms import (
+    across_nodes,
     allgather,
     allreduce,
     alltoall,
@@ -195,6 +196,8 @@ class EngineCollectives:
         return None if None in offsets else offsets
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.reduce, tensor, dst, op)
         root = self.local_of(dst)
         fields = (tensor.dtype, tensor.numel(), op.name, algo)
         build = lambda b: rooted.reduce(algo, b, tensor, root, op)  # noqa: E731
@@ -205,6 +208,8 @@ class EngineCollectives:
         return self.completed()
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.broadcast, tensor, src)
         root = self.local_of(src)
         fields = (tensor.dtype, tensor.numel(), algo)
         build = lambda b: rooted.broadcast(algo, b, tensor, root)  # noqa: E731
@@ -219,6 +224,8 @@ class EngineCollectives:
         return self.completed()
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.all_gather, outputs, tensor)
         mine, outs = Region.of(tensor), [Region.of(t) for t in outputs]
         self.run(
             "all_gather",
@@ -229,6 +236,8 @@ class EngineCollectives:
         return self.completed()
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.all_gather_into_tensor, output, tensor)
         mine, whole, size = Region.of(tensor), Region.of(output), tensor.numel() * tensor.element_size()
         outs = [whole.sub(p * size, size) for p in range(self.world_size)]
         fields = (tensor.dtype, tensor.numel(), algo)
@@ -244,6 +253,8 @@ class EngineCollectives:
         return self.completed()
 
     def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, dst: int, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.gather, tensor, outputs, dst)
         root = self.local_of(dst)
         regions = [Region.of(tensor), *(Region.of(t) for t in outputs or ())]
         fields = (tensor.dtype, tensor.numel(), algo)
@@ -251,6 +262,8 @@ class EngineCollectives:
         return self.completed()
 
     def scatter(self, tensor: torch.Tensor, inputs: Sequence[torch.Tensor] | None, src: int, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.scatter, tensor, inputs, src)
         root = self.local_of(src)
         regions = [Region.of(tensor), *(Region.of(t) for t in inputs or ())]
         fields = (tensor.dtype, tensor.numel(), algo)
@@ -258,6 +271,8 @@ class EngineCollectives:
         return self.completed()
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.reduce_scatter, output, inputs, op)
         chunks, out = [Region.of(t) for t in inputs], Region.of(output)
         fields = (output.dtype, output.numel(), op.name, algo)
         self.run(
@@ -269,6 +284,8 @@ class EngineCollectives:
         return self.completed()
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.reduce_scatter_tensor, output, input, op)
         whole, out, size = Region.of(input), Region.of(output), output.numel() * output.element_size()
         chunks = [whole.sub(p * size, size) for p in range(self.world_size)]
         fields = (output.dtype, output.numel(), op.name, algo)
@@ -284,6 +301,8 @@ class EngineCollectives:
         return self.completed()
 
     def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.all_to_all, outputs, inputs)
         self._all_to_all(
             "all_to_all", (inputs[0].dtype, algo), [Region.of(t) for t in outputs], [Region.of(t) for t in inputs]
         )
@@ -298,6 +317,8 @@ class EngineCollectives:
         *,
         algo: str,
     ) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.all_to_all_single, output, input, output_split_sizes, input_split_sizes)
         P = self.world_size
         fields = (input.dtype, tuple(input.shape[1:]), algo)
         self._all_to_all(
@@ -329,7 +350,15 @@ class EngineCollectives:
         return self.mail.irecv(Region.of(tensor), None if src is None else self.local_of(src), tag)
 
     def barrier(self, *, algo: str) -> Work:
+        if algo == "hierarchical":
+            return self._across(across_nodes.barrier)
         self.run("barrier", (), [], lambda b: b.barrier_all())
+        return self.completed()
+
+    def _across(self, compose: Callable[..., None], *args: object) -> Work:
+        """Run a collective of a communicator that spans nodes (:mod:`gpucomm.algorithms.across_nodes`):
+        the node's flat collectives on this workspace, an inter-node group's between them."""
+        compose(self, *args)
         return self.completed()
 
     def completed(self) -> Work:

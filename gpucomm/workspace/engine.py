@@ -62,6 +62,7 @@ from gpucomm.roles import Group
 from gpucomm.transport import Workspace, open_workspace
 from gpucomm.transport.heap import StoreAgreement, SymmetricHeap
 from gpucomm.transport.heap_open import agree, heap_kind, heap_of_its_own, vmm_heap
+from gpucomm.workspace import node_sizes
 from gpucomm.workspace.collectives import EngineCollectives
 from gpucomm.workspace.gpu_share import node_channels
 from gpucomm.workspace.layout import ALIGN, DataLayout, FlagLayout
@@ -129,8 +130,7 @@ class Engine(EngineCollectives):
         layout = DataLayout(data_bytes)
         self.p2p_bytes, self.half_bytes = layout.p2p_bytes, layout.half_bytes
         self.stage_half_bytes = layout.stage_half_bytes
-        # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: 16 bytes
-        # each at least (two fp64 elements, one 16-byte vector).
+        # Direct reduce-scatter and scatter stage one sub-slot per rank in a half: one 16-byte vector at least.
         if self.half_bytes // self.world_size < 16:
             raise UnsupportedError(
                 f"gpucomm: GPUCOMM_WORKSPACE_BYTES={data_bytes} leaves halves of {self.half_bytes} bytes, too "
@@ -185,7 +185,7 @@ class Engine(EngineCollectives):
         try:
             self.executor = self._make_executor()
             self.small = SmallAllReduce(self)
-            self.inter = hierarchical.InterNode(comm, topology) if topology.hierarchical else None
+            self.inter = hierarchical.InterNode(comm, topology, transport) if topology.hierarchical else None
         except BaseException:
             self.workspace.close()
             raise
@@ -200,6 +200,7 @@ class Engine(EngineCollectives):
                 f"gpucomm: GPUCOMM_TRANSPORT={transport} needs a CUDA device, and this host has none"
             )
         topology = Topology(comm)
+        node_sizes.agree(comm, transport, topology.nodes)  # a rank of another layout fails here, on every rank
         if not topology.uniform:
             # Nodes with different member counts: no layout serves them; gloo does, unless a
             # transport was asked for by name.

@@ -135,11 +135,11 @@ def test_family_pairs() -> None:
         select.choose("all_reduce", 1, 4, "shm", "allreduce=ring")
 
 
-def test_hierarchical_serves_all_reduce_only() -> None:
-    assert select.choose("all_reduce", 1, 4, "hierarchical", "auto") == "hierarchical"
+def test_hierarchical_serves_every_collective_but_send_and_recv() -> None:
     assert select.choose("all_reduce", 1, 4, "hierarchical", "oneshot") == "hierarchical"
-    for fn in ("broadcast", "all_gather", "send", "barrier"):
-        assert select.choose(fn, 1, 4, "hierarchical", "auto") is None
+    for fn in select.FAMILIES:
+        expected = None if select.family_of(fn) == "p2p" else "hierarchical"
+        assert select.choose(fn, 1, 4, "hierarchical", "auto") == expected, fn
     assert select.choose("not_a_collective", 1, 4, "shm", "auto") is None
 
 

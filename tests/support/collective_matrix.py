@@ -328,7 +328,18 @@ SERVES = {
         "p2p",
         "barrier",
     ),
-    "hierarchical": ("all_reduce",),  # ranks spanning (pretended) nodes: the other collectives use gloo
+    # Ranks spanning (pretended) nodes: every collective but send/recv (gloo's); the whole
+    # matrix of them runs in tests/distributed/test_across_nodes.py.
+    "hierarchical": (
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "reduce_scatter",
+        "gather",
+        "all_to_all",
+        "barrier",
+    ),
 }
 
 
