@@ -39,7 +39,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpucomm.comm",),  # the communicator: one group of ranks, a call bound to a path
     ("gpucomm.distributed",),  # torch's face: the world, groups, collectives, the backend
     ("gpucomm.fused", "gpucomm.ddp"),  # built on torch's face
-    ("gpucomm", "gpucomm.env", "gpucomm.demo"),  # the package, and its commands
+    # the package, its commands, and what torch's import calls (installed as _gpucomm_autoload)
+    ("gpucomm", "gpucomm.env", "gpucomm.demo", "gpucomm._autoload"),
 ]
 
 

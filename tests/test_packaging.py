@@ -55,7 +55,7 @@ def test_wheel_install_finds_every_kernel(tmp_path: Path) -> None:
         "kernels/ or bench/ installed as top-level packages"
     )
     # the module torch's import calls (entry point group torch.backends: tests/distributed/test_autoload.py)
-    assert "_gpucomm_autoload.py" in names, names
+    assert "_gpucomm_autoload/__init__.py" in names, names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert (
         "[torch.backends]\ngpucomm = _gpucomm_autoload:register" in zipfile.ZipFile(wheel).read(entry_points).decode()

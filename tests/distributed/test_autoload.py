@@ -1,6 +1,6 @@
 """``torch.distributed.init_process_group("gpucomm")`` in a script that never imports gpucomm:
 torch's import registers the backend through gpucomm's ``torch.backends`` entry point
-(_gpucomm_autoload.py), and the first group imports gpucomm."""
+(gpucomm/_autoload/, installed as the package _gpucomm_autoload), and the first group imports gpucomm."""
 
 from __future__ import annotations
 

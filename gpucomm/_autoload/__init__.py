@@ -8,8 +8,9 @@ It runs inside torch's import, after torch.distributed is loaded: it imports not
 gpucomm the first time torch makes a group of the backend. ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``
 turns every such entry point off (torch's switch); ``import gpucomm`` then registers it as before.
 
-This module lives outside the gpucomm package on purpose: importing any ``gpucomm.*`` module runs
-the package's ``__init__``, which would import all of gpucomm into every process that imports torch.
+Its source sits under gpucomm/ (the repository's layout) but it installs as a top-level package,
+``_gpucomm_autoload`` (pyproject.toml's package-dir), on purpose: importing any ``gpucomm.*`` module
+runs the package's ``__init__``, which would import all of gpucomm into every process that imports torch.
 """
 
 from __future__ import annotations
