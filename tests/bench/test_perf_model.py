@@ -117,13 +117,14 @@ def test_rows_have_the_published_fields_and_auto_marks_what_gpucomm_picks() -> N
     fields = {"collective", "link_gbs", "size_bytes", "world", "tensor", "algo", "auto", "device_us", "busbw_gbps"}
     for r in rows:
         assert set(r) == fields | {"phases"}
-        assert r["tensor"] in ("ordinary", "symmetric", "multimem")
+        assert r["tensor"] in ("ordinary", "symmetric", "multimem", "captured")
         assert all(set(ph) == {"name", "link_bytes", "hbm_bytes", "syncs"} for ph in r["phases"])
     for nbytes in sizes:
         mine = [r for r in rows if r["size_bytes"] == nbytes and r["collective"] == "all_reduce"]
         picked = [r["algo"] for r in mine if r["tensor"] == "ordinary" and r["auto"]]
         assert picked == [select.choose("all_reduce", nbytes, 8, "cuda_ipc", "auto")]
         assert sum(r["auto"] for r in mine if r["tensor"] == "symmetric") == 1
+        assert sum(r["auto"] for r in mine if r["tensor"] == "captured") == 1
         rooted = [r["algo"] for r in rows if r["size_bytes"] == nbytes and r["collective"] == "broadcast" and r["auto"]]
         assert rooted == [select.choose("broadcast", nbytes, 8, "cuda_ipc", "auto")]
 
@@ -212,3 +213,37 @@ def test_many_pieces_take_one_sync_each() -> None:
     assert count("twoshot", PIPELINED_MIN_PIECES * half, 8, half)["syncs"] == PIPELINED_MIN_PIECES + 1
     us = count("twoshot", 1 << 30, 8, half, p=ARGS)["device_us"]
     assert model.busbw(1 << 30, us, 8) >= 350
+
+
+def test_a_captured_graph_replays_the_in_place_two_shot_where_auto_picks_a_form_of_its_bits() -> None:
+    """The captured rows are what gpucomm.workspace.graph_buffers runs: where auto picks one-shot or
+    two-shot, the in-place two-shot on the users' tensors (three SYNCs, no copy-in or copy-out, any
+    size); where it picks the small path, that path's own row."""
+    from gpucomm.workspace.graph_buffers import IN_PLACE_ALGOS
+
+    sizes = [8 << 10, 512 << 10]
+    got = model.rows(ARGS, sizes, others=())
+    for nbytes in sizes:
+        pick = select.choose("all_reduce", nbytes, 8, "cuda_ipc", "auto")
+        for rate in {r["link_gbs"] for r in got}:
+            mine = {(r["tensor"], r["algo"]): r for r in got if r["size_bytes"] == nbytes and r["link_gbs"] == rate}
+            captured = [r for (tensor, _), r in mine.items() if tensor == "captured"]
+            assert len(captured) == 1 and captured[0]["auto"]
+            if pick in IN_PLACE_ALGOS:
+                assert captured[0]["algo"] == "twoshot_inplace"
+                assert captured[0]["device_us"] == mine[("symmetric", "twoshot_inplace")]["device_us"]
+                names = " ".join(ph["name"] for ph in captured[0]["phases"])
+                assert "copy-in" not in names and "copy-out" not in names
+                assert sum(ph["syncs"] for ph in captured[0]["phases"]) == 3
+            else:
+                assert captured[0]["algo"] == pick
+                assert captured[0]["device_us"] == mine[("ordinary", pick)]["device_us"]
+
+
+def test_a_captured_graph_meets_its_rows_at_82_percent_of_nvlink() -> None:
+    """Issue rows at 0.82 x 450 GB/s, both ends charged, 8 ranks: a captured graph on an ordinary
+    tensor (the in-place two-shot) under 332 us at 64 MiB and at least 360 GB/s bus at 1 GiB."""
+    half = 24 << 20
+    assert count("twoshot", 64 << 20, 8, half, symmetric=True, p=ARGS)["device_us"] < 332
+    us = count("twoshot", 1 << 30, 8, half, symmetric=True, p=ARGS)["device_us"]
+    assert model.busbw(1 << 30, us, 8) >= 360
