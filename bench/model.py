@@ -16,7 +16,9 @@ Copies are where the code puts them: a copy into the workspace is a step of its 
 COPY, two copies whose loads the kernels keep in flight together, is one step). The rows
 (``--json``) give, per link rate (``link_gbs``: 0.82 and 0.57 x 450 GB/s by default), size, world,
 collective, tensor kind (``ordinary``; for all_reduce also ``symmetric``: in the symmetric heap,
-and ``multimem``: symmetric with NVLink SHARP) and algorithm, whether ``auto`` picks it
+``multimem``: symmetric with NVLink SHARP, and ``captured``: an ordinary tensor in a CUDA graph
+captured inside ``gpucomm.graph_capture()``, whose replays run the program
+gpucomm.workspace.graph_buffers puts in place of the copy path) and algorithm, whether ``auto`` picks it
 (gpucomm.algorithms.select and the engine's in-place rule), the device microseconds, NCCL's bus
 bandwidth, and the phases: rounds with the same work merged (in the order they first occur), with
 rank 0's bytes and SYNCs summed over them. The multimem path is no program; its row is counted by
@@ -45,6 +47,7 @@ from gpucomm.algorithms import select
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
 from gpucomm.ops.program import COPY, SYNC, Program, Slot
 from gpucomm.workspace.channels import MAX_CHANNELS, launch_channels
+from gpucomm.workspace.graph_buffers import IN_PLACE_ALGOS
 
 from . import links, programs
 from .hostinfo import run_settings, write_json
@@ -250,9 +253,10 @@ def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES, others: Sequence[s
     """Every size's rows of the model's table, at every link rate of ``p.link_shares``.
 
     all_reduce: each algorithm on an ordinary tensor; on a symmetric one the in-place two-shot and
-    what the halves serve; multimem. ``auto`` marks the row of what gpucomm picks for a float32 SUM
-    (the engine runs two-shot in place on a symmetric tensor above one half). ``others``: what
-    auto runs, and broadcast and reduce both direct and spread.
+    what the halves serve; multimem; what a captured graph on an ordinary tensor replays. ``auto``
+    marks the row of what gpucomm picks for a float32 SUM (the engine runs two-shot in place on a
+    symmetric tensor above one half; every captured row is auto's). ``others``: what auto runs, and
+    broadcast and reduce both direct and spread.
     """
     half = _half_bytes(p.workspace_bytes)
     P = p.world
@@ -282,6 +286,13 @@ def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES, others: Sequence[s
                     _row("all_reduce", nbytes, P, "symmetric", algo, algo == pick and not inplace, counted[algo], q)
                 )
             out.append(_row("all_reduce", nbytes, P, "symmetric", "twoshot_inplace", inplace, symmetric, q))
+            # A captured graph on an ordinary tensor (gpucomm.workspace.graph_buffers): where auto's
+            # pick has the in-place two-shot's bits, its replays run that program at any size on the
+            # users' own tensors; the small path keeps its own launch.
+            if pick in IN_PLACE_ALGOS:
+                out.append(_row("all_reduce", nbytes, P, "captured", "twoshot_inplace", True, symmetric, q))
+            else:
+                out.append(_row("all_reduce", nbytes, P, "captured", pick, True, counted[pick], q))
             # Float SUM: auto takes multimem only where its fold is exact (integer SUM, MIN, MAX).
             out.append(_row("all_reduce", nbytes, P, "multimem", "multimem", False, count_multimem(nbytes, P), q))
             for (c, a), counts in rooted.items():
@@ -350,8 +361,9 @@ def _lead(ours: float, theirs: list[tuple[str, float]]) -> str:
 def markdown(rows_: Sequence[dict]) -> str:
     """docs/performance.md's table from the rows of a ``--json`` file.
 
-    all_reduce: what ``auto`` runs on an ordinary tensor at each link rate, on a symmetric tensor at
-    the first rate, the published figures and who leads at each rate.
+    all_reduce: what ``auto`` runs on an ordinary tensor at each link rate, eagerly and replayed from a
+    captured graph, on a symmetric tensor at the first rate, the published figures and who leads
+    (eagerly) at each rate.
     """
     mine = [r for r in rows_ if r.get("collective", "all_reduce") == "all_reduce" and r["auto"]]
     rates = sorted({r["link_gbs"] for r in mine}, reverse=True)
@@ -367,20 +379,22 @@ def markdown(rows_: Sequence[dict]) -> str:
         return f"{r['device_us']:.1f}{bus} ({r['algo']})"
 
     heads = [f"ordinary, link {rate:.0f} GB/s" for rate in rates]
+    heads += [f"captured graph, link {rate:.0f} GB/s" for rate in rates]
     lines = [
         "| size | "
         + " | ".join(heads)
         + f" | symmetric, link {rates[0]:.0f} GB/s | published (us) | "
         + " | ".join(f"leads at {rate:.0f} GB/s" for rate in rates)
         + " |",
-        "|---" * (3 + 2 * len(rates)) + "|",
+        "|---" * (3 + 3 * len(rates)) + "|",
     ]
     for size in TABLE_SIZES:
         theirs = PUBLISHED.get(size, [])
         ordinary = [find("ordinary", size, rate) for rate in rates]
+        captured = [find("captured", size, rate) for rate in rates]
         lines.append(
             f"| {_size_name(size)} | "
-            + " | ".join(cell(r) for r in ordinary)
+            + " | ".join(cell(r) for r in ordinary + captured)
             + f" | {cell(find('symmetric', size, rates[0]))} | "
             + "; ".join(f"{who}: {us:g}" for who, us in theirs)
             + " | "

@@ -52,10 +52,11 @@ from gpucomm.ops.program import Builder, Program, Ref, Slot
 from gpucomm.transport.heap_open import agree
 from gpucomm.workspace.graph_segments import Allocation, OpenedSegments, locate
 
-__all__ = ["CapturedBuffers", "GraphBuffers", "staged_copies"]
+__all__ = ["CapturedBuffers", "GraphBuffers", "IN_PLACE_ALGOS", "staged_copies"]
 
-# The algorithms whose bits the in-place two-shot reproduces (module docstring).
-_SAME_BITS = ("oneshot", "twoshot")
+# The algorithms whose bits the in-place two-shot reproduces (module docstring); the model's
+# captured rows (bench/model.py) read it.
+IN_PLACE_ALGOS = ("oneshot", "twoshot")
 # Placeholder bases of the peers' tensors while their addresses are unknown: far above any
 # user-space address (47 bits on x86-64 and Arm), so that a placeholder never names real memory,
 # and 16-byte aligned, so that the launch's access width is set by the real addresses' residues.
@@ -143,7 +144,7 @@ class CapturedBuffers:
         if not self.enabled or plan is None or len(addrs) != 1 or any(_refs(program)):
             return None  # a collective with no in-place form here, or one on symmetric tensors (in place already)
         fn, dtype, numel, op_or_root, algo = plan
-        if fn == "all_reduce" and algo not in _SAME_BITS:
+        if fn == "all_reduce" and algo not in IN_PLACE_ALGOS:
             return None
         engine = self.engine
         allocation = locate(addrs[0], engine.device)

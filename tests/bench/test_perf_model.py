@@ -117,13 +117,14 @@ def test_rows_have_the_published_fields_and_auto_marks_what_gpucomm_picks() -> N
     fields = {"collective", "link_gbs", "size_bytes", "world", "tensor", "algo", "auto", "device_us", "busbw_gbps"}
     for r in rows:
         assert set(r) == fields | {"phases"}
-        assert r["tensor"] in ("ordinary", "symmetric", "multimem")
+        assert r["tensor"] in ("ordinary", "symmetric", "multimem", "captured")
         assert all(set(ph) == {"name", "link_bytes", "hbm_bytes", "syncs"} for ph in r["phases"])
     for nbytes in sizes:
         mine = [r for r in rows if r["size_bytes"] == nbytes and r["collective"] == "all_reduce"]
         picked = [r["algo"] for r in mine if r["tensor"] == "ordinary" and r["auto"]]
         assert picked == [select.choose("all_reduce", nbytes, 8, "cuda_ipc", "auto")]
         assert sum(r["auto"] for r in mine if r["tensor"] == "symmetric") == 1
+        assert sum(r["auto"] for r in mine if r["tensor"] == "captured") == 1
         rooted = [r["algo"] for r in rows if r["size_bytes"] == nbytes and r["collective"] == "broadcast" and r["auto"]]
         assert rooted == [select.choose("broadcast", nbytes, 8, "cuda_ipc", "auto")]
 
@@ -212,3 +213,56 @@ def test_many_pieces_take_one_sync_each() -> None:
     assert count("twoshot", PIPELINED_MIN_PIECES * half, 8, half)["syncs"] == PIPELINED_MIN_PIECES + 1
     us = count("twoshot", 1 << 30, 8, half, p=ARGS)["device_us"]
     assert model.busbw(1 << 30, us, 8) >= 350
+
+
+def test_a_captured_graph_replays_the_in_place_two_shot_where_auto_picks_a_form_of_its_bits() -> None:
+    """The captured rows are what gpucomm.workspace.graph_buffers runs: where auto picks one-shot or
+    two-shot, the in-place two-shot on the users' tensors (three SYNCs, no copy-in or copy-out, any
+    size); where it picks the small path, that path's own row."""
+    from gpucomm.workspace.graph_buffers import IN_PLACE_ALGOS
+
+    sizes = [8 << 10, 512 << 10]
+    got = model.rows(ARGS, sizes, others=())
+    for nbytes in sizes:
+        pick = select.choose("all_reduce", nbytes, 8, "cuda_ipc", "auto")
+        for rate in {r["link_gbs"] for r in got}:
+            mine = {(r["tensor"], r["algo"]): r for r in got if r["size_bytes"] == nbytes and r["link_gbs"] == rate}
+            captured = [r for (tensor, _), r in mine.items() if tensor == "captured"]
+            assert len(captured) == 1 and captured[0]["auto"]
+            if pick in IN_PLACE_ALGOS:
+                assert captured[0]["algo"] == "twoshot_inplace"
+                assert captured[0]["device_us"] == mine[("symmetric", "twoshot_inplace")]["device_us"]
+                names = " ".join(ph["name"] for ph in captured[0]["phases"])
+                assert "copy-in" not in names and "copy-out" not in names
+                assert sum(ph["syncs"] for ph in captured[0]["phases"]) == 3
+            else:
+                assert captured[0]["algo"] == pick
+                assert captured[0]["device_us"] == mine[("ordinary", pick)]["device_us"]
+
+
+def test_a_captured_graph_meets_its_rows_at_82_percent_of_nvlink() -> None:
+    """Issue rows at 0.82 x 450 GB/s, both ends charged, 8 ranks: a captured graph on an ordinary
+    tensor (the in-place two-shot) under 332 us at 64 MiB and at least 360 GB/s bus at 1 GiB."""
+    half = 24 << 20
+    assert count("twoshot", 64 << 20, 8, half, symmetric=True, p=ARGS)["device_us"] < 332
+    us = count("twoshot", 1 << 30, 8, half, symmetric=True, p=ARGS)["device_us"]
+    assert model.busbw(1 << 30, us, 8) >= 360
+
+
+def test_eager_64_mib_is_the_link_bound_and_syncs_plus_the_copies_no_link_traffic_hides() -> None:
+    """What docs/performance.md says of eager 64 MiB at 0.82 x 450 GB/s: with every step that
+    moves no link byte taken out (the first piece's copy-in, nothing before it to pair with, and
+    each piece's own slice copied out, alone at its in-half position), the program is launch, the
+    link bound 2 (P - 1) / P x 64 MiB and six SYNCs, 339 us; those copies are the rest (357.9 us)."""
+    P, nbytes, half = 8, 64 << 20, 24 << 20
+    walks = [model.walk(model.build("twoshot", nbytes, P, rank, half)[0], P, rank) for rank in range(P)]
+    linked = []
+    for grid, rounds in walks:
+        kept = [{**r, "steps": [s for s in r["steps"] if any(res != "hbm" for (res, _), _ in s)]} for r in rounds]
+        linked.append((grid, kept))
+    bound = ARGS.launch_us + 2 * (P - 1) / P * nbytes / (ARGS.link_gbs * 1e3) + 6 * ARGS.sync_us
+    assert links.program_us(linked, ARGS) == pytest.approx(bound, abs=1.0)
+    exposed = links.program_us(walks, ARGS) - links.program_us(linked, ARGS)
+    first_copy_in = 2 * (P - 1) / P * nbytes / 3 / (ARGS.hbm_gbs * 1e3)
+    own_out = 2 * nbytes / P / (ARGS.hbm_gbs * 1e3)
+    assert exposed == pytest.approx(first_copy_in + own_out, rel=0.05)
