@@ -32,10 +32,12 @@ from gpucomm.transport.workspace import Workspace
 __all__ = ["agree", "heap_kind", "heap_of_its_own", "vmm_heap", "open_vmm_parts"]
 
 
-def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list[str]:
+def agree(
+    store: object, prefix: str, rank: int, world_size: int, timeout: float, mine: str, what: str = "symmetric heap open"
+) -> list[str]:
     """Every local rank's ``mine`` (this one's included), once all have set theirs.
 
-    Raises CommTimeoutError naming the ranks that did not set theirs within ``timeout``.
+    Raises CommTimeoutError for ``what`` naming the ranks that did not set theirs within ``timeout``.
     """
     keys = [f"{prefix}{r}" for r in range(world_size)]
     store.set(keys[rank], mine.encode())
@@ -45,9 +47,7 @@ def agree(store: object, prefix: str, rank: int, world_size: int, timeout: float
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
         if not missing:
             raise
-        raise CommTimeoutError(
-            "symmetric heap open", None, rank, missing, timeout, detail=f"no {prefix!r} from them"
-        ) from exc
+        raise CommTimeoutError(what, None, rank, missing, timeout, detail=f"no {prefix!r} from them") from exc
     return [store.get(key).decode() for key in keys]
 
 

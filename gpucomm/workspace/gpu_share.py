@@ -11,11 +11,9 @@ handshake then checks that every rank came to the same one.
 
 from __future__ import annotations
 
-import datetime
-
 import torch
 
-from gpucomm.errors import CommTimeoutError
+from gpucomm.transport.heap_open import agree
 from gpucomm.workspace.channels import layout_channels
 
 __all__ = ["gpu_uuid", "ranks_on_gpu", "node_channels"]
@@ -34,18 +32,7 @@ def ranks_on_gpu(store: object, prefix: str, rank: int, world_size: int, timeout
     """
     if not uuid:
         raise ValueError(f"ranks_on_gpu: uuid must be a GPU's UUID, got {uuid!r}")
-    keys = [f"{prefix}{r}" for r in range(world_size)]
-    store.set(keys[rank], uuid.encode())
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout))
-    except RuntimeError as exc:
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
-        if not missing:
-            raise
-        raise CommTimeoutError(
-            "GPU identification", None, rank, missing, timeout, detail="no GPU UUID from them"
-        ) from exc
-    return sum(store.get(key).decode() == uuid for key in keys)
+    return agree(store, prefix, rank, world_size, timeout, uuid, what="GPU identification").count(uuid)
 
 
 def node_channels(

@@ -10,16 +10,8 @@ import logging
 import time
 
 import pytest
+from checks import outcome as _outcome
 from spawn import run_ranks
-
-
-def _outcome(call) -> str:
-    """What ``call()`` ended with: "ok", or the error's type and message."""
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the test reads every kind
-        return f"{type(err).__name__}: {err}"
-    return "ok"
 
 
 class _Lines(logging.Handler):

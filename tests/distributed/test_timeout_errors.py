@@ -7,17 +7,9 @@ from __future__ import annotations
 import datetime
 import time
 
+from checks import outcome as _outcome
 from rank_store import rank_store, store_barrier
 from spawn import run_ranks
-
-
-def _outcome(call) -> str:
-    """What ``call()`` ended with: "ok", or the error's type and message."""
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the test reads every kind
-        return f"{type(err).__name__}: {err}"
-    return "ok"
 
 
 def _init_without_rank_1(rank: int, world_size: int) -> str:

@@ -16,3 +16,12 @@ class Checks:
         self.count += 1
         if not ok:
             self.failures.append(f"rank {self.rank}: {what}")
+
+
+def outcome(call) -> str:
+    """What ``call()`` ended with: "ok", or the error's type and message."""
+    try:
+        call()
+    except Exception as err:  # noqa: BLE001 - the test reads every kind
+        return f"{type(err).__name__}: {err}"
+    return "ok"
