@@ -16,6 +16,7 @@ both (DistBackendError is a RuntimeError).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from torch.distributed import DistBackendError, DistError, DistStoreError
@@ -182,6 +183,8 @@ class PeerLostError(CommTimeoutError):
         super().__init__(op, epoch, rank, missing, timeout, detail)
         self.elapsed = elapsed
         self.crashed = crashed
+        self.detail = detail
+        self.seen_at = time.monotonic()  # when the loss was seen (counted_from)
         where = f" call {epoch}" if epoch is not None else ""
         what = (
             "its process is gone (it crashed, was killed or exited)"
@@ -193,6 +196,16 @@ class PeerLostError(CommTimeoutError):
             f"not a slow rank, which is waited for up to the timeout ({timeout:g} s)"
             + (f" [{detail}]" if detail else ""),
         )
+
+    def counted_from(self, started: float) -> PeerLostError:
+        """This error with ``elapsed`` counted from ``started`` (``time.monotonic()`` at the call's
+        start) to when the loss was seen: a wait that saw it knows only when the wait began."""
+        error = PeerLostError(
+            self.op, self.epoch, self.rank, self.missing, self.timeout, self.seen_at - started,
+            crashed=self.crashed, detail=self.detail,
+        )  # fmt: skip
+        error.seen_at = self.seen_at
+        return error
 
 
 class CommMismatchError(_Story, GpucommError, DistBackendError):

@@ -24,7 +24,7 @@ from gpucomm.config import Config
 from gpucomm.ops.contract import Kernels
 from gpucomm.transport.workspace import Workspace
 
-__all__ = ["Ranks", "Group", "FlagWords", "NodeWorkspace"]
+__all__ = ["Ranks", "PeerLiveness", "Group", "FlagWords", "NodeWorkspace"]
 
 
 @runtime_checkable
@@ -41,6 +41,15 @@ class Ranks(Protocol):
 
 
 @runtime_checkable
+class PeerLiveness(Protocol):
+    """Where a communicator's ranks run, and which are gone (:class:`gpucomm.reliability.liveness.Liveness`)."""
+
+    def hosts(self) -> list[str]: ...  # every rank's host name, in rank order
+
+    def gone(self, rank: int) -> bool: ...  # rank's process is known to be gone (a rank on this host)
+
+
+@runtime_checkable
 class Group(Ranks, Protocol):
     """A communicator as its workspace engine sees it: its members, how many share a node,
     where its keys live, its device and its knobs."""
@@ -51,6 +60,7 @@ class Group(Ranks, Protocol):
     device: torch.device | None  # this rank's GPU, None where there is none
     timeout: float  # seconds
     config: Config
+    _liveness: PeerLiveness  # whose processes are gone (gpucomm.reliability.liveness.Liveness)
 
 
 @runtime_checkable

@@ -258,6 +258,8 @@ class Router:
             if comm is None or comm._closed:
                 return _closed_error(fn, err)
             if isinstance(err, GpucommError):
+                if isinstance(err, PeerLostError) and err.seen_at - started - err.elapsed >= 0.05:
+                    err = err.counted_from(started)  # the wait that saw it began after the call did
                 comm._flight.failed(seq)
                 comm._tell(err, seq)
                 comm._broken = err

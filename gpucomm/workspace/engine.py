@@ -58,6 +58,7 @@ from gpucomm.ops.contract import Region
 from gpucomm.ops.program import Builder, Program, overlaps
 from gpucomm.ops.registry import get_kernels
 from gpucomm.reduce_op import ReduceOp
+from gpucomm.reliability.lost import LostPeers
 from gpucomm.roles import Group
 from gpucomm.transport import Workspace, open_workspace
 from gpucomm.transport.heap import StoreAgreement, SymmetricHeap
@@ -119,9 +120,8 @@ class Engine(EngineCollectives):
         self.members = topology.nodes[topology.node]  # communicator rank of each local rank
         self.rank = topology.local
         self.world_size = len(self.members)
-        self.comm_rank = comm.rank
-        self.comm_size = comm.world_size
-        self.timeout = comm.timeout
+        self.comm_rank, self.comm_size, self.timeout = comm.rank, comm.world_size, comm.timeout
+        self.lost = LostPeers(comm._liveness, self.members, comm.rank, comm.timeout)  # gone peers, told in waits
         self.knob_algo = comm.config.algo
         self.transport = transport
         self.device = device

@@ -25,6 +25,9 @@ How a wait spends its time (:class:`Backoff`):
    throughout, quiet; 124 against 127 us with two busy processes beside.
 3. Once a wait has lasted a while (a peer busy with other work), it sleeps in steps that grow
    with the time waited, so that the latency the sleeps add stays a small share of the wait.
+4. Once it has lasted half a second, it looks now and then whether a peer it waits for is gone
+   (its process dead, on this host): then it raises :class:`PeerLostError` naming it, without
+   waiting out the timeout (gpucomm.reliability.lost says when it looks, and what a look costs).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from gpucomm.ops.program import COPY, FP_BITS, REDUCE, Arg, Program, Ref, Slot, 
 from gpucomm.ops.reference import fold_into, needs_scratch
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.reliability.host_threads import ThreadFit, pieces
+from gpucomm.reliability.lost import FIRST_LOOK_S, LOOK_EVERY_S, LostPeers
 from gpucomm.roles import FlagWords, NodeWorkspace
 
 __all__ = ["HostExecutor", "HostEngine", "Backoff"]
@@ -116,6 +120,8 @@ class HostEngine(NodeWorkspace, Protocol):
 
     @property
     def mail(self) -> Mail: ...
+
+    lost: LostPeers  # which peers' processes are gone (gpucomm.reliability.lost)
 
 
 class HostExecutor:
@@ -244,11 +250,14 @@ class HostExecutor:
             return seen
         start = time.monotonic()
         deadline = start + self.engine.timeout
-        mail, polls = self.engine.mail, 0
+        mail, polls, look_at = self.engine.mail, 0, FIRST_LOOK_S
         while True:
             now = time.monotonic()
             if now >= deadline:
                 self._timeout([peers[i] for i in pending])
+            if now - start >= look_at:  # a slow wait now: is a peer it waits for dead? (step 4)
+                look_at = now - start + LOOK_EVERY_S
+                self._lost([peers[i] for i in pending], start)
             self.backoff(now - start)
             polls += 1
             if polls % _PROGRESS_POLLS == 0 and mail.busy():
@@ -283,7 +292,12 @@ class HostExecutor:
                 slot.view(torch.int64).copy_(mine_words)
             self.kernels.signal(at_peers, target | program.fingerprint)
         if mine:
-            missing = self.kernels.wait(mine, target, time.monotonic() + self.engine.timeout)
+            start = time.monotonic()
+            deadline, until = start + self.engine.timeout, start + FIRST_LOOK_S
+            # In slices: between two, a look whether a peer it waits for is dead (module docstring, step 4).
+            while (missing := self.kernels.wait(mine, target, min(until, deadline))) and until < deadline:
+                self._lost([peers[i] for i in missing], start)
+                until = time.monotonic() + LOOK_EVERY_S
             if missing:
                 self._timeout([peers[i] for i in missing])
             seen = torch.stack([f.view(torch.int64)[0] for f in mine]).tolist()
@@ -293,6 +307,11 @@ class HostExecutor:
                 tags_now = all((g ^ w) >> IDENT_BITS == 0 for g, w in zip(got, words))
                 if tags_now and got != words:
                     self._mismatch(program, peer)
+
+    def _lost(self, peers: list[int], start: float) -> None:
+        """Raise :class:`PeerLostError` if one of ``peers`` (local ranks), waited for since
+        ``start``, is gone."""
+        self.engine.lost.check(self._program.name, self._epoch, peers, start, "the workspace's flag wait")
 
     def _timeout(self, peers: list[int]) -> None:
         engine = self.engine
