@@ -92,12 +92,13 @@ def _die_or_wait(rank: int, world_size: int, victim: int, timeout: float) -> flo
         gpucomm.all_reduce(t)
     except gpucomm.CommTimeoutError as err:
         assert err.missing == [victim] and err.op == "all_reduce" and err.rank == rank, str(err)
-        assert f"waiting for rank(s) [{victim}]" in str(err)
+        # Its process is gone: said as lost, not waited for (gpucomm.reliability.lost).
+        assert isinstance(err, gpucomm.PeerLostError) and f"lost rank(s) [{victim}]" in str(err), str(err)
         # The communicator is broken now: the next call fails at once with the cause.
         try:
             gpucomm.all_reduce(t)
         except gpucomm.CommBrokenError as broken:
-            assert "timed out" in str(broken)
+            assert f"lost rank(s) [{victim}]" in str(broken)
         else:
             raise AssertionError("a call after the timeout did not raise CommBrokenError")
         gpucomm.destroy_process_group()
@@ -106,11 +107,11 @@ def _die_or_wait(rank: int, world_size: int, victim: int, timeout: float) -> flo
 
 
 def test_killed_rank_makes_the_others_raise_within_the_timeout() -> None:
-    timeout = 3.0
+    timeout = 8.0
     results = run_ranks(_die_or_wait, 3, 1, timeout, allow_exit=(1,), timeout=120)
     for rank, elapsed in enumerate(results):
-        if rank != 1:
-            assert timeout * 0.9 <= elapsed <= timeout + 5, f"rank {rank} raised after {elapsed:.1f} s"
+        if rank != 1:  # a lost peer is seen from 0.5 s into the wait on (gpucomm.reliability.lost)
+            assert 0.4 <= elapsed <= timeout / 2, f"rank {rank} raised after {elapsed:.1f} s"
 
 
 def test_a_missing_rank_is_reported_not_hung() -> None:
