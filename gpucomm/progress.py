@@ -35,6 +35,10 @@ __all__ = ["Progress", "Queued", "wait_gloo", "exiting"]
 # waiting on gloo's works.
 _EXITING = threading.Event()
 _OWN = threading.local()  # ``polls`` is True in gpucomm's own threads (the progress threads)
+# A wait on a queued collective that looks for lost peers (Queued's ``lost``) wakes this often to
+# look; the looks themselves are rarer (gpucomm.reliability.lost: from 0.5 s into the wait, every
+# 0.25 s), and the collective's end wakes it at once.
+_LOOK_POLL_S = 0.05
 # How a thread of gpucomm's own polls a gloo work: the first look after 20 us, then twice as long
 # each time up to 0.5 ms (at most 0.5 ms late for a collective that runs longer; a 2-rank gloo
 # all_reduce of 4 KiB takes about 100 us on the 2-core CI machine).
@@ -84,12 +88,23 @@ class Queued:
         run: runs the collective (raises its error).
         name: the collective, for a wait's timeout message.
         rank: this rank, for a wait's timeout message.
+        lost: ``lost(name, where)`` gives a wait's look at the peers' processes, which raises
+            PeerLostError when one is gone (:meth:`gpucomm.reliability.lost.LostPeers.waiter`):
+            a wait says so while the collective, stuck in a kernel on the progress thread, runs
+            to its own deadline. None: the wait waits for the collective's end alone.
     """
 
-    def __init__(self, run: Callable[[], object], name: str, rank: int) -> None:
+    def __init__(
+        self,
+        run: Callable[[], object],
+        name: str,
+        rank: int,
+        lost: Callable[[str, str], Callable[[], None]] | None = None,
+    ) -> None:
         self.run = run
         self.name = name
         self.rank = rank
+        self.lost = lost
         self._ended = threading.Event()
         self._error: BaseException | None = None
         self._future: torch.futures.Future = torch.futures.Future()
@@ -112,7 +127,8 @@ class Queued:
     def wait(self, timeout: float | None = None) -> None:
         """Block until the collective has run; raise its error. ``timeout`` (seconds) bounds
         this wait alone: the collective goes on (its own deadline is the communicator's)."""
-        if not self._ended.wait(timeout):
+        ended = self._ended.wait(timeout) if self.lost is None else self._wait_looking(timeout)
+        if not ended:
             raise CommTimeoutError(
                 self.name,
                 None,
@@ -123,6 +139,18 @@ class Queued:
             )
         if self._error is not None:
             raise self._error
+
+    def _wait_looking(self, timeout: float | None) -> bool:
+        """Wait for the end, for at most ``timeout`` seconds, looking at the peers now and then."""
+        look = self.lost(self.name, "a collective run by the progress thread")  # type: ignore[misc]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pause = _LOOK_POLL_S if deadline is None else min(_LOOK_POLL_S, deadline - time.monotonic())
+            if self._ended.wait(max(pause, 0.0)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            look()
 
     def get_future(self) -> torch.futures.Future:
         """A Future completed on the progress thread when the collective has run."""

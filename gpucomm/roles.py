@@ -46,7 +46,7 @@ class PeerLiveness(Protocol):
 
     def hosts(self) -> list[str]: ...  # every rank's host name, in rank order
 
-    def gone(self, rank: int) -> bool: ...  # rank's process is known to be gone (a rank on this host)
+    def lost(self, rank: int) -> bool: ...  # rank's process is gone, not after failing a call (on this host)
 
 
 @runtime_checkable

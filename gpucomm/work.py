@@ -51,16 +51,26 @@ class StreamEnd:
         check: raises the error a kernel recorded, if any (never waits for the device).
         describe: the collective's name, for a timeout's message.
         rank: this rank, for a timeout's message.
+        lost: ``lost(describe, where)`` gives a blocking wait's look at the peers' processes,
+            which raises PeerLostError when one is gone (gpucomm.reliability.lost): the host says
+            so while the kernel, which cannot be interrupted, runs to its own deadline.
     """
 
     def __init__(
-        self, event: torch.cuda.Event, stream: torch.cuda.Stream, check: Callable[[], None], describe: str, rank: int
+        self,
+        event: torch.cuda.Event,
+        stream: torch.cuda.Stream,
+        check: Callable[[], None],
+        describe: str,
+        rank: int,
+        lost: Callable[[str, str], Callable[[], None]] | None = None,
     ) -> None:
         self.event = event
         self.stream = stream
         self.check = check
         self.describe = describe
         self.rank = rank
+        self.lost = lost
 
     def is_completed(self) -> bool:
         self.check()
@@ -74,8 +84,11 @@ class StreamEnd:
         if not block:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
+        look = None if self.lost is None else self.lost(self.describe, "a blocking wait on the collective's end")
         while not self.event.query():
             self.check()
+            if look is not None:
+                look()
             if deadline is not None and time.monotonic() >= deadline:
                 raise CommTimeoutError(
                     self.describe,

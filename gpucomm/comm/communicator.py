@@ -191,6 +191,7 @@ class Communicator(Collectives, PointToPoint, SymmetricMemory):
                     self.timeout,
                 )
             self._flight = FlightLog(flight, group_label(self.global_ranks, self._own_record is not None, world_size))
+            self._liveness.judge_by(flight.failed_last, self.global_ranks)  # survivors exit after failing
             if self.config.status_signal and self._own_record is not None:
                 self._signal = StatusSignal(
                     self._flight, self.global_ranks[rank], signal.Signals[self.config.status_signal]

@@ -127,7 +127,13 @@ class Router:
                     elif queued:  # on the progress thread, in call order (gpucomm.progress)
                         pending = [
                             self._progress.submit(
-                                Queued(functools.partial(_to_end, call.serve, path), call.fn, self.rank)
+                                Queued(
+                                    functools.partial(_to_end, call.serve, path),
+                                    call.fn,
+                                    self.rank,
+                                    # a wait on it says a lost peer while a kernel runs to its deadline
+                                    lost=None if algo is None else engine.lost.waiter,
+                                )
                             )
                         ]
                     else:
@@ -211,7 +217,7 @@ class Router:
                 call.finish()
             end = torch.cuda.Event()
             end.record(engine.stream)
-        return [inner, StreamEnd(end, engine.stream, engine.executor.check, call.fn, self.rank)]
+        return [inner, StreamEnd(end, engine.stream, engine.executor.check, call.fn, self.rank, engine.lost.waiter)]
 
     def _on_caller_stream(self, call: Call, engine: Engine, path: Path) -> list[object]:
         """Queue a blocking collective on the caller's current stream, after this communicator's
@@ -230,7 +236,7 @@ class Router:
         stream = torch.cuda.current_stream(engine.device)
         end = torch.cuda.Event()
         end.record(stream)
-        return [inner, StreamEnd(end, stream, engine.executor.check, call.fn, self.rank)]
+        return [inner, StreamEnd(end, stream, engine.executor.check, call.fn, self.rank, engine.lost.waiter)]
 
     def _watch(self, call: Call, work: Work, stream_engine: Engine | None, algo: str | None, queued: bool) -> None:
         """Hand an asynchronous call's Work to the watchdog, with the queue whose order it ends

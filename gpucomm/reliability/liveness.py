@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
 
@@ -49,6 +49,9 @@ class Liveness:
         self.pid_space = pid_space()
         store.set(f"{self.prefix}proc/{rank}", f"{self.host} {os.getpid()} {self.pid_space}")
         self._known: list[tuple[str, str, str]] | None = None
+        # Whether a rank's newest call ended in a failure of its own (the node's flight record,
+        # by communicator rank), once the communicator has one (judge_by): :meth:`lost`.
+        self._failed_first: Callable[[int], bool] | None = None
 
     def keys(self) -> list[str]:
         """Every rank's key of its process (written at init): a rank's arrival."""
@@ -116,6 +119,16 @@ class Liveness:
     def gone(self, rank: int) -> bool:
         """Whether ``rank``'s process is known to be gone (on this host, in this pid space)."""
         return self._is_dead(rank)
+
+    def judge_by(self, failed_last: Callable[[int], bool], global_ranks: Sequence[int]) -> None:
+        """Let :meth:`lost` read the node's flight record: ``failed_last(global rank)``
+        (:meth:`gpucomm.reliability.flight.FlightRecord.failed_last`)."""
+        self._failed_first = lambda rank: failed_last(global_ranks[rank])
+
+    def lost(self, rank: int) -> bool:
+        """Whether ``rank``'s process is gone without having failed a call first: it crashed,
+        was killed or left (a survivor that raised and exited failed its call first)."""
+        return self._is_dead(rank) and not (self._failed_first is not None and self._failed_first(rank))
 
     def _store_call(self, call: Callable[[], object]) -> bool:
         """Run ``call`` against the store; False when the store is gone (rank 0, its server, left)."""

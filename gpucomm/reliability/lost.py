@@ -2,7 +2,8 @@
 
 A wait on a peer's flag cannot tell the two apart by the flag: it does not come either way. The
 peer's process can: a peer on this host whose process is gone (its pid published at init,
-:meth:`gpucomm.reliability.liveness.Liveness.gone`) will never set it, so the wait raises
+:meth:`gpucomm.reliability.liveness.Liveness.lost`: gone without failing a call of its own first, as a
+survivor that said the loss and exited has) will never set it, so the wait raises
 :class:`~gpucomm.errors.PeerLostError` naming it, within about a second of the death, instead of
 :class:`~gpucomm.errors.CommTimeoutError` at the timeout. The waits that ask: the host
 executor's flag polls (gpucomm.workspace.host_executor), a blocking wait on a GPU collective's
@@ -78,7 +79,7 @@ class LostPeers:
 
     def among(self, peers: Sequence[int]) -> list[int]:
         """The communicator ranks of ``peers`` (local ranks) whose processes are gone."""
-        return [self.members[p] for p in peers if self.liveness.gone(self.members[p])]
+        return [self.members[p] for p in peers if self.liveness.lost(self.members[p])]
 
     def check(self, op: str, epoch: int | None, peers: Sequence[int], started: float, where: str) -> None:
         """Raise :class:`PeerLostError` if one of ``peers`` (local ranks) is gone.
@@ -91,7 +92,7 @@ class LostPeers:
             elapsed = time.monotonic() - started
             raise PeerLostError(op, epoch, self.rank, lost, self.timeout, elapsed, crashed=True, detail=where)
 
-    def waiter(self, op: str, where: str) -> Callable[[], None]:
+    def waiter(self, op: str, where: str, started: float | None = None) -> Callable[[], None]:
         """The look of one wait that does not know which flags its kernel waits on (a GPU
         collective's end event, a collective the progress thread runs): call it at each poll of
         the wait; from :data:`FIRST_LOOK_S` into the wait on, it raises :class:`PeerLostError`
@@ -100,8 +101,11 @@ class LostPeers:
         Why two: a peer that signalled everything this collective needs from it and then exited
         is gone too, while this rank's kernel, behind other work on its stream, has not read its
         flags yet; that kernel ends well within :data:`LOOK_EVERY_S` (a launch's run, not a wait).
+
+        ``started``: when the wait began (``time.monotonic()``; default: now).
         """
-        started, looks = time.monotonic(), Looks()
+        started = time.monotonic() if started is None else started
+        looks = Looks()
         others = [p for p, r in enumerate(self.members) if r != self.rank]
 
         def look() -> None:

@@ -59,3 +59,11 @@ def test_a_peer_killed_on_the_shm_workspace_is_lost_within_seconds_not_a_timeout
     knobs = {"transport": "shm", "kernels": "torch"}
     results = run_ranks(_killed_in_a_loop, 3, knobs, False, allow_exit=(1,), timeout=90)
     _check(results, "the workspace's flag wait")
+
+
+def test_a_peer_killed_under_the_triton_program_kernel_is_lost_at_an_async_wait() -> None:
+    # The kernel's waits are inside it, on the progress thread, and end at its deadline; the
+    # caller's wait on the Work looks at the peers' processes meanwhile.
+    knobs = {"transport": "shm", "kernels": "triton", "channels": 2}
+    results = run_ranks(_killed_in_a_loop, 3, knobs, True, allow_exit=(1,), timeout=90, env={"TRITON_INTERPRET": "1"})
+    _check(results, "a collective run by the progress thread")
