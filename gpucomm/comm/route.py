@@ -114,6 +114,9 @@ class Router:
                 self._progress.drain()
             slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
             on_gpu = algo is not None and engine.stream is not None
+            lost = (
+                None if algo is None else engine.lost.waiter
+            )  # its waits look for lost peers (gpucomm.reliability.lost)
             debug = log.logger.isEnabledFor(logging.DEBUG)
             if debug:
                 log.logger.debug(_stages(self.rank, call, seq, algo, on_gpu, queued, self.config.check))
@@ -132,7 +135,7 @@ class Router:
                                     call.fn,
                                     self.rank,
                                     # a wait on it says a lost peer while a kernel runs to its deadline
-                                    lost=None if algo is None else engine.lost.waiter,
+                                    lost=lost,
                                 )
                             )
                         ]
@@ -152,7 +155,7 @@ class Router:
                 keep=(call,),  # what the collective's buffers hang on, until it is complete
                 side_stream=engine.side_stream if on_gpu and call.async_op else None,
             )
-            self._watch(call, work, engine if on_gpu else None, algo, queued)
+            self._watch(call, work, engine if on_gpu else None, algo, queued, lost)
             if call.async_op:
                 self._flight.completes_with(slot, work)
                 return work
@@ -238,13 +241,22 @@ class Router:
         end.record(stream)
         return [inner, StreamEnd(end, stream, engine.executor.check, call.fn, self.rank, engine.lost.waiter)]
 
-    def _watch(self, call: Call, work: Work, stream_engine: Engine | None, algo: str | None, queued: bool) -> None:
+    def _watch(
+        self,
+        call: Call,
+        work: Work,
+        stream_engine: Engine | None,
+        algo: str | None,
+        queued: bool,
+        lost: Callable[..., Callable[[], None]] | None,
+    ) -> None:
         """Hand an asynchronous call's Work to the watchdog, with the queue whose order it ends
-        in: the engine's stream (``stream_engine``), the progress thread's, a gloo group's."""
+        in: the engine's stream (``stream_engine``), the progress thread's, a gloo group's; and,
+        on the workspace, the look for a lost peer (``lost``: gpucomm.reliability.lost)."""
         on_stream = stream_engine is not None and call.async_op
         if (on_stream and not capturing(stream_engine.device)) or (call.async_op and (algo is None or queued)):
             queue = stream_engine if on_stream else self._progress if queued else self._fallback
-            watch(work, call.fn, self.timeout, self._fail, self.rank, queue=queue)
+            watch(work, call.fn, self.timeout, self._fail, self.rank, queue=queue, lost=lost)
 
     # -- failures -----------------------------------------------------------------------------
     def _translate(self, fn: str, seq: int, peer: int | None) -> Callable[[RuntimeError], BaseException]:

@@ -11,6 +11,12 @@ communicator, on every rank (each rank's watchdog finds its own side of the fail
 ``GPUCOMM_ASYNC_ERROR_HANDLING=abort`` the communicator ends the process instead, as NCCL's
 asynchronous error handling does.
 
+A collective on the workspace that has run for a while is also looked at for a lost peer (a
+process on this host gone: :mod:`gpucomm.reliability.lost`, from 0.5 s into the collective, every
+0.25 s at most): the communicator is marked broken with :class:`PeerLostError` then, within a
+second or so of the death, while the work is still held until its kernel's own deadline ends it
+(its error is not reported a second time).
+
 Works are watched in queues, one per order in which they complete (a communicator's CUDA stream;
 its gloo group), oldest first. A poll looks at the oldest work of each queue and moves on only
 once it has ended, so its cost does not grow with the works in flight (comparing every pending
@@ -31,7 +37,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gpucomm.capture import enter_thread_local_capture_mode
-from gpucomm.errors import CommTimeoutError
+from gpucomm.errors import CommTimeoutError, PeerLostError
 from gpucomm.work import Work
 
 __all__ = ["watch", "forget", "stop", "POLL_S", "GRACE_S"]
@@ -51,6 +57,10 @@ class _Watched:
     fail: Callable[[BaseException], None]  # the communicator's: broken, logged (or aborted)
     rank: int
     timeout: float
+    # ``lost(name, where, started)`` gives the look for a lost peer (LostPeers.waiter); None off the workspace.
+    lost: Callable[..., Callable[[], None]] | None = None
+    look: Callable[[], None] | None = None  # made at the first poll that finds the work pending
+    reported: bool = False  # a lost peer was reported: the work is held, its end not reported again
 
 
 class _Watchdog:
@@ -61,10 +71,17 @@ class _Watchdog:
         self._stop = threading.Event()  # of the running thread; each thread gets its own
 
     def watch(
-        self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable
+        self,
+        work: Work,
+        name: str,
+        timeout: float,
+        fail: Callable[[BaseException], None],
+        rank: int,
+        queue: Hashable,
+        lost: Callable[..., Callable[[], None]] | None = None,
     ) -> None:
         """:meth:`add` the work, and start the thread that polls if it is not running."""
-        self.add(work, name, timeout, fail, rank, queue)
+        self.add(work, name, timeout, fail, rank, queue, lost)
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._stop = threading.Event()
@@ -74,9 +91,16 @@ class _Watchdog:
                 self._thread.start()
 
     def add(
-        self, work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable
+        self,
+        work: Work,
+        name: str,
+        timeout: float,
+        fail: Callable[[BaseException], None],
+        rank: int,
+        queue: Hashable,
+        lost: Callable[..., Callable[[], None]] | None = None,
     ) -> None:
-        entry = _Watched(work, name, time.monotonic() + timeout + GRACE_S, fail, rank, timeout)
+        entry = _Watched(work, name, time.monotonic() + timeout + GRACE_S, fail, rank, timeout, lost)
         with self._lock:
             pending = self._queues.get(queue)
             if pending is None:
@@ -129,11 +153,19 @@ class _Watchdog:
     def _ended(w: _Watched) -> bool:
         if w.work.is_completed():
             error = w.work.exception()
-            if error is not None:
+            if error is not None and not w.reported:
                 w.fail(error)
             return True
-        if time.monotonic() < w.deadline:
-            return False
+        if w.lost is not None and not w.reported:
+            if w.look is None:  # the collective started when it was added: deadline - timeout - grace
+                w.look = w.lost(w.name, "the watchdog", w.deadline - w.timeout - GRACE_S)
+            try:
+                w.look()
+            except PeerLostError as err:
+                w.reported = True
+                w.fail(err)
+        if time.monotonic() < w.deadline or w.reported:
+            return False  # (a reported work is held until it ends: its kernel may still read its buffers)
         w.fail(
             CommTimeoutError(
                 w.name,
@@ -151,15 +183,22 @@ _WATCHDOG = _Watchdog()
 
 
 def watch(
-    work: Work, name: str, timeout: float, fail: Callable[[BaseException], None], rank: int, queue: Hashable
+    work: Work,
+    name: str,
+    timeout: float,
+    fail: Callable[[BaseException], None],
+    rank: int,
+    queue: Hashable,
+    lost: Callable[..., Callable[[], None]] | None = None,
 ) -> None:
     """Watch ``work`` until it ends; ``fail(error)`` if it fails or outlives ``timeout``.
 
     ``queue`` names the order the work completes in (works of one queue end oldest first: a
     CUDA stream, a gloo group, a progress thread); the watchdog looks only at the oldest pending
-    work of each.
+    work of each. ``lost(name, where, started)``: the look for a lost peer of a workspace
+    collective (:meth:`gpucomm.reliability.lost.LostPeers.waiter`), None elsewhere.
     """
-    _WATCHDOG.watch(work, name, timeout, fail, rank, queue)
+    _WATCHDOG.watch(work, name, timeout, fail, rank, queue, lost)
 
 
 def forget(queue: Hashable) -> None:
