@@ -98,9 +98,10 @@ class LostPeers:
         the wait; from :data:`FIRST_LOOK_S` into the wait on, it raises :class:`PeerLostError`
         when another member is gone at two looks in a row.
 
-        Why two: a peer that signalled everything this collective needs from it and then exited
-        is gone too, while this rank's kernel, behind other work on its stream, has not read its
-        flags yet; that kernel ends well within :data:`LOOK_EVERY_S` (a launch's run, not a wait).
+        Why two: a peer that finished its last collective may exit at once, while this rank's
+        kernel has not read its last flags yet. It finished only after this rank signalled in
+        that collective, so the kernel is running and has only flags that are there to read: the
+        second look, :data:`LOOK_EVERY_S` later, gives it that time.
 
         ``started``: when the wait began (``time.monotonic()``; default: now).
         """
