@@ -174,7 +174,8 @@ class PeerLostError(CommTimeoutError):
     """A peer went away in the middle of a call, as opposed to one that is slow: its process is
     gone (``crashed``: it crashed, was killed or exited), or its connection closed. Raised as
     soon as the failure is seen, ``elapsed`` seconds into the call, not after the timeout; a
-    :class:`CommTimeoutError` still, for code that catches that."""
+    :class:`CommTimeoutError` still, for code that catches that. gloo says a closed connection;
+    on the workspace path a wait sees a peer's process gone (gpucomm.reliability.lost)."""
 
     def __init__(
         self, op: str, epoch: int | None, rank: int, missing: Sequence[int], timeout: float, elapsed: float,

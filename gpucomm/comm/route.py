@@ -114,9 +114,9 @@ class Router:
                 self._progress.drain()
             slot = self._flight.entered(seq, call.fn, call.tensor, call.fields)  # type: ignore[arg-type]
             on_gpu = algo is not None and engine.stream is not None
-            lost = (
-                None if algo is None else engine.lost.waiter
-            )  # its waits look for lost peers (gpucomm.reliability.lost)
+            # On the workspace, a queued or asynchronous call's waits look for lost peers
+            # (gpucomm.reliability.lost); a blocking one's do in the executor, or not at all.
+            lost = engine.lost.waiter if algo is not None and (queued or call.async_op) else None
             debug = log.logger.isEnabledFor(logging.DEBUG)
             if debug:
                 log.logger.debug(_stages(self.rank, call, seq, algo, on_gpu, queued, self.config.check))
@@ -134,8 +134,7 @@ class Router:
                                     functools.partial(_to_end, call.serve, path),
                                     call.fn,
                                     self.rank,
-                                    # a wait on it says a lost peer while a kernel runs to its deadline
-                                    lost=lost,
+                                    lost=lost,  # a wait on it says a lost peer while a kernel runs on
                                 )
                             )
                         ]
