@@ -330,6 +330,11 @@ class Router:
         why; with GPUCOMM_ASYNC_ERROR_HANDLING=abort the process ends here."""
         if self._closed:
             return  # a collective cut short by destroy_process_group is no news
+        if isinstance(error, PeerLostError):
+            # The newest call stamped failed, as a wait's error stamps its own, before anyone can
+            # see the communicator broken and exit: a slower survivor then does not name this rank
+            # once it has (gpucomm.reliability.liveness.Liveness.lost).
+            self._flight.failed(self._calls)
         if self._broken is None:
             self._broken = error
         log.logger.error(f"gpucomm[rank {self.rank}]: watchdog: {error}")
