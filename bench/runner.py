@@ -33,6 +33,7 @@ from .header import header_text, nccl_info, rank_info, write_report
 from .progress import emit, progress_bar, show_bar
 from .report import VARIANTS, avg_busbw
 from .rounds import combine_rounds, round_order
+from .service_threads import release, thread_ids
 from .stream import TableStream, combo_label
 from .timing import check_after, count_wrong, time_calls, time_graph
 
@@ -343,7 +344,9 @@ def run_rank(s: Settings) -> int:
 
     runnable, skipped = _runnable(s, device, world, local_world)
     nccl = nccl_info(device, local_world) if "nccl" in runnable else None
+    before = thread_ids()
     backends = _start_backends(runnable, store, rank, world, device, s, skipped)
+    release(before)  # a bound rank's backends' own threads on every core (bench/service_threads.py)
     try:
         # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
         served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
