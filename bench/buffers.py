@@ -5,15 +5,15 @@ uses the front of them. The bench does the same: a rank holds one send and one r
 each allocated at the largest size asked before the first row, and every collective, size,
 round, backend and variant takes a view of its front.
 
-Why it matters on a CPU: torch's CPU allocator caches nothing, and a buffer freed and allocated
-again from 128 KiB up comes from mmap/munmap, whose first touch faults every page in again. On
-the shared 2-core CI machine (CPU wall clock, load average 1.4), ``copy_`` + gpucomm's in-place
-all_reduce of 1 MiB into an output allocated afresh for each call took 523 us against 219 us
-into one reused (5 page faults a call against none; 2 MiB: 1123 us against 687 us, 41 faults a
-call): docs/results/2026-11-29-bench-oop.md. The bench's timed calls never allocated (no page fault in
-any timed call, counted with getrusage); its buffers were allocated afresh for each round and
-variant, outside the timed calls. Now they are allocated once, as nccl-tests does, and
-``allocations`` counts them.
+Why it matters on a CPU: torch's CPU allocator caches nothing, and a buffer of 128 KiB or more
+freed and allocated again may come from mmap/munmap, whose first touch faults its pages in again.
+On the 2-core CI machine (CPU wall clock, load average 3.7-5.7), ``copy_`` + gpucomm's in-place
+all_reduce of 1 MiB into an output allocated afresh for each call took 265-556 us against 200-279
+us into one reused, with 3-15 page faults a call against none (docs/results/2026-11-29-bench-oop/,
+calls_*.txt, variants oop_fresh and oop). The bench's timed calls never allocated (at most 1 of
+200 calls per size from 256 KiB to 4 MiB had a fault: faults_per_timed_call.txt there); it
+allocated its buffers afresh for each round and variant, before the warm-up. Now they are
+allocated once, as nccl-tests does, and ``allocations`` counts them.
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ moves every byte through the loopback socket, and the run loops that execute its
 the rank's one core with it too. Freed (the rank's own thread still bound), they run wherever a
 core is idle, as they do under torchrun, which binds nothing.
 
-Measured on the shared 2-core CI machine, 2 ranks, gloo and gpucomm started side by side, 100
-calls per cell, CPU wall clock (docs/results/2026-11-29-bench-oop.md): at load average 1.3, with
-gloo's threads on the rank's core, 24-86% of gloo's all_reduces of 256 KiB-1 MiB took over 1 ms
-(fast ones 0.15-0.45 ms, slow ones about 4 ms), so a 20-call median landed on either side (the
-4.76 out-of-place over in-place of docs/results/2026-11-29-bench-quiet.md at 512 KiB); freed,
-0-6% did in most cells (39% at most), and gpucomm's calls were unchanged. Under a load average
-of 5 both ways stall alike.
+Measured on the 2-core CI machine, CPU wall clock, load average 4.2-5.5 (other test runs on
+it), four pairs of ``gpucomm-bench all_reduce --nproc 2 -b 256K -e 4M --compare gloo --rounds 5``
+in alternation (docs/results/2026-11-29-bench-oop.md): with gloo's threads on the rank's core,
+gloo's out-of-place over in-place passed 1.5 at some size in every run (at most 3.88, 1.97, 4.76,
+2.68); freed, at most 1.46, 1.53, 1.25, 1.33. gpucomm's ratios were alike both ways (1.07-1.55).
+Per call, 25-75% of gloo's 256 KiB-1 MiB calls on the rank's core took over 1 ms (p90 about
+4 ms, p10 0.25-0.55 ms), so a median of 20 landed on either side.
 """
 
 from __future__ import annotations
