@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["spread_over", "thread_ids", "release"]
+__all__ = ["spread_over", "spread_cores", "thread_ids", "release"]
 
 # The cores the backends' threads may use; None: leave them where they start (no --bind, torchrun).
 _spread: set[int] | None = None
@@ -31,6 +31,11 @@ def spread_over(cores: set[int] | None) -> None:
     if cores is not None and not cores:
         raise ValueError(f"spread_over: expected a non-empty set of cores or None, got {cores!r}")
     _spread = None if cores is None else set(cores)
+
+
+def spread_cores() -> list[int] | None:
+    """The cores the backends' threads may use, sorted (None: where they start; the header says)."""
+    return None if _spread is None else sorted(_spread)
 
 
 def thread_ids() -> set[int]:
