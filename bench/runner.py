@@ -356,7 +356,8 @@ def run_rank(s: Settings) -> int:
             emit(bar, header_text(s, world, seed, served, device, infos, skipped, nccl))
         by_backend: dict[str, list[dict]] = {name: [] for name in s.backends}
         many = "all" in (s.dtype, s.op)  # -d all / -o all: each table's name says its dtype and op
-        # Allocated once at the largest size asked (a row's buffers are never larger), as nccl-tests does.
+        # Allocated once at the largest size asked, as nccl-tests does (they grow only for a row whose one
+        # element per rank needs more than that).
         buffers = Buffers(device, max(s.sizes, default=0))
         for coll, combo in plan:
             label = combo_label(*combo, SPECS[coll].reducing) if many else ""
