@@ -12,7 +12,8 @@ in alternation (docs/results/2026-11-29-bench-oop.md): with gloo's threads on th
 gloo's out-of-place over in-place passed 1.5 at some size in every run (at most 3.88, 1.97, 4.76,
 2.68); freed, at most 1.46, 1.53, 1.25, 1.33. gpucomm's ratios were alike both ways (1.07-1.55).
 Per call, 25-75% of gloo's 256 KiB-1 MiB calls on the rank's core took over 1 ms (p90 about
-4 ms, p10 0.25-0.55 ms), so a median of 20 landed on either side.
+4 ms, p10 0.25-0.55 ms), so a median of 20 landed on either side. At 1-64 KiB freeing them did
+not help (27-38% of calls over 1 ms bound, 0-53% freed, the fast ones slower freed).
 """
 
 from __future__ import annotations
