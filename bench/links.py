@@ -59,7 +59,7 @@ def _step(ins: tuple, rank: int, heap: Sequence[int] | None) -> Step:
         reads = [src for _, src in moves]
         writes = [dst for dst, _ in moves]
     else:
-        reads, writes = list(ins[4]), [ins[3]]
+        reads, writes = list(ins[4]), [ins[3], *ins[7:]]  # a REDUCE with STORE_ALSO stores twice
     load: dict[tuple[str, int], int] = {("hbm", rank): nbytes * (len(reads) + len(writes))}
     for operand, outward in [(r, True) for r in reads] + [(w, False) for w in writes]:
         owner = remote_owner(operand, rank, heap)

@@ -86,8 +86,10 @@ def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
 
 
 # Two-shot pipelined from 6 pieces on: the model (both ends charged, 8 ranks, 0.82 x 450 GB/s,
-# 24 MiB halves; python -m gpucomm._bench.model), device us two syncs a piece / pipelined: 5 pieces
-# (120 MiB) 654.9 / 657.6, 6 pieces (128 MiB) 699.8 / 697.8, 43 pieces (1 GiB) 5457 / 5346.
+# 24 MiB halves, the fold storing into my tensor too; python -m gpucomm._bench.model), device us two
+# syncs a piece / pipelined: 3 pieces (64 MiB) 352.3 / 359.4, 5 pieces (120 MiB) 644.4 / 647.1,
+# 6 pieces (128 MiB) 688.6 / 686.6, 43 pieces (1 GiB) 5367.8 / 5256.4; at 0.57 x 450 GB/s the same
+# crossover (120 MiB 906.2 / 908.8, 128 MiB 967.8 / 965.8).
 PIPELINED_MIN_PIECES = 6
 
 
@@ -127,16 +129,17 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     gather: dict[int, tuple[Region, object]] = {}  # piece k-1's copies out, by peer: (my tensor's slice, its slot)
     for t, mine in enumerate(pieces):
         staged = b.write_offset()
-        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor,
-        # so only the other P - 1 slices are copied in, each paired with the all-gather's read of
-        # the same slice of the previous piece (my own slice of that: local on both sides, alone).
+        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor
+        # and stores its result back there as well as into my half, so only the other P - 1 slices
+        # are copied in, each paired with the all-gather's read of the same slice of the previous
+        # piece, and my own slice is never copied out (a local copy alone in its step: 1.9 us a
+        # piece at 64 MiB, 8 ranks, by the model).
         rests = []
         for p in order:
             dst, src = b.slot(me, staged + part(t, p)[0], part(t, p)[1]), mine.sub(*part(t, p))
             if p == me:
-                if gather:
-                    b.copy(*gather[p])
-            elif gather:
+                continue
+            if gather:
                 rests += _copy_paired(b, *gather[p], dst, src)
             else:
                 b.copy(dst, src)
@@ -146,11 +149,12 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         lo, n = part(t, me)
         reduced = b.write_offset()
         slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
-        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P)
+        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=mine.sub(lo, n))
         b.sync(everyone, everyone)
         gather = {p: (mine.sub(*part(t, p)), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
     for p in order:
-        b.copy(*gather[p])
+        if p != me:
+            b.copy(*gather[p])
 
 
 def _twoshot_pipelined(
@@ -161,17 +165,18 @@ def _twoshot_pipelined(
     P, me, k = b.world_size, b.rank, len(pieces)
     for t in range(k + 2):
         into, out = b.write_offset(), b.read_offset()
-        if 1 <= t <= k:  # fold piece t - 1, my slice, my own from my tensor
+        if 1 <= t <= k:  # fold piece t - 1, my slice, my own from my tensor and the result back there
             lo, n = part(t - 1, me)
-            srcs = [pieces[t - 1].sub(lo, n) if p == me else b.slot(p, out + lo, n) for p in everyone]
-            b.reduce(b.slot(me, into + lo, n), srcs, tensor.dtype, op, P)
+            mine = pieces[t - 1].sub(lo, n)
+            srcs = [mine if p == me else b.slot(p, out + lo, n) for p in everyone]
+            b.reduce(b.slot(me, into + lo, n), srcs, tensor.dtype, op, P, also=mine)
         rests = []
         for p in b.spread():
             copy_in = None
             if t < k and p != me:  # piece t's slice p, for rank p to fold next round
                 lo, n = part(t, p)
                 copy_in = (b.slot(me, into + lo, n), pieces[t].sub(lo, n))
-            if t >= 2:  # piece t - 2's slice p, folded by rank p last round
+            if t >= 2 and p != me:  # piece t - 2's slice p, folded by rank p last round (mine: by the fold)
                 lo, n = part(t - 2, p)
                 gather = (pieces[t - 2].sub(lo, n), b.slot(p, out + lo, n))
                 if copy_in is None:

@@ -65,13 +65,12 @@ runs every channel, so all channels count the same epochs and agree on the half 
 
 from __future__ import annotations
 
-import hashlib
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from gpucomm.ops.call_identity import fingerprint, identity
 from gpucomm.ops.contract import Region
 
 # The instruction set, re-exported: the builder's users read the opcodes where they read Program.
@@ -96,6 +95,7 @@ __all__ = [
     "Arg",
     "resolve",
     "overlaps",
+    "operands",
     "HalfOffset",
     "fingerprint",
     "identity",
@@ -114,48 +114,6 @@ _ALIGN = 16  # bytes of one vector access
 # The view of a peer's heap region a Builder hands out: programs keep addresses, never views
 # (executors make their own from the address: Region.alias).
 _NO_VIEW = torch.empty(0, dtype=torch.uint8)
-
-
-def fingerprint(name: str, fields: Sequence[object], root: int | None) -> int:
-    """The FP_BITS-bit fingerprint every flag of a call carries (collective, dtype, count, op,
-    algorithm, root): ranks that disagree on any of them see each other's and raise."""
-    text = "|".join(str(f) for f in (name, *fields, root))
-    return zlib.crc32(text.encode()) & ((1 << FP_BITS) - 1)
-
-
-# The dtypes a call's exact identity word names, by code (their place here, plus one; 0: no
-# dtype, 127: one this list lacks). Names, not objects: a torch without one still numbers the rest.
-_DTYPE_NAMES = (
-    "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "int8", "int16",
-    "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128", "float8_e4m3fn",
-    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
-)  # fmt: skip
-_COUNT_BITS = 40  # of the exact word: the element count; the 7 above it, the dtype's code
-_PRESENT = 1 << 47  # set in both words: an identity is never 0, and a kernel argument always an int64
-
-
-def identity(name: str, fields: Sequence[object], root: int | None) -> tuple[int, int]:
-    """The call's two identity words (IDENT_BITS bits each), which every rank compares beside
-    each flag: the first holds the caller's dtype and element count exactly (the dtype of
-    ``fields[0]``, or the ``"caller"`` field's where the caller's differs from the wire's, and
-    the count ``fields[1]``; counts of 2**40 elements and more share their low bits, the hash
-    tells them apart); the second 47 bits of a BLAKE2b hash of the whole description
-    (collective, dtype, count, op, algorithm, root and the rest of ``fields``). So calls that
-    differ in dtype or count never match, and others only if 47 bits of a cryptographic hash
-    collide (94 bits compared in all), against 20 bits of a CRC (linear: thousands of fp32
-    counts shared their bits). The top bit of each word is always set (``_PRESENT``).
-    """
-    text = "|".join(str(f) for f in (name, *fields, root))
-    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % _PRESENT
-    dtype, count = None, 0
-    if len(fields) >= 2 and isinstance(fields[0], torch.dtype) and isinstance(fields[1], int):
-        dtype, count = str(fields[0]).removeprefix("torch."), fields[1]
-    for key, value in zip(fields, fields[1:]):
-        if key == "caller":
-            dtype = value
-    code = 0 if dtype is None else (_DTYPE_NAMES.index(dtype) + 1 if dtype in _DTYPE_NAMES else 127)
-    exact = _PRESENT | code << _COUNT_BITS | count % (1 << _COUNT_BITS)
-    return exact, _PRESENT | digest
 
 
 @dataclass(frozen=True)
@@ -242,19 +200,19 @@ Operand = Region | Slot | Ref | Arg
 class Program:
     """A recorded collective (see the module docstring).
 
-    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one
-    instruction (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``,
-    ``(REDUCE, nbytes, pos, out, srcs, divide, divisor)`` and ``(SYNC, signal, wait, fence)`` (lists of
-    local ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say
-    which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
-    ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
-    ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes the launch's grid
-    is sized for, where the program moves them outside the halves (in place on a symmetric
-    tensor every instruction is a slice of it, all of whose channels work on each). Executors
-    cache their own forms of a program in ``cache``; ``keep`` holds buffers of the program's own
-    that instructions read. Operands
-    are workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
-    (:class:`Ref`).
+    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one instruction
+    (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``, ``(REDUCE, nbytes,
+    pos, out, srcs, divide, divisor)`` or, storing into a second destination too
+    (``Builder.reduce``'s ``also``), ``(REDUCE, nbytes, pos, out, srcs, divide, divisor, also)``,
+    and ``(SYNC, signal, wait, fence)`` (lists of local ranks). ``syncs`` is their number of SYNCs;
+    ``name``, ``fingerprint`` and ``root`` say which call it is. ``dtype`` and ``op`` are those of
+    the REDUCEs (None without any), ``op`` already mapped to the fold (AVG sums; each REDUCE says
+    whether it divides). ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes
+    the launch's grid is sized for, where the program moves them outside the halves (in place on a
+    symmetric tensor every instruction is a slice of it, all of whose channels work on each).
+    Executors cache their own forms of a program in ``cache``; ``keep`` holds buffers of the
+    program's own that instructions read. Operands are workspace :class:`Slot` s, the call's buffers
+    (:class:`Arg`) and the program's own (:class:`Ref`).
     """
 
     name: str
@@ -278,7 +236,7 @@ class Program:
         for ins in self.instructions:
             if ins[0] == COPY:
                 common |= ins[1] | ins[2]
-                for r in ins[3:]:
+                for r in operands(ins):
                     common |= r.offset if isinstance(r, Slot) else resolve(r, addrs)
         return next(size for size in (8, 4, 2, 1) if common % size == 0)
 
@@ -287,9 +245,8 @@ class Program:
         for ins in self.instructions:
             if ins[0] == SYNC:
                 continue
-            operands = ins[3:] if ins[0] == COPY else (ins[3], *ins[4])
             if ins[2] % _ALIGN or any(
-                (r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands
+                (r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands(ins)
             ):
                 return False
         return True
@@ -405,11 +362,25 @@ class Builder:
         if dst.nbytes:
             self._add((COPY, dst.nbytes, self._position("copy_pair", [dst, src, dst2, src2]), dst, src, dst2, src2))
 
-    def reduce(self, out: Operand, srcs: Sequence[Operand], dtype: torch.dtype, op: ReduceOp, divisor: int = 1) -> None:
+    def reduce(
+        self,
+        out: Operand,
+        srcs: Sequence[Operand],
+        dtype: torch.dtype,
+        op: ReduceOp,
+        divisor: int = 1,
+        *,
+        also: Operand | None = None,
+    ) -> None:
         """``out = op(srcs[0], srcs[1], ...)`` in the accumulation type, rounded once; AVG
-        divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction)."""
-        if any(s.nbytes != out.nbytes for s in srcs):
-            raise ValueError(f"Builder.reduce: every source must have the {out.nbytes} bytes of out")
+        divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction).
+
+        ``also``: a second destination that gets the same result in the same instruction (a
+        two-shot's fold of my slice, into my half for the peers and into my tensor for me: one
+        store more, where a copy of it would be a step of its own). It may alias a source at
+        the same offset, as ``out`` may: every source of an element is read before it is stored."""
+        if any(s.nbytes != out.nbytes for s in srcs) or (also is not None and also.nbytes != out.nbytes):
+            raise ValueError(f"Builder.reduce: every source and also must have the {out.nbytes} bytes of out")
         fold = ReduceOp.SUM if op is ReduceOp.AVG else op
         program = self.program
         if program.op is None:
@@ -421,7 +392,9 @@ class Builder:
             )
         if out.nbytes:
             divides = op is ReduceOp.AVG
-            self._add((REDUCE, out.nbytes, self._position("reduce", [out, *srcs]), out, list(srcs), divides, divisor))
+            named = [out, *srcs] + ([] if also is None else [also])
+            extra = () if also is None else (also,)
+            self._add((REDUCE, out.nbytes, self._position("reduce", named), out, list(srcs), divides, divisor, *extra))
 
     def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = (), *, fence: bool = False) -> None:
         """End the round: signal ``readers`` (they read my data of this round) and wait for
@@ -462,7 +435,7 @@ class Builder:
         program = self.program
         instruction = tuple(self._kept(x) for x in instruction)
         program.instructions.append(instruction)
-        if any(isinstance(r, Slot) for r in _operands(instruction)):
+        if any(isinstance(r, Slot) for r in operands(instruction)):
             program.extent = max(program.extent, instruction[2] + instruction[1])
 
     def _kept(self, field: object) -> object:
@@ -491,9 +464,11 @@ class Builder:
         return offsets.pop() if offsets else 0
 
 
-def _operands(instruction: tuple) -> list[Operand]:
+def operands(instruction: tuple) -> list[Operand]:
+    """The operands of an instruction in the order of its operand table: a COPY's (dst, src) pair
+    or two; a REDUCE's out, its sources, then its second destination if it has one; none for a SYNC."""
     if instruction[0] == COPY:
         return list(instruction[3:])
     if instruction[0] == REDUCE:
-        return [instruction[3], *instruction[4]]
+        return [instruction[3], *instruction[4], *instruction[7:]]
     return []

@@ -177,6 +177,8 @@ class HostExecutor:
                 steps.append(
                     _bound_reduce(out, srcs, program.dtype, ReduceOp.AVG if ins[5] else program.op, ins[6], self.fit)
                 )
+                for also in ins[7:]:  # a second destination: the result, copied after the fold (same bits)
+                    steps.append(_bound_copy(self._region(also, parity, addrs), out, self.fit))
             else:
                 steps.append(self._bind_sync(program, ins[1], ins[2]))
         return steps

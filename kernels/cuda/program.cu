@@ -10,7 +10,8 @@
 // Instructions (WORDS int64 each):
 //   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
 //   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
-//   REDUCE nbytes pos k operand divide divisor     operands[operand] = fold of the k after it
+//   REDUCE nbytes pos k operand divide divisor flags  operands[operand] = fold of the k after it;
+//          with STORE_ALSO in flags, operands[operand + k + 1] = the same (stored right after it)
 //   SYNC   signal_mask wait_mask fence             advance the epoch e; if fence, __threadfence_system()
 //          (the data announced was written by earlier kernels); store the call's identity
 //          words beside, then release-store (e << FP_BITS) | fingerprint into this channel's flag
@@ -40,6 +41,7 @@ namespace {
 using gpucomm::COPY;
 using gpucomm::OPERAND_WORDS;
 using gpucomm::REDUCE;
+using gpucomm::STORE_ALSO;
 using gpucomm::SYNC;
 using gpucomm::WORDS;
 
@@ -152,9 +154,10 @@ __device__ __forceinline__ void copy_pair_range(gc_u64 dst, gc_u64 src, gc_u64 d
 template <class D, class Op>
 struct Fold {
     static __device__ __forceinline__ void range(const Operands& operands, int n_src, gc_i64 lo, gc_i64 nbytes,
-                                                 bool divides, gc_i64 divisor) {
+                                                 bool divides, gc_i64 divisor, bool also) {
+        const gc_u64 out2 = also ? operands(n_src + 1) + lo : 0;  // the second destination, after the sources
         gpucomm::reduce_span<D, Op>(operands(0) + lo, Sources{operands, (gc_u64)lo}, n_src,
-                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x);
+                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x, out2);
     }
 };
 
@@ -162,7 +165,7 @@ struct Fold {
 // host launches this kernel only for programs without a dtype, so it never meets a REDUCE.
 template <>
 struct Fold<void, void> {
-    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64) {}
+    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64, bool) {}
 };
 
 // One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns.
@@ -170,7 +173,8 @@ template <class D, class Op>
 __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached) {
     const gc_i64 nbytes = row[1], pos = row[2], first = row[4];
     const int n_src = (int)row[3];
-    cache_operands(L, first, n_src + 1, cached);
+    const bool also = reduces && (row[7] & STORE_ALSO) != 0;
+    cache_operands(L, first, n_src + 1 + (also ? 1 : 0), cached);
     const Operands operands{&L, cached, first};
     const gc_i64 end = pos + nbytes;
     const gc_i64 g_first = pos / L.granule;
@@ -179,7 +183,7 @@ __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool re
         const gc_i64 lo = max(g * L.granule, pos) - pos;
         const gc_i64 hi = min((g + 1) * L.granule, end) - pos;
         if (reduces) {
-            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6]);
+            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6], also);
         } else if (n_src == 1) {
             copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
         } else {

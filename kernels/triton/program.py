@@ -13,9 +13,11 @@ Instructions (``WORDS`` int64 each):
 - ``COPY  nbytes pos 1 operand``: operands[operand] = operands[operand + 1], byte for byte;
   ``COPY nbytes pos 3 operand`` (a paired COPY) also operands[operand + 2] = operands[operand + 3],
   the loads of both in flight together;
-- ``REDUCE nbytes pos k operand divide divisor``: operands[operand] = the fold of the k operands
-  after it, in order, in the accumulation type, divided once by ``divisor`` if ``divide``,
-  rounded once;
+- ``REDUCE nbytes pos k operand divide divisor flags``: operands[operand] = the fold of the k
+  operands after it, in order, in the accumulation type, divided once by ``divisor`` if
+  ``divide``, rounded once; with ``STORE_ALSO`` in ``flags`` the same rounded result is also
+  stored into operands[operand + k + 1], by the same thread right after the first store (a
+  two-shot's fold of my slice, into my half and my tensor: no copy of it afterwards);
 - ``SYNC signal_mask wait_mask fence``: advance this channel's epoch e; if ``fence``, a
   system-scope fence in every thread (the data announced was written by this rank's earlier
   kernels: a symmetric tensor read in place); store the call's identity
@@ -64,6 +66,7 @@ from gpucomm.ops.instruction_set import (
     OPERAND_WORDS,
     RECORD_WORDS,
     REDUCE,
+    STORE_ALSO,
     SYNC,
     TIMEOUT,
     WORDS,
@@ -80,6 +83,7 @@ __all__ = [
     "COPY",
     "REDUCE",
     "SYNC",
+    "STORE_ALSO",
     "FP_BITS",
     "RECORD_WORDS",
     "TIMEOUT",
@@ -92,6 +96,7 @@ _WORDS = tl.constexpr(WORDS)
 _OPERAND_WORDS = tl.constexpr(OPERAND_WORDS)
 _COPY = tl.constexpr(COPY)
 _SYNC = tl.constexpr(SYNC)
+_STORE_ALSO = tl.constexpr(STORE_ALSO)
 _FP_BITS = tl.constexpr(FP_BITS)
 _FP_MASK = tl.constexpr(FP_MASK)
 _IDENT_BITS = tl.constexpr(IDENT_BITS)
@@ -199,6 +204,8 @@ def _vector_body(n, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
 @triton.jit
 def _reduce_range(
     out,
+    out2,
+    store_also,
     opnd_ptr,
     first_src,
     n_src,
@@ -226,6 +233,8 @@ def _reduce_range(
         offs = start + tl.arange(0, STEP)
         _reduce_step(
             out,
+            out2,
+            store_also,
             opnd_ptr,
             first_src,
             n_src,
@@ -245,6 +254,8 @@ def _reduce_range(
     offs = body + tl.arange(0, 16)
     _reduce_step(
         out,
+        out2,
+        store_also,
         opnd_ptr,
         first_src,
         n_src,
@@ -301,6 +312,8 @@ def _fold(acc, xs, count, OP: tl.constexpr, SOURCES: tl.constexpr, FIRST: tl.con
 @triton.jit
 def _reduce_step(
     out,
+    out2,
+    store_also,
     opnd_ptr,
     first_src,
     n_src,
@@ -339,8 +352,10 @@ def _reduce_step(
         acc = _fold(acc, xs, n_src - group, OP, SOURCES, 0)
     if do_divide != 0:
         acc = divide(acc, divisor.to(acc.dtype))
-    # Every source of these elements is read before they are stored: out may alias one.
+    # Every source of these elements is read before they are stored: out (and out2) may alias one.
     store_rounded(out + lo, offs, acc, mask, DTYPE, ALIGNED)
+    if store_also != 0:  # the second destination: the same rounded values, from the same lanes
+        store_rounded(out2 + lo, offs, acc, mask, DTYPE, ALIGNED)
 
 
 @triton.jit
@@ -373,7 +388,11 @@ def _move(
     first = tl.load(row + 4)
     do_divide = tl.load(row + 5)
     divisor = tl.load(row + 6)
+    # A REDUCE's second destination follows its sources (a valid operand either way: its output
+    # stands in where there is none, and nothing is stored there).
+    store_also = (tl.load(row + 7) & _STORE_ALSO) * (opcode != _COPY).to(tl.int64)
     dst = _address(opnd_ptr, first, peers_ptr, e0, half_bytes)
+    also = _address(opnd_ptr, tl.where(store_also != 0, first + 1 + n_src, first), peers_ptr, e0, half_bytes)
     end = pos + nbytes
     g_first = pos // granule
     g = g_first + (channel - g_first % channels + channels) % channels
@@ -393,6 +412,8 @@ def _move(
         else:
             _reduce_range(
                 dst,
+                also,
+                store_also,
                 opnd_ptr,
                 first + 1,
                 n_src,
