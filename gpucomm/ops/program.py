@@ -75,6 +75,7 @@ from gpucomm.ops.contract import Region
 
 # The instruction set, re-exported: the builder's users read the opcodes where they read Program.
 from gpucomm.ops.instruction_set import (
+    CARRIED,
     COPY,
     FP_BITS,
     MISMATCH,
@@ -96,6 +97,8 @@ __all__ = [
     "resolve",
     "overlaps",
     "operands",
+    "carried",
+    "MAX_CARRIED",
     "HalfOffset",
     "fingerprint",
     "identity",
@@ -111,6 +114,9 @@ __all__ = [
 ]
 
 _ALIGN = 16  # bytes of one vector access
+# Copies one REDUCE carries: a two-shot's copy-in of every slice but the rank's own is two ranges,
+# the slices before it and those after it.
+MAX_CARRIED = 2
 # The view of a peer's heap region a Builder hands out: programs keep addresses, never views
 # (executors make their own from the address: Region.alias).
 _NO_VIEW = torch.empty(0, dtype=torch.uint8)
@@ -371,6 +377,7 @@ class Builder:
         divisor: int = 1,
         *,
         also: Operand | None = None,
+        carry: Sequence[tuple[Operand, Operand]] = (),
     ) -> None:
         """``out = op(srcs[0], srcs[1], ...)`` in the accumulation type, rounded once; AVG
         divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction).
@@ -378,7 +385,22 @@ class Builder:
         ``also``: a second destination that gets the same result in the same instruction (a
         two-shot's fold of my slice, into my half for the peers and into my tensor for me: one
         store more, where a copy of it would be a step of its own). It may alias a source at
-        the same offset, as ``out`` may: every source of an element is read before it is stored."""
+        the same offset, as ``out`` may: every source of an element is read before it is stored.
+
+        ``carry``: up to MAX_CARRIED copies ``(dst, src)`` the REDUCE carries (a pipelined
+        two-shot's next copy-in beside its fold), each recorded as a COPY flagged CARRIED right after
+        it, at its own in-half position. The kernels run them inside the fold's loop, their loads in
+        flight beside the fold's; any executor may run them alone, in order. Their bytes must be
+        disjoint from everything the REDUCE reads or writes (ValueError where a workspace operand
+        of theirs overlaps the REDUCE's)."""
+        if len(carry) > MAX_CARRIED:
+            raise ValueError(f"Builder.reduce: carry takes at most {MAX_CARRIED} copies, got {len(carry)}")
+        for dst, src in carry:
+            if dst.nbytes != src.nbytes:
+                raise ValueError(
+                    f"Builder.reduce: a carried copy's dst and src must have one size, got {dst.nbytes} and "
+                    f"{src.nbytes} bytes"
+                )
         if any(s.nbytes != out.nbytes for s in srcs) or (also is not None and also.nbytes != out.nbytes):
             raise ValueError(f"Builder.reduce: every source and also must have the {out.nbytes} bytes of out")
         fold = ReduceOp.SUM if op is ReduceOp.AVG else op
@@ -394,7 +416,17 @@ class Builder:
             divides = op is ReduceOp.AVG
             named = [out, *srcs] + ([] if also is None else [also])
             extra = () if also is None else (also,)
-            self._add((REDUCE, out.nbytes, self._position("reduce", named), out, list(srcs), divides, divisor, *extra))
+            pos = self._position("reduce", named)
+            self._add((REDUCE, out.nbytes, pos, out, list(srcs), divides, divisor, *extra))
+            for dst, src in carry:
+                if dst.nbytes:
+                    at = self._position("reduce", [dst, src])
+                    if any(isinstance(r, Slot) for r in (dst, src)) and at < pos + out.nbytes and pos < at + dst.nbytes:
+                        raise ValueError(
+                            f"Builder.reduce: a carried copy at [{at}, {at + dst.nbytes}) overlaps the reduce's "
+                            f"[{pos}, {pos + out.nbytes}) in the half"
+                        )
+                    self._add((COPY, dst.nbytes, at, dst, src, CARRIED))
 
     def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = (), *, fence: bool = False) -> None:
         """End the round: signal ``readers`` (they read my data of this round) and wait for
@@ -464,11 +496,17 @@ class Builder:
         return offsets.pop() if offsets else 0
 
 
+def carried(instruction: tuple) -> bool:
+    """A COPY that the REDUCE before it carries (``Builder.reduce``'s ``carry``): ``(COPY, nbytes,
+    pos, dst, src, CARRIED)``."""
+    return instruction[0] == COPY and len(instruction) == 6
+
+
 def operands(instruction: tuple) -> list[Operand]:
     """The operands of an instruction in the order of its operand table: a COPY's (dst, src) pair
     or two; a REDUCE's out, its sources, then its second destination if it has one; none for a SYNC."""
     if instruction[0] == COPY:
-        return list(instruction[3:])
+        return list(instruction[3:5] if carried(instruction) else instruction[3:])
     if instruction[0] == REDUCE:
         return [instruction[3], *instruction[4], *instruction[7:]]
     return []

@@ -28,6 +28,7 @@ from gpucomm.capture import capturing
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.ops.device_guard import on_device
 from gpucomm.ops.instruction_set import (
+    CARRIED,
     MISMATCH,
     OPERAND_WORDS,
     RECORD_WORDS,
@@ -37,7 +38,7 @@ from gpucomm.ops.instruction_set import (
     WORDS,
 )
 from gpucomm.ops.launch_args import MAX_PROGRAM_WORLD, ProgramArgs
-from gpucomm.ops.program import Program, Slot, operands, resolve
+from gpucomm.ops.program import Program, Slot, carried, operands, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import granule as granule_of
 from gpucomm.workspace.channels import launch_channels
@@ -359,8 +360,8 @@ def instruction_rows(program: Program) -> list[list[int]]:
             # Word 3: the sources; word 7: STORE_ALSO where the operand after them is a second destination.
             also = STORE_ALSO if len(ins) > 7 else 0
             rows.append([REDUCE, ins[1], ins[2], len(ins[4]), first, int(ins[5]), ins[6], also])
-        else:
-            rows.append([ins[0], ins[1], ins[2], named - 1, first, 0, 1, 0])
+        else:  # word 7: CARRIED where the REDUCE before it runs it inside its loop
+            rows.append([ins[0], ins[1], ins[2], named - 1, first, 0, 1, CARRIED if carried(ins) else 0])
         first += named
     return rows
 

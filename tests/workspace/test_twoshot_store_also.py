@@ -1,5 +1,6 @@
 """Two-shot's fold stores its result twice (REDUCE with STORE_ALSO: into this rank's half for the
-peers, and into its own tensor, where the own-slice copy-out used to be) in both kernel families:
+peers, and into its own tensor, where the own-slice copy-out used to be) and, pipelined, carries the
+next piece's copy-in (COPYs flagged CARRIED, run inside the fold's loop), in both kernel families:
 Triton's program kernel under the interpreter and the CUDA C++ one built for the host
 (GPUCOMM_CUDA_EMULATE=1), across real processes on the shared-memory workspace.
 
@@ -9,7 +10,8 @@ gpucomm.algorithms.allreduce.PIPELINED_MIN_PIECES), with element counts that end
 vector and inside a granule, on tensors 16-byte aligned and not (one element into their storage);
 this rank's halves poisoned before each call. Each result is also bitwise one-shot's (the fold
 order is the same), and every rank ends with the same bytes. Without the second store, a rank's own
-slice would keep its input and fail the reference.
+slice would keep its input and fail the reference; without a carried copy, the peers would fold
+poison.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def _check(results: list, seed: int) -> None:
         assert d == results[0][1], f"seed {seed}: rank {r}'s results differ bitwise from rank 0's"
 
 
+# 3 ranks: rank 1's copy-in is two ranges (the slices before its own and after), both carried.
+@pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("kernels", list(FAMILIES))
-def test_two_shot_folds_into_half_and_tensor_in_both_kernel_families(kernels: str) -> None:
+def test_two_shot_folds_into_half_and_tensor_in_both_kernel_families(kernels: str, world_size: int) -> None:
     seed = random.randrange(1 << 30)
-    _check(run_ranks(_ranks, 2, seed, kernels, env=FAMILIES[kernels], timeout=900), seed)
+    _check(run_ranks(_ranks, world_size, seed, kernels, env=FAMILIES[kernels], timeout=900), seed)
