@@ -12,6 +12,9 @@
 //   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
 //   REDUCE nbytes pos k operand divide divisor flags  operands[operand] = fold of the k after it;
 //          with STORE_ALSO in flags, operands[operand + k + 1] = the same (stored right after it)
+//   COPY ... with CARRIED in its word 7, right after a REDUCE (two at most): run inside that REDUCE,
+//          a share of it in every iteration of the fold's vector body, between the fold's loads and
+//          its folds (Carry below), the rest after the fold; the main loop skips it
 //   SYNC   signal_mask wait_mask fence             advance the epoch e; if fence, __threadfence_system()
 //          (the data announced was written by earlier kernels); store the call's identity
 //          words beside, then release-store (e << FP_BITS) | fingerprint into this channel's flag
@@ -41,6 +44,7 @@ namespace {
 using gpucomm::COPY;
 using gpucomm::OPERAND_WORDS;
 using gpucomm::REDUCE;
+using gpucomm::CARRIED;
 using gpucomm::STORE_ALSO;
 using gpucomm::SYNC;
 using gpucomm::WORDS;
@@ -150,14 +154,109 @@ __device__ __forceinline__ void copy_pair_range(gc_u64 dst, gc_u64 src, gc_u64 d
     copy_range(dst2 + body, src2 + body, nbytes - body);
 }
 
+// The COPYs a REDUCE carries (up to two ranges, kernels/triton/carry.py's model): the bytes of
+// each range at the in-half positions this channel owns, numbered in order, the first range's and
+// then the second's, and cut into shares of `quota` bytes. Share j is [j * quota, (j + 1) * quota);
+// thread t moves its units of it (every blockDim.x-th from the share's start), so every unit has one
+// thread whatever number of fold iterations each thread runs: step() moves the thread's units of the
+// next share, rest() of every share it has not reached.
+struct Carry {
+    gc_u64 dst[2], src[2];
+    gc_i64 pos[2], n[2], owned[2];
+    gc_i64 granule, total, quota, next;
+    int channel, channels, unit;
+
+    // (first owned granule, where this channel's bytes of range r start, how many it holds)
+    __device__ __forceinline__ void first(int r, gc_i64& g0, gc_i64& start0, gc_i64& len) const {
+        const gc_i64 g_first = pos[r] / granule;
+        g0 = g_first + (channel - g_first % channels + channels) % channels;
+        start0 = max(g0 * granule, pos[r]);
+        len = min((g0 + 1) * granule, pos[r] + n[r]) - start0;
+    }
+    __device__ __forceinline__ gc_i64 owned_bytes(int r) const {
+        gc_i64 g0, start0, len;
+        first(r, g0, start0, len);
+        if (n[r] <= 0 || len <= 0) return 0;
+        const gc_i64 end = pos[r] + n[r];
+        const gc_i64 count = ((end - 1) / granule - g0) / channels + 1;
+        const gc_i64 tail = max((g0 + (count - 1) * channels + 1) * granule - end, (gc_i64)0);
+        return count * granule - (start0 - g0 * granule) - tail;
+    }
+    // The offset from pos[r] of this channel's v-th owned byte of range r.
+    __device__ __forceinline__ gc_i64 offset(int r, gc_i64 v) const {
+        gc_i64 g0, start0, len;
+        first(r, g0, start0, len);
+        if (v < len) return start0 - pos[r] + v;
+        const gc_i64 rest = v - len;
+        return (g0 + (rest / granule + 1) * channels) * granule + rest % granule - pos[r];
+    }
+    __device__ __forceinline__ void move_unit(gc_u64 d, gc_u64 s) const {
+        switch (unit) {
+            case 16: gpucomm::store_global<uint4>(d, gpucomm::load_global<uint4>(s)); break;
+            case 8: gpucomm::store_global<gc_u64>(d, gpucomm::load_global<gc_u64>(s)); break;
+            case 4: gpucomm::store_global<unsigned int>(d, gpucomm::load_global<unsigned int>(s)); break;
+            case 2: gpucomm::store_global<unsigned short>(d, gpucomm::load_global<unsigned short>(s)); break;
+            default: gpucomm::store_global<unsigned char>(d, gpucomm::load_global<unsigned char>(s)); break;
+        }
+    }
+    __device__ __forceinline__ void share() {
+        const gc_i64 lo = next * quota, hi = min(lo + quota, total);
+        ++next;
+        for (gc_i64 v = lo + (gc_i64)threadIdx.x * unit; v < hi; v += (gc_i64)blockDim.x * unit) {
+            const int r = v < owned[0] ? 0 : 1;
+            const gc_i64 off = offset(r, r ? v - owned[0] : v);
+            move_unit(dst[r] + off, src[r] + off);
+        }
+    }
+    __device__ __forceinline__ void step() {
+        if (next * quota < total) share();
+    }
+    __device__ __forceinline__ void rest() {
+        while (next * quota < total) share();
+    }
+};
+
+// The carried COPYs of the REDUCE at `row` (n_carried of them, 1 or 2), and how this channel shares
+// them over the fold's iterations: about one share per iteration of the vector body over the
+// REDUCE's bytes this channel owns.
+__device__ __forceinline__ Carry carried(const Launch& L, const gc_i64* row, int n_carried) {
+    Carry c;
+    c.granule = L.granule;
+    c.channel = L.channel;
+    c.channels = L.channels;
+    gc_u64 bits = (gc_u64)L.granule;
+    for (int r = 0; r < 2; ++r) {
+        const gc_i64* copy = row + (r < n_carried ? r + 1 : 1) * WORDS;
+        c.n[r] = r < n_carried ? copy[1] : 0;
+        c.pos[r] = copy[2];
+        c.dst[r] = address(L, copy[4]);
+        c.src[r] = address(L, copy[4] + 1);
+        bits |= c.dst[r] | c.src[r] | (gc_u64)c.pos[r] | (gc_u64)c.n[r];
+    }
+    c.unit = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : (bits & 1) == 0 ? 2 : 1;
+    c.owned[0] = c.owned_bytes(0);
+    c.owned[1] = c.owned_bytes(1);
+    c.total = c.owned[0] + c.owned[1];
+    Carry fold = c;  // the REDUCE's own bytes of this channel, counted with the same rule
+    fold.n[0] = row[1];
+    fold.pos[0] = row[2];
+    const gc_i64 iteration = (gc_i64)gpucomm::VECTORS_PER_SOURCE * 16 * blockDim.x;
+    const gc_i64 steps = max((fold.owned_bytes(0) + iteration - 1) / iteration, (gc_i64)1);
+    c.quota = ((c.total + steps - 1) / steps + c.unit - 1) / c.unit * c.unit;
+    c.quota = max(c.quota, (gc_i64)c.unit);
+    c.next = 0;
+    return c;
+}
+
 // One REDUCE's bytes [lo, lo + nbytes), by the threads of this block, with common.cuh's numerics.
 template <class D, class Op>
 struct Fold {
     static __device__ __forceinline__ void range(const Operands& operands, int n_src, gc_i64 lo, gc_i64 nbytes,
-                                                 bool divides, gc_i64 divisor, bool also) {
+                                                 bool divides, gc_i64 divisor, bool also, Carry* carry) {
         const gc_u64 out2 = also ? operands(n_src + 1) + lo : 0;  // the second destination, after the sources
         gpucomm::reduce_span<D, Op>(operands(0) + lo, Sources{operands, (gc_u64)lo}, n_src,
-                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x, out2);
+                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x, out2,
+                                    carry);
     }
 };
 
@@ -165,12 +264,12 @@ struct Fold {
 // host launches this kernel only for programs without a dtype, so it never meets a REDUCE.
 template <>
 struct Fold<void, void> {
-    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64, bool) {}
+    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64, bool, Carry*) {}
 };
 
 // One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns.
 template <class D, class Op>
-__device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached) {
+__device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached, int n_carried) {
     const gc_i64 nbytes = row[1], pos = row[2], first = row[4];
     const int n_src = (int)row[3];
     const bool also = reduces && (row[7] & STORE_ALSO) != 0;
@@ -179,17 +278,21 @@ __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool re
     const gc_i64 end = pos + nbytes;
     const gc_i64 g_first = pos / L.granule;
     gc_i64 g = g_first + (L.channel - g_first % L.channels + L.channels) % L.channels;
+    Carry carry;
+    if (n_carried > 0) carry = carried(L, row, n_carried);
     for (; g * L.granule < end; g += L.channels) {
         const gc_i64 lo = max(g * L.granule, pos) - pos;
         const gc_i64 hi = min((g + 1) * L.granule, end) - pos;
         if (reduces) {
-            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6], also);
+            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6], also,
+                               n_carried > 0 ? &carry : nullptr);
         } else if (n_src == 1) {
             copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
         } else {
             copy_pair_range(operands(0) + lo, operands(1) + lo, operands(2) + lo, operands(3) + lo, hi - lo);
         }
     }
+    if (n_carried > 0) carry.rest();  // what the fold's iterations left (all of it where it owns none)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -242,7 +345,14 @@ __device__ __forceinline__ void run_program(Launch L) {
         if (opcode == SYNC) {
             running = sync(L, row, ++e, i, seen);
         } else if (opcode == COPY || opcode == REDUCE) {
-            move<D, Op>(L, row, opcode == REDUCE, cached);
+            // A REDUCE runs the COPYs flagged CARRIED right after it (two at most); they are skipped here.
+            int n_carried = 0;
+            while (opcode == REDUCE && n_carried < 2 && i + 1 + n_carried < L.n_instr &&
+                   row[(1 + n_carried) * WORDS] == COPY && (row[(1 + n_carried) * WORDS + 7] & CARRIED) != 0) {
+                ++n_carried;
+            }
+            move<D, Op>(L, row, opcode == REDUCE, cached, n_carried);
+            i += n_carried;
         }
         // Any other row moves nothing: the executor uploads one row of zeros for an empty program.
     }

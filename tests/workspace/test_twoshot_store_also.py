@@ -24,8 +24,10 @@ from spawn import run_ranks
 INTERPRET = {"TRITON_INTERPRET": "1"}
 EMULATE = {"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"}
 FAMILIES = {"triton": INTERPRET, "cuda": EMULATE}
-# 16 KiB: 6 KiB halves. 8 KiB of fp32 is 2 pieces, 80 KiB 14 (pipelined).
-WORKSPACE = "16K"
+# 16 KiB: 6 KiB halves (8 KiB of fp32 is 2 pieces, 80 KiB 14); 64 KiB: 24 KiB halves, where a
+# channel's share of a fold spans several iterations of the CUDA C++ vector body (2 KiB each at 64
+# threads), so a carried copy is cut into several shares.
+WORKSPACES = ("16K", "64K")
 
 
 def _cases():
@@ -44,16 +46,19 @@ def _cases():
         (1025, torch.int64, ReduceOp.SUM, 0),
         (20011, torch.float32, ReduceOp.SUM, 1),
         (20011, torch.bfloat16, ReduceOp.AVG, 0),
+        # A first piece of 1/4 half, then even pieces whose slices start on 16-byte boundaries (at
+        # 24 KiB halves: 6 KiB, then 4 x 5856 elements, slices of 1952): the vector body throughout.
+        (24960, torch.float32, ReduceOp.SUM, 0),
     ]
 
 
-def _ranks(rank: int, world_size: int, seed: int, kernels: str) -> tuple[list[str], list[str]]:
+def _ranks(rank: int, world_size: int, seed: int, kernels: str, workspace: str) -> tuple[list[str], list[str]]:
     import torch
     from collective_matrix import close_enough, digest, make_input, reference
 
     import gpucomm
 
-    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes=WORKSPACE, timeout=120, channels=2)
+    gpucomm.init_process_group(transport="shm", kernels=kernels, workspace_bytes=workspace, timeout=120, channels=2)
     comm = gpucomm.get_default_communicator()
     engine = comm._engines["cpu"]
     groups = {algo: comm.new_subgroup(list(range(world_size)), algo=algo) for algo in ("oneshot", "twoshot")}
@@ -93,8 +98,11 @@ def _check(results: list, seed: int) -> None:
 
 
 # 3 ranks: rank 1's copy-in is two ranges (the slices before its own and after), both carried.
+@pytest.mark.parametrize("workspace", WORKSPACES)
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("kernels", list(FAMILIES))
-def test_two_shot_folds_into_half_and_tensor_in_both_kernel_families(kernels: str, world_size: int) -> None:
+def test_two_shot_folds_into_half_and_tensor_in_both_kernel_families(
+    kernels: str, world_size: int, workspace: str
+) -> None:
     seed = random.randrange(1 << 30)
-    _check(run_ranks(_ranks, world_size, seed, kernels, env=FAMILIES[kernels], timeout=900), seed)
+    _check(run_ranks(_ranks, world_size, seed, kernels, workspace, env=FAMILIES[kernels], timeout=900), seed)
