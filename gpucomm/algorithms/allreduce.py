@@ -124,6 +124,10 @@ def _two_shot_pieces(
     whole, full = Region.of(tensor), max(counts)
     pieces = [whole.sub(sum(counts[:k]) * size, count * size) for k, count in enumerate(counts)]
     short = bool(first) and len(counts) > 1
+    if short:
+        # Granules sized by the short piece (device_executor.channel_layout): its 1/P slices span the
+        # grid, so every channel gets its share of them, not a quarter of the channels all of it.
+        b.program.granule_extent = counts[0] * size
 
     def part(t: int, p: int) -> tuple[int, int, int]:
         if t == 0 and short:

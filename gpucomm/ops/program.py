@@ -231,6 +231,7 @@ class Program:
     op: ReduceOp | None = None
     extent: int = 0
     grid_bytes: int = 0  # bytes that size the launch's grid where they exceed ``extent`` (in place: the tensor)
+    granule_extent: int = 0  # where not 0, what sizes the granules instead of ``extent`` (its short piece)
     keep: list = field(default_factory=list, repr=False)  # buffers the instructions name, kept alive
     cache: dict = field(default_factory=dict, repr=False)
     captured: bool = False  # a CUDA graph launches it: never evicted (gpucomm.capture)

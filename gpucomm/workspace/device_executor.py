@@ -327,8 +327,9 @@ def channel_layout(program: Program, world: int, channels: int, by_size: bool = 
     largest = max((ins[1] for ins in program.instructions if ins[0] != SYNC), default=0)
     extent = program.extent or largest
     grid = launch_channels(max(extent, program.grid_bytes), channels) if by_size else channels
-    # Outside the halves every instruction is its own slice: share each over the grid.
-    return grid, granule_of(extent, grid, world if program.extent else 1)
+    # Outside the halves every instruction is its own slice: share each over the grid. A program whose
+    # pieces differ (a pipelined two-shot's short first piece) sizes its granules by the shortest.
+    return grid, granule_of(program.granule_extent or extent, grid, world if program.extent else 1)
 
 
 def operand_rows(program: Program, addrs: tuple[int, ...]) -> list[list[int]]:
