@@ -8,17 +8,19 @@ reduces all P halves, in rank order, straight into its own tensor. One sync per 
 
 two-shot (per piece of up to one half): copy in the P - 1 slices the peers fold; sync with all;
 rank r reduces slice r of every rank's half (its own straight from its tensor) into slice r of
-its *other* half (reduce-scatter); sync with all; every rank copies slice p from rank p
-(all-gather). Two syncs per piece. The all-gather of a piece shares its round with the next
-piece's copy-in, slice by slice in paired COPYs: the copy-in's local pass runs beside the
-all-gather's link reads. Every per-peer loop starts at the rank's own next peer.
+its *other* half and into its tensor (one REDUCE storing twice: no copy of its own slice out of the
+half); sync with all; every rank copies slice p from rank p (all-gather). Two syncs per piece; one
+piece (a message of up to one half) runs so. Every per-peer loop starts at the rank's own next peer.
 
 two-shot pipelined (from PIPELINED_MIN_PIECES pieces): one sync per piece. Round t reduces piece
-t - 1 (staged in round t - 1), gathers piece t - 2 (reduced in round t - 1) and copies piece t in,
-paired with that all-gather. Both kinds of data share a half: in the half of round t, rank r's slice
-r holds its fold of piece t - 1, its other slices piece t's copy-in; no position is written twice in
-a round, and every rank reads the peers' half of the last round only. Pieces + 1 syncs, against 2 per
-piece; one copy-in more is exposed (round 1's, beside a reduce), so it leads only with many pieces.
+t - 1 (staged in round t - 1) carrying piece t's copy-in (Builder.reduce's ``carry``: the kernels
+run it inside the fold's loop, its loads beside the fold's link reads), then gathers piece t - 2
+(reduced in round t - 1). Both kinds of data share a half: in the half of round t, rank r's slice r
+holds its fold of piece t - 1, its other slices piece t's copy-in; no position is written twice in a
+round, and every rank reads the peers' half of the last round only. Pieces + 1 syncs. The first
+piece's copy-in is the one nothing carries, so the first piece is short (1/FIRST_PIECE_SHARE of a
+half), its slices 1/P of it at the in-half positions of a full piece's, and the program's granules
+are sized by it so that every channel shares it (Program.granule_extent).
 
 ring (per piece of up to P halves, cut into P chunks; q-1 and q+1 are the neighbours):
 reduce-scatter in P steps, step t handling chunk c = q-1-t: step 0 copies my chunk into my
