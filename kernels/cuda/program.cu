@@ -154,6 +154,12 @@ __device__ __forceinline__ void copy_pair_range(gc_u64 dst, gc_u64 src, gc_u64 d
     copy_range(dst2 + body, src2 + body, nbytes - body);
 }
 
+// An instruction's word 7 (its flags), loaded whole: a test of one bit of it would otherwise become a
+// narrow load, and the tests hold the table's plain loads to whole words.
+__device__ __forceinline__ gc_i64 flags_word(const gc_i64* row) {
+    return gpucomm::load_global<gc_i64>((gc_u64)(row + 7));
+}
+
 // The COPYs a REDUCE carries (up to two ranges, kernels/triton/carry.py's model): the bytes of
 // each range at the in-half positions this channel owns, numbered in order, the first range's and
 // then the second's, and cut into shares of `quota` bytes. Share j is [j * quota, (j + 1) * quota);
@@ -272,7 +278,7 @@ template <class D, class Op>
 __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached, int n_carried) {
     const gc_i64 nbytes = row[1], pos = row[2], first = row[4];
     const int n_src = (int)row[3];
-    const bool also = reduces && (row[7] & STORE_ALSO) != 0;
+    const bool also = reduces && (flags_word(row) & STORE_ALSO) != 0;
     cache_operands(L, first, n_src + 1 + (also ? 1 : 0), cached);
     const Operands operands{&L, cached, first};
     const gc_i64 end = pos + nbytes;
@@ -348,7 +354,7 @@ __device__ __forceinline__ void run_program(Launch L) {
             // A REDUCE runs the COPYs flagged CARRIED right after it (two at most); they are skipped here.
             int n_carried = 0;
             while (opcode == REDUCE && n_carried < 2 && i + 1 + n_carried < L.n_instr &&
-                   row[(1 + n_carried) * WORDS] == COPY && (row[(1 + n_carried) * WORDS + 7] & CARRIED) != 0) {
+                   row[(1 + n_carried) * WORDS] == COPY && (flags_word(row + (1 + n_carried) * WORDS) & CARRIED) != 0) {
                 ++n_carried;
             }
             move<D, Op>(L, row, opcode == REDUCE, cached, n_carried);
