@@ -92,8 +92,8 @@ def carry_share(
     says: ``owned1`` of the first copy, then the second's); returns ``cursor + count``."""
     UNITS: tl.constexpr = _CARRY_VECTORS * 16 * LANES // COPY_BYTES
     limit = cursor + count
-    for start in range(cursor, limit, UNITS * COPY_BYTES):
-        v = start + tl.arange(0, UNITS).to(tl.int64) * COPY_BYTES
+    for at in range(cursor, limit, UNITS * COPY_BYTES):
+        v = at + tl.arange(0, UNITS).to(tl.int64) * COPY_BYTES
         live = v < limit
         first = live & (v < owned1)
         _copy_owned(v, first, pos1, n1, dst1, src1, granule, channel, channels, COPY_ELEM, COPY_BYTES)

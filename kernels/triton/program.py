@@ -846,7 +846,7 @@ def program_kernel(
             c1 = (tl.load(row) == _REDUCE) & (i + 1 < n_instr) & (tl.load(nxt) == _COPY)
             c1 = c1 & ((tl.load(nxt + 7) & _CARRIED) != 0)
             c2 = c1 & (i + 2 < n_instr) & (tl.load(nxt2) == _COPY) & ((tl.load(nxt2 + 7) & _CARRIED) != 0)
-            n_carried = c1.to(tl.int64) + c2.to(tl.int64)
+            n_carried = c1.to(tl.int32) + c2.to(tl.int32)
             _move(
                 row,
                 n_carried,
