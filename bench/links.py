@@ -6,6 +6,11 @@ instructions in the same order, each on its share of the bytes (gpucomm.workspac
 rank is at its step k on all its channels at about the same time: step k of every rank is what
 the links carry together.
 
+A COPY that a REDUCE carries (``Builder.reduce``'s ``carry``, flagged CARRIED) is part of that
+REDUCE's step, its loads added to the fold's: the program kernels run it inside the fold's loop,
+a share of the copy in every iteration between the fold's loads and its stores, so its loads are in
+flight beside the fold's link reads (kernels/triton/program.py, kernels/cuda/program.cu).
+
 Each step loads resources, in bytes:
 
 - ``("out", o)``: the outbound link of rank o, for every byte a step reads from o's memory (a peer's
@@ -32,7 +37,7 @@ import argparse
 from collections.abc import Sequence
 from functools import lru_cache
 
-from gpucomm.ops.program import COPY, SYNC, Program, Ref, Slot
+from gpucomm.ops.program import COPY, SYNC, Program, Ref, Slot, carried, operands
 from gpucomm.workspace.channels import MAX_CHANNELS
 from gpucomm.workspace.device_executor import channel_layout
 
@@ -55,11 +60,12 @@ def remote_owner(operand: object, rank: int, heap: Sequence[int] | None) -> int 
 def _step(ins: tuple, rank: int, heap: Sequence[int] | None) -> Step:
     nbytes = ins[1]
     if ins[0] == COPY:
-        moves = [(ins[i], ins[i + 1]) for i in range(3, len(ins), 2)]  # (dst, src): a paired COPY has two
+        named = operands(ins)
+        moves = [(named[i], named[i + 1]) for i in range(0, len(named), 2)]  # (dst, src): a paired COPY has two
         reads = [src for _, src in moves]
         writes = [dst for dst, _ in moves]
     else:
-        reads, writes = list(ins[4]), [ins[3]]
+        reads, writes = list(ins[4]), [ins[3], *ins[7:]]  # a REDUCE with STORE_ALSO stores twice
     load: dict[tuple[str, int], int] = {("hbm", rank): nbytes * (len(reads) + len(writes))}
     for operand, outward in [(r, True) for r in reads] + [(w, False) for w in writes]:
         owner = remote_owner(operand, rank, heap)
@@ -78,6 +84,12 @@ def rounds(program: Program, world: int, rank: int, heap: Sequence[int] | None =
         if ins[0] == SYNC:
             out[-1]["sync"] = True
             out.append({"steps": [], "sync": False})
+        elif carried(ins) and out[-1]["steps"]:
+            # Run inside the REDUCE before it (the kernels' fused loop): one step, both loads together.
+            merged = dict(out[-1]["steps"][-1])
+            for res, b in _step(ins, rank, heap):
+                merged[res] = merged.get(res, 0) + b
+            out[-1]["steps"][-1] = tuple(sorted(merged.items()))
         else:
             out[-1]["steps"].append(_step(ins, rank, heap))
     return grid, out

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 from gpucomm.algorithms import select
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
-from gpucomm.ops.program import COPY, SYNC, Program, Slot
+from gpucomm.ops.program import COPY, SYNC, Program, Slot, operands
 from gpucomm.workspace.channels import MAX_CHANNELS, launch_channels
 from gpucomm.workspace.graph_buffers import IN_PLACE_ALGOS
 
@@ -109,7 +109,8 @@ def walk(program: Program, world: int, rank: int, heap: Sequence[int] | None = N
         if ins[0] == SYNC:
             i += 1
             continue
-        pairs = [ins[:3] + ins[j : j + 2] for j in range(3, len(ins), 2)] if ins[0] == COPY else [ins]
+        named = operands(ins)
+        pairs = [ins[:3] + tuple(named[j : j + 2]) for j in range(0, len(named), 2)] if ins[0] == COPY else [ins]
         kinds = rounds[i].setdefault("kinds", [])
         for kind in (_kind(one, rank, heap) for one in pairs):
             if kind not in kinds:

@@ -8,17 +8,19 @@ reduces all P halves, in rank order, straight into its own tensor. One sync per 
 
 two-shot (per piece of up to one half): copy in the P - 1 slices the peers fold; sync with all;
 rank r reduces slice r of every rank's half (its own straight from its tensor) into slice r of
-its *other* half (reduce-scatter); sync with all; every rank copies slice p from rank p
-(all-gather). Two syncs per piece. The all-gather of a piece shares its round with the next
-piece's copy-in, slice by slice in paired COPYs: the copy-in's local pass runs beside the
-all-gather's link reads. Every per-peer loop starts at the rank's own next peer.
+its *other* half and into its tensor (one REDUCE storing twice: no copy of its own slice out of the
+half); sync with all; every rank copies slice p from rank p (all-gather). Two syncs per piece; one
+piece (a message of up to one half) runs so. Every per-peer loop starts at the rank's own next peer.
 
 two-shot pipelined (from PIPELINED_MIN_PIECES pieces): one sync per piece. Round t reduces piece
-t - 1 (staged in round t - 1), gathers piece t - 2 (reduced in round t - 1) and copies piece t in,
-paired with that all-gather. Both kinds of data share a half: in the half of round t, rank r's slice
-r holds its fold of piece t - 1, its other slices piece t's copy-in; no position is written twice in
-a round, and every rank reads the peers' half of the last round only. Pieces + 1 syncs, against 2 per
-piece; one copy-in more is exposed (round 1's, beside a reduce), so it leads only with many pieces.
+t - 1 (staged in round t - 1) carrying piece t's copy-in (Builder.reduce's ``carry``: the kernels
+run it inside the fold's loop, its loads beside the fold's link reads), then gathers piece t - 2
+(reduced in round t - 1). Both kinds of data share a half: in the half of round t, rank r's slice r
+holds its fold of piece t - 1, its other slices piece t's copy-in; no position is written twice in a
+round, and every rank reads the peers' half of the last round only. Pieces + 1 syncs. The first
+piece's copy-in is the one nothing carries, so the first piece is short (1/FIRST_PIECE_SHARE of a
+half), its slices 1/P of it at the in-half positions of a full piece's, and the program's granules
+are sized by it so that every channel shares it (Program.granule_extent).
 
 ring (per piece of up to P halves, cut into P chunks; q-1 and q+1 are the neighbours):
 reduce-scatter in P steps, step t handling chunk c = q-1-t: step 0 copies my chunk into my
@@ -85,40 +87,70 @@ def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         b.reduce(mine, slots, tensor.dtype, op, b.world_size)
 
 
-# Two-shot pipelined from 6 pieces on: the model (both ends charged, 8 ranks, 0.82 x 450 GB/s,
-# 24 MiB halves; python -m gpucomm._bench.model), device us two syncs a piece / pipelined: 5 pieces
-# (120 MiB) 654.9 / 657.6, 6 pieces (128 MiB) 699.8 / 697.8, 43 pieces (1 GiB) 5457 / 5346.
-PIPELINED_MIN_PIECES = 6
+# Two-shot pipelined from 2 pieces on: the model (both ends charged, 8 ranks, 0.82 x 450 GB/s, 24 MiB
+# halves, the fold storing into my tensor too and carrying the next copy-in; python -m
+# gpucomm._bench.model), device us two syncs a piece / pipelined: 25 MiB 147.0 / 140.0, 32 MiB
+# 183.9 / 177.8, 64 MiB 352.3 / 339.9, 128 MiB 688.6 / 667.4, 1 GiB 5367.8 / 5236.2; at 0.57 x 450
+# GB/s ahead at every one too (25 MiB 201.5 / 194.5, 64 MiB 491.9 / 479.5). One piece (up to a half)
+# keeps two syncs: with nothing to carry, it is the same program.
+PIPELINED_MIN_PIECES = 2
+# The pipelined form's first piece: 1/FIRST_PIECE_SHARE of a half. Its copy-in is the one nothing
+# carries (round 0 has no fold), so a short one exposes less; each piece more costs a SYNC. The model
+# at 0.82 x 450 GB/s, first piece 1/2, 1/3, 1/4, 1/6, 1/8 of a half: 64 MiB 343.6, 341.2, 339.9,
+# 342.7, 344.4 us; 48 MiB 261.0, 258.6, 257.9, 261.4, 263.1; 1 GiB 5237.7, 5235.2, 5236.2, 5239.1,
+# 5240.5; at 0.57 x 450, 64 MiB 483.2, 480.8, 479.5, 478.3, 480.7. From two halves on the rest's
+# pieces are each over half a half, so the first is the shortest.
+FIRST_PIECE_SHARE = 4
 
 
-def _two_shot_pieces(b: Builder, tensor: torch.Tensor) -> tuple[list[Region], Callable[[int, int], tuple[int, int]]]:
-    """The pieces of a two-shot, and where slice p of piece t lies, (offset, bytes) in the piece
-    and in the half.
+def _two_shot_pieces(
+    b: Builder, tensor: torch.Tensor, first: int = 0
+) -> tuple[list[Region], Callable[[int, int], tuple[int, int, int]]]:
+    """The pieces of a two-shot, and where slice p of piece t lies: (offset in the piece, bytes,
+    in-half position).
 
-    The even pieces of gpucomm.algorithms._pieces with the short one first, and every piece's
-    slices cut at the bounds of a full piece, clipped to its own length: slice p sits at one
-    in-half position in every piece, so each piece's copy-in pairs with the previous piece's
-    all-gather over their common length, and where they differ (the first piece's last slice) what
-    is left over is the copy-in's, a local copy, never a read of one peer by every rank.
+    ``first`` (elements, 0: none): a short piece first, then the even pieces of
+    gpucomm.algorithms._pieces for the rest; without it, those even pieces with the short one first.
+    Slice p sits at one in-half position in every piece, that of a full piece's slice p: the
+    slices of a full piece (and of one a few elements short) are cut at a full piece's bounds,
+    clipped to its length, so its P - 1 slices other than a rank's own are two contiguous ranges,
+    before it and after it (what a REDUCE carries); those of the short first piece are 1/P of it
+    each, so that every rank folds its share of it, at their own slice's position (a gap after each).
     """
     size, P = tensor.element_size(), b.world_size
-    counts = [count for _, count in ranges(tensor.numel(), b.half_bytes // size)][::-1]
-    whole, full = Region.of(tensor), counts[-1]
+    cap = b.half_bytes // size
+    if first:
+        counts = [first] + [count for _, count in ranges(tensor.numel() - first, cap)]
+    else:
+        counts = [count for _, count in ranges(tensor.numel(), cap)][::-1]
+    whole, full = Region.of(tensor), max(counts)
     pieces = [whole.sub(sum(counts[:k]) * size, count * size) for k, count in enumerate(counts)]
+    short = bool(first) and len(counts) > 1
+    if short:
+        # Granules sized by the short piece (device_executor.channel_layout): its 1/P slices span the
+        # grid, so every channel gets its share of them, not a quarter of the channels all of it.
+        b.program.granule_extent = counts[0] * size
 
-    def part(t: int, p: int) -> tuple[int, int]:
+    def part(t: int, p: int) -> tuple[int, int, int]:
+        if t == 0 and short:
+            lo, hi = (counts[0] * q // P * size for q in (p, p + 1))
+            return lo, hi - lo, full * p // P * size
         lo, hi = (min(counts[t], full * q // P) * size for q in (p, p + 1))
         hi = counts[t] * size if p == P - 1 else hi
-        return lo, hi - lo
+        return lo, hi - lo, lo
 
     return pieces, part
 
 
 def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
-    pieces, part = _two_shot_pieces(b, tensor)
-    if len(pieces) >= PIPELINED_MIN_PIECES:
+    size = tensor.element_size()
+    if -(-tensor.numel() * size // b.half_bytes) >= PIPELINED_MIN_PIECES:
+        unit = max(1, 16 // size)  # the short first piece ends on a 16-byte boundary
+        first = max(unit, b.half_bytes // FIRST_PIECE_SHARE // size // unit * unit)
+        pieces, part = _two_shot_pieces(b, tensor, first if tensor.numel() > first else 0)
         _twoshot_pipelined(b, tensor, op, pieces, part)
         return
+    pieces, part = _two_shot_pieces(b, tensor)
     everyone = b.peers()
     P, me = b.world_size, b.rank
     # Per-peer loops start at my own rank (Builder.spread): in step i rank r reads rank r + i's slice,
@@ -127,61 +159,74 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     gather: dict[int, tuple[Region, object]] = {}  # piece k-1's copies out, by peer: (my tensor's slice, its slot)
     for t, mine in enumerate(pieces):
         staged = b.write_offset()
-        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor,
-        # so only the other P - 1 slices are copied in, each paired with the all-gather's read of
-        # the same slice of the previous piece (my own slice of that: local on both sides, alone).
+        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor
+        # and stores its result back there as well as into my half, so only the other P - 1 slices
+        # are copied in, each paired with the all-gather's read of the same slice of the previous
+        # piece, and my own slice is never copied out (a local copy alone in its step: 1.9 us a
+        # piece at 64 MiB, 8 ranks, by the model).
         rests = []
         for p in order:
-            dst, src = b.slot(me, staged + part(t, p)[0], part(t, p)[1]), mine.sub(*part(t, p))
+            lo, n, _ = part(t, p)  # (in-half position lo: pieces cut evenly, the short one first)
+            dst, src = b.slot(me, staged + lo, n), mine.sub(lo, n)
             if p == me:
-                if gather:
-                    b.copy(*gather[p])
-            elif gather:
+                continue
+            if gather:
                 rests += _copy_paired(b, *gather[p], dst, src)
             else:
                 b.copy(dst, src)
         for dst, src in rests:  # after every pair, so that the ranks' k-th steps stay the same work
             b.copy(dst, src)
         b.sync(everyone, everyone)
-        lo, n = part(t, me)
+        lo, n, _ = part(t, me)
         reduced = b.write_offset()
         slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
-        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P)
+        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=mine.sub(lo, n))
         b.sync(everyone, everyone)
-        gather = {p: (mine.sub(*part(t, p)), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
+        gather = {p: (mine.sub(*part(t, p)[:2]), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
     for p in order:
-        b.copy(*gather[p])
+        if p != me:
+            b.copy(*gather[p])
 
 
 def _twoshot_pipelined(
-    b: Builder, tensor: torch.Tensor, op: ReduceOp, pieces: list[Region], part: Callable[[int, int], tuple[int, int]]
+    b: Builder,
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    pieces: list[Region],
+    part: Callable[[int, int], tuple[int, int, int]],
 ) -> None:
-    """Two-shot, one sync a piece (module docstring)."""
+    """Two-shot, one sync a piece (module docstring): round t folds piece t - 1 carrying piece t's
+    copy-in (Builder.reduce's ``carry``: the copy's loads in flight beside the fold's link reads),
+    then gathers piece t - 2."""
     everyone = b.peers()
     P, me, k = b.world_size, b.rank, len(pieces)
     for t in range(k + 2):
         into, out = b.write_offset(), b.read_offset()
-        if 1 <= t <= k:  # fold piece t - 1, my slice, my own from my tensor
-            lo, n = part(t - 1, me)
-            srcs = [pieces[t - 1].sub(lo, n) if p == me else b.slot(p, out + lo, n) for p in everyone]
-            b.reduce(b.slot(me, into + lo, n), srcs, tensor.dtype, op, P)
-        rests = []
-        for p in b.spread():
-            copy_in = None
-            if t < k and p != me:  # piece t's slice p, for rank p to fold next round
-                lo, n = part(t, p)
-                copy_in = (b.slot(me, into + lo, n), pieces[t].sub(lo, n))
-            if t >= 2:  # piece t - 2's slice p, folded by rank p last round
-                lo, n = part(t - 2, p)
-                gather = (pieces[t - 2].sub(lo, n), b.slot(p, out + lo, n))
-                if copy_in is None:
-                    b.copy(*gather)
-                else:
-                    rests += _copy_paired(b, *gather, *copy_in)
-            elif copy_in is not None:
-                b.copy(*copy_in)
-        for dst, src in rests:
-            b.copy(dst, src)
+        copy_in = []  # piece t's slices but mine, for their ranks to fold next round
+        if t < k:
+            slices = [part(t, p) for p in range(P)]
+            if 1 <= t:  # a full piece (or one a few elements short): the slices before mine, those after
+                spans = [(slices[0][0], slices[me][0]), (slices[me][0] + slices[me][1], pieces[t].nbytes)]
+                copy_in = [(b.slot(me, into + lo, hi - lo), pieces[t].sub(lo, hi - lo)) for lo, hi in spans if hi > lo]
+            else:  # the first piece: nothing to carry it, slice by slice at their own positions
+                for p in b.spread():
+                    lo, n, pos = slices[p]
+                    if p != me and n:
+                        b.copy(b.slot(me, into + pos, n), pieces[t].sub(lo, n))
+        if 1 <= t <= k:  # fold piece t - 1, my slice, my own from my tensor and the result back there
+            lo, n, pos = part(t - 1, me)
+            mine = pieces[t - 1].sub(lo, n)
+            srcs = [mine if p == me else b.slot(p, out + pos, n) for p in everyone]
+            if n:
+                b.reduce(b.slot(me, into + pos, n), srcs, tensor.dtype, op, P, also=mine, carry=copy_in)
+            else:  # an empty slice (a piece shorter than P elements): nothing to fold, nothing to carry
+                for dst, src in copy_in:
+                    b.copy(dst, src)
+        if t >= 2:  # piece t - 2's slices, folded by their ranks last round (mine: by the fold)
+            for p in b.spread():
+                lo, n, pos = part(t - 2, p)
+                if p != me and n:
+                    b.copy(pieces[t - 2].sub(lo, n), b.slot(p, out + pos, n))
         if t <= k:
             b.sync(everyone, everyone)
 

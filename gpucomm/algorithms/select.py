@@ -119,15 +119,15 @@ ONESHOT_MAX_BYTES = 64 << 10
 # than two-shot and saves one SYNC per piece, so the crossover falls as P grows.
 ONESHOT_MAX_BYTES_GPU: dict[int, int] = {
     # P=2: the same NVLink bytes, half the SYNCs; two-shot copies in only the peer's half (it folds
-    # its own from the tensor), so it leads once the pieces' copies outweigh a SYNC:
-    # 32 MiB 122.30 / 122.71 us; 48 MiB 178.95 / 176.57 us; 64 MiB 238.61 / 232.69 us.
-    2: 32 << 20,
-    3: 1 << 20,  # P=3: 1 MiB 12.38 / 13.49 us; 2 MiB 18.76 / 17.98 us
-    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.48 us; 64 KiB 15.22 / 13.96 us
-    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.31 us; 32 KiB 12.03 / 11.62 us
-    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.36 us; 32 KiB 13.45 / 11.72 us
-    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.70 us; 16 KiB 10.44 / 10.39 us
-    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.71 us; 16 KiB 11.15 / 10.42 us (the model's 8-rank rows)
+    # its own from the tensor, and stores its fold there too: no copy out of its own half), so it
+    # leads once the pieces' copies outweigh a SYNC: 8 MiB 34.33 / 34.53 us; 16 MiB 62.65 / 60.06 us.
+    2: 8 << 20,
+    3: 1 << 20,  # P=3: 1 MiB 12.38 / 13.25 us; 2 MiB 18.76 / 17.51 us
+    4: 32 << 10,  # P=4: 32 KiB 10.61 / 11.39 us; 64 KiB 15.22 / 13.79 us
+    5: 16 << 10,  # P=5: 16 KiB 9.02 / 10.28 us; 32 KiB 12.03 / 11.55 us
+    6: 16 << 10,  # P=6: 16 KiB 9.73 / 10.33 us; 32 KiB 13.45 / 11.66 us
+    7: 8 << 10,  # P=7: 8 KiB 8.22 / 9.68 us; 16 KiB 10.44 / 10.37 us
+    8: 8 << 10,  # P=8: 8 KiB 8.57 / 9.70 us; 16 KiB 11.15 / 10.40 us (the model's 8-rank rows)
 }
 # Above 8 ranks (no model row): 8 ranks' value, the lowest; the crossover falls as P grows to 8.
 ONESHOT_MAX_BYTES_GPU_MANY = ONESHOT_MAX_BYTES_GPU[8]

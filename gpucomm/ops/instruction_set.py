@@ -25,6 +25,8 @@ __all__ = [
     "COPY",
     "REDUCE",
     "SYNC",
+    "STORE_ALSO",
+    "CARRIED",
     "FP_BITS",
     "FP_MASK",
     "IDENT_WORDS",
@@ -46,6 +48,13 @@ __all__ = [
 WORDS = 8  # int64 per instruction
 OPERAND_WORDS = 3  # int64 per operand: [rank or -1, round, offset or address]
 COPY, REDUCE, SYNC = 1, 2, 3  # opcodes: an instruction's first word
+# A REDUCE's flags (its word 7, which it used to leave 0): STORE_ALSO, the operand after its k
+# sources is a second destination that gets the same result (gpucomm.ops.program.Builder.reduce).
+STORE_ALSO = 1
+# A COPY's flag (its word 7): CARRIED, the REDUCE right before it (or before the carried COPY right
+# before it) runs it inside its own loop, the copy's loads in flight beside the fold's; an executor
+# that does not fuse runs it alone, in order, with the same result (their bytes are disjoint).
+CARRIED = 1
 FP_BITS = 20  # low bits of a flag: the call's fingerprint; above them: the epoch
 FP_MASK = (1 << FP_BITS) - 1
 # Identity words per flag: the call's exact dtype and count, and 48 bits of a hash of the rest.
@@ -75,6 +84,8 @@ _CUDA_NAMES = (
     "COPY",
     "REDUCE",
     "SYNC",
+    "STORE_ALSO",
+    "CARRIED",
     "FP_BITS",
     "IDENT_WORDS",
     "IDENT_BITS",

@@ -65,17 +65,17 @@ runs every channel, so all channels count the same epochs and agree on the half 
 
 from __future__ import annotations
 
-import hashlib
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from gpucomm.ops.call_identity import fingerprint, identity
 from gpucomm.ops.contract import Region
 
 # The instruction set, re-exported: the builder's users read the opcodes where they read Program.
 from gpucomm.ops.instruction_set import (
+    CARRIED,
     COPY,
     FP_BITS,
     MISMATCH,
@@ -86,6 +86,7 @@ from gpucomm.ops.instruction_set import (
     TIMEOUT,
     WORDS,
 )
+from gpucomm.ops.program_operands import Arg, HalfOffset, Ref, Slot, overlaps, resolve
 from gpucomm.reduce_op import ReduceOp
 
 __all__ = [
@@ -96,6 +97,9 @@ __all__ = [
     "Arg",
     "resolve",
     "overlaps",
+    "operands",
+    "carried",
+    "MAX_CARRIED",
     "HalfOffset",
     "fingerprint",
     "identity",
@@ -111,128 +115,12 @@ __all__ = [
 ]
 
 _ALIGN = 16  # bytes of one vector access
+# Copies one REDUCE carries: a two-shot's copy-in of every slice but the rank's own is two ranges,
+# the slices before it and those after it.
+MAX_CARRIED = 2
 # The view of a peer's heap region a Builder hands out: programs keep addresses, never views
 # (executors make their own from the address: Region.alias).
 _NO_VIEW = torch.empty(0, dtype=torch.uint8)
-
-
-def fingerprint(name: str, fields: Sequence[object], root: int | None) -> int:
-    """The FP_BITS-bit fingerprint every flag of a call carries (collective, dtype, count, op,
-    algorithm, root): ranks that disagree on any of them see each other's and raise."""
-    text = "|".join(str(f) for f in (name, *fields, root))
-    return zlib.crc32(text.encode()) & ((1 << FP_BITS) - 1)
-
-
-# The dtypes a call's exact identity word names, by code (their place here, plus one; 0: no
-# dtype, 127: one this list lacks). Names, not objects: a torch without one still numbers the rest.
-_DTYPE_NAMES = (
-    "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "int8", "int16",
-    "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128", "float8_e4m3fn",
-    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
-)  # fmt: skip
-_COUNT_BITS = 40  # of the exact word: the element count; the 7 above it, the dtype's code
-_PRESENT = 1 << 47  # set in both words: an identity is never 0, and a kernel argument always an int64
-
-
-def identity(name: str, fields: Sequence[object], root: int | None) -> tuple[int, int]:
-    """The call's two identity words (IDENT_BITS bits each), which every rank compares beside
-    each flag: the first holds the caller's dtype and element count exactly (the dtype of
-    ``fields[0]``, or the ``"caller"`` field's where the caller's differs from the wire's, and
-    the count ``fields[1]``; counts of 2**40 elements and more share their low bits, the hash
-    tells them apart); the second 47 bits of a BLAKE2b hash of the whole description
-    (collective, dtype, count, op, algorithm, root and the rest of ``fields``). So calls that
-    differ in dtype or count never match, and others only if 47 bits of a cryptographic hash
-    collide (94 bits compared in all), against 20 bits of a CRC (linear: thousands of fp32
-    counts shared their bits). The top bit of each word is always set (``_PRESENT``).
-    """
-    text = "|".join(str(f) for f in (name, *fields, root))
-    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % _PRESENT
-    dtype, count = None, 0
-    if len(fields) >= 2 and isinstance(fields[0], torch.dtype) and isinstance(fields[1], int):
-        dtype, count = str(fields[0]).removeprefix("torch."), fields[1]
-    for key, value in zip(fields, fields[1:]):
-        if key == "caller":
-            dtype = value
-    code = 0 if dtype is None else (_DTYPE_NAMES.index(dtype) + 1 if dtype in _DTYPE_NAMES else 127)
-    exact = _PRESENT | code << _COUNT_BITS | count % (1 << _COUNT_BITS)
-    return exact, _PRESENT | digest
-
-
-@dataclass(frozen=True)
-class HalfOffset:
-    """``offset`` bytes into the half that holds the data of ``round`` (syncs since the start)."""
-
-    round: int
-    offset: int = 0
-
-    def __add__(self, delta: int) -> HalfOffset:
-        return HalfOffset(self.round, self.offset + delta)
-
-
-@dataclass(frozen=True)
-class Slot:
-    """``nbytes`` bytes of local rank ``peer``'s workspace, ``offset`` bytes into the half of
-    ``round``: a region whose address is known only when the program runs."""
-
-    peer: int
-    round: int
-    offset: int
-    nbytes: int
-
-    def sub(self, offset: int, nbytes: int) -> Slot:
-        """The ``nbytes`` bytes of this slot from ``offset``; ValueError if they leave it."""
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise ValueError(f"Slot.sub: [{offset}, {offset + nbytes}) is outside a slot of {self.nbytes} bytes")
-        return Slot(self.peer, self.round, self.offset + offset, nbytes)
-
-
-@dataclass(frozen=True)
-class Ref:
-    """``nbytes`` bytes of this process's memory at ``addr`` that the program owns (a table it
-    keeps in ``Program.keep``)."""
-
-    addr: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Arg:
-    """``nbytes`` bytes, ``offset`` bytes into the call's buffer number ``index``.
-
-    How a program names the caller's buffers: by their place in the call, never by a view (a
-    view keeps the caller's tensor alive as long as the program is cached: 256 programs of fresh
-    4 MiB tensors held 1.4 GiB per rank) nor by address (a loop that passes a fresh tensor each
-    step would build a program each step). Executors resolve it with the call's addresses.
-    """
-
-    index: int
-    offset: int
-    nbytes: int
-
-
-def resolve(operand: Ref | Arg, addrs: Sequence[int]) -> int:
-    """The address of a program's own or the caller's operand, given the call's buffer addresses."""
-    if isinstance(operand, Arg):
-        return addrs[operand.index] + operand.offset
-    return operand.addr
-
-
-def overlaps(regions: Sequence[Region]) -> tuple:
-    """How the call's buffers overlap: ``(i, j, addr_j - addr_i)`` for every overlapping pair.
-
-    Part of a program's cache key: an operand inside two buffers (an in-place all_gather's input
-    within its output) resolves to the buffer listed first, which names the same bytes in every
-    call whose buffers overlap alike. Buffers that do not overlap (the usual case) give ``()``.
-    """
-    if len(regions) < 2:
-        return ()
-    found = []
-    for i, a in enumerate(regions):
-        for j in range(i + 1, len(regions)):
-            b = regions[j]
-            if a.addr < b.addr + b.nbytes and b.addr < a.addr + a.nbytes:
-                found.append((i, j, b.addr - a.addr))
-    return tuple(found)
 
 
 Operand = Region | Slot | Ref | Arg
@@ -242,18 +130,20 @@ Operand = Region | Slot | Ref | Arg
 class Program:
     """A recorded collective (see the module docstring).
 
-    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one
-    instruction (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``,
-    ``(REDUCE, nbytes, pos, out, srcs, divide, divisor)`` and ``(SYNC, signal, wait, fence)`` (lists of
-    local ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say
-    which call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any),
-    ``op`` already mapped to the fold (AVG sums; each REDUCE says whether it divides).
-    ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes the launch's grid
-    is sized for, where the program moves them outside the halves (in place on a symmetric
-    tensor every instruction is a slice of it, all of whose channels work on each). Executors
-    cache their own forms of a program in ``cache``; ``keep`` holds buffers of the program's own
-    that instructions read. Operands
-    are workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
+    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one instruction
+    (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``, ``(REDUCE, nbytes,
+    pos, out, srcs, divide, divisor)`` or, storing into a second destination too
+    (``Builder.reduce``'s ``also``), ``(REDUCE, nbytes, pos, out, srcs, divide, divisor, also)``, a
+    COPY that the REDUCE before it carries (``Builder.reduce``'s ``carry``: :func:`carried`)
+    ``(COPY, nbytes, pos, dst, src, CARRIED)``, and ``(SYNC, signal, wait, fence)`` (lists of local
+    ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say which
+    call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any), ``op`` already
+    mapped to the fold (AVG sums; each REDUCE says whether it divides). ``extent``: bytes of a half
+    the program uses; ``grid_bytes``: more bytes the launch's grid is sized for, where the program
+    moves them outside the halves (in place on a symmetric tensor every instruction is a slice of
+    it, all of whose channels work on each). Executors cache their own forms of a program in
+    ``cache``; ``keep`` holds buffers of the program's own that instructions read. Operands are
+    workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
     (:class:`Ref`).
     """
 
@@ -267,6 +157,7 @@ class Program:
     op: ReduceOp | None = None
     extent: int = 0
     grid_bytes: int = 0  # bytes that size the launch's grid where they exceed ``extent`` (in place: the tensor)
+    granule_extent: int = 0  # where not 0, what sizes the granules instead of ``extent`` (its short piece)
     keep: list = field(default_factory=list, repr=False)  # buffers the instructions name, kept alive
     cache: dict = field(default_factory=dict, repr=False)
     captured: bool = False  # a CUDA graph launches it: never evicted (gpucomm.capture)
@@ -278,7 +169,7 @@ class Program:
         for ins in self.instructions:
             if ins[0] == COPY:
                 common |= ins[1] | ins[2]
-                for r in ins[3:]:
+                for r in operands(ins):
                     common |= r.offset if isinstance(r, Slot) else resolve(r, addrs)
         return next(size for size in (8, 4, 2, 1) if common % size == 0)
 
@@ -287,9 +178,8 @@ class Program:
         for ins in self.instructions:
             if ins[0] == SYNC:
                 continue
-            operands = ins[3:] if ins[0] == COPY else (ins[3], *ins[4])
             if ins[2] % _ALIGN or any(
-                (r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands
+                (r.offset if isinstance(r, Slot) else resolve(r, addrs)) % _ALIGN for r in operands(ins)
             ):
                 return False
         return True
@@ -405,11 +295,41 @@ class Builder:
         if dst.nbytes:
             self._add((COPY, dst.nbytes, self._position("copy_pair", [dst, src, dst2, src2]), dst, src, dst2, src2))
 
-    def reduce(self, out: Operand, srcs: Sequence[Operand], dtype: torch.dtype, op: ReduceOp, divisor: int = 1) -> None:
+    def reduce(
+        self,
+        out: Operand,
+        srcs: Sequence[Operand],
+        dtype: torch.dtype,
+        op: ReduceOp,
+        divisor: int = 1,
+        *,
+        also: Operand | None = None,
+        carry: Sequence[tuple[Operand, Operand]] = (),
+    ) -> None:
         """``out = op(srcs[0], srcs[1], ...)`` in the accumulation type, rounded once; AVG
-        divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction)."""
-        if any(s.nbytes != out.nbytes for s in srcs):
-            raise ValueError(f"Builder.reduce: every source must have the {out.nbytes} bytes of out")
+        divides by ``divisor`` (pass AVG only to the last step of a multi-step reduction).
+
+        ``also``: a second destination that gets the same result in the same instruction (a
+        two-shot's fold of my slice, into my half for the peers and into my tensor for me: one
+        store more, where a copy of it would be a step of its own). It may alias a source at
+        the same offset, as ``out`` may: every source of an element is read before it is stored.
+
+        ``carry``: up to MAX_CARRIED copies ``(dst, src)`` the REDUCE carries (a pipelined
+        two-shot's next copy-in beside its fold), each recorded as a COPY flagged CARRIED right after
+        it, at its own in-half position. The kernels run them inside the fold's loop, their loads in
+        flight beside the fold's; any executor may run them alone, in order. Their bytes must be
+        disjoint from everything the REDUCE reads or writes (ValueError where a workspace operand
+        of theirs overlaps the REDUCE's)."""
+        if len(carry) > MAX_CARRIED:
+            raise ValueError(f"Builder.reduce: carry takes at most {MAX_CARRIED} copies, got {len(carry)}")
+        for dst, src in carry:
+            if dst.nbytes != src.nbytes:
+                raise ValueError(
+                    f"Builder.reduce: a carried copy's dst and src must have one size, got {dst.nbytes} and "
+                    f"{src.nbytes} bytes"
+                )
+        if any(s.nbytes != out.nbytes for s in srcs) or (also is not None and also.nbytes != out.nbytes):
+            raise ValueError(f"Builder.reduce: every source and also must have the {out.nbytes} bytes of out")
         fold = ReduceOp.SUM if op is ReduceOp.AVG else op
         program = self.program
         if program.op is None:
@@ -421,7 +341,19 @@ class Builder:
             )
         if out.nbytes:
             divides = op is ReduceOp.AVG
-            self._add((REDUCE, out.nbytes, self._position("reduce", [out, *srcs]), out, list(srcs), divides, divisor))
+            named = [out, *srcs] + ([] if also is None else [also])
+            extra = () if also is None else (also,)
+            pos = self._position("reduce", named)
+            self._add((REDUCE, out.nbytes, pos, out, list(srcs), divides, divisor, *extra))
+            for dst, src in carry:
+                if dst.nbytes:
+                    at = self._position("reduce", [dst, src])
+                    if any(isinstance(r, Slot) for r in (dst, src)) and at < pos + out.nbytes and pos < at + dst.nbytes:
+                        raise ValueError(
+                            f"Builder.reduce: a carried copy at [{at}, {at + dst.nbytes}) overlaps the reduce's "
+                            f"[{pos}, {pos + out.nbytes}) in the half"
+                        )
+                    self._add((COPY, dst.nbytes, at, dst, src, CARRIED))
 
     def sync(self, sources: Sequence[int] = (), readers: Sequence[int] = (), *, fence: bool = False) -> None:
         """End the round: signal ``readers`` (they read my data of this round) and wait for
@@ -462,7 +394,7 @@ class Builder:
         program = self.program
         instruction = tuple(self._kept(x) for x in instruction)
         program.instructions.append(instruction)
-        if any(isinstance(r, Slot) for r in _operands(instruction)):
+        if any(isinstance(r, Slot) for r in operands(instruction)):
             program.extent = max(program.extent, instruction[2] + instruction[1])
 
     def _kept(self, field: object) -> object:
@@ -491,9 +423,17 @@ class Builder:
         return offsets.pop() if offsets else 0
 
 
-def _operands(instruction: tuple) -> list[Operand]:
+def carried(instruction: tuple) -> bool:
+    """A COPY that the REDUCE before it carries (``Builder.reduce``'s ``carry``): ``(COPY, nbytes,
+    pos, dst, src, CARRIED)``."""
+    return instruction[0] == COPY and len(instruction) == 6
+
+
+def operands(instruction: tuple) -> list[Operand]:
+    """The operands of an instruction in the order of its operand table: a COPY's (dst, src) pair
+    or two; a REDUCE's out, its sources, then its second destination if it has one; none for a SYNC."""
     if instruction[0] == COPY:
-        return list(instruction[3:])
+        return list(instruction[3:5] if carried(instruction) else instruction[3:])
     if instruction[0] == REDUCE:
-        return [instruction[3], *instruction[4]]
+        return [instruction[3], *instruction[4], *instruction[7:]]
     return []

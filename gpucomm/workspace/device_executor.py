@@ -27,9 +27,18 @@ import torch
 from gpucomm.capture import capturing
 from gpucomm.errors import CommMismatchError, CommTimeoutError, GpucommError, UnsupportedError
 from gpucomm.ops.device_guard import on_device
-from gpucomm.ops.instruction_set import COPY, MISMATCH, OPERAND_WORDS, RECORD_WORDS, REDUCE, SYNC, WORDS
+from gpucomm.ops.instruction_set import (
+    CARRIED,
+    MISMATCH,
+    OPERAND_WORDS,
+    RECORD_WORDS,
+    REDUCE,
+    STORE_ALSO,
+    SYNC,
+    WORDS,
+)
 from gpucomm.ops.launch_args import MAX_PROGRAM_WORLD, ProgramArgs
-from gpucomm.ops.program import Program, Slot, resolve
+from gpucomm.ops.program import Program, Slot, carried, operands, resolve
 from gpucomm.roles import FlagWords, NodeWorkspace
 from gpucomm.workspace.channels import granule as granule_of
 from gpucomm.workspace.channels import launch_channels
@@ -318,8 +327,9 @@ def channel_layout(program: Program, world: int, channels: int, by_size: bool = 
     largest = max((ins[1] for ins in program.instructions if ins[0] != SYNC), default=0)
     extent = program.extent or largest
     grid = launch_channels(max(extent, program.grid_bytes), channels) if by_size else channels
-    # Outside the halves every instruction is its own slice: share each over the grid.
-    return grid, granule_of(extent, grid, world if program.extent else 1)
+    # Outside the halves every instruction is its own slice: share each over the grid. A program whose
+    # pieces differ (a pipelined two-shot's short first piece) sizes its granules by the shortest.
+    return grid, granule_of(program.granule_extent or extent, grid, world if program.extent else 1)
 
 
 def operand_rows(program: Program, addrs: tuple[int, ...]) -> list[list[int]]:
@@ -327,8 +337,7 @@ def operand_rows(program: Program, addrs: tuple[int, ...]) -> list[list[int]]:
     rows: list[list[int]] = []
     for ins in program.instructions:
         if ins[0] != SYNC:
-            named = list(ins[3:]) if ins[0] == COPY else [ins[3], *ins[4]]
-            rows += [_operand(r, addrs) for r in named]
+            rows += [_operand(r, addrs) for r in operands(ins)]
     return rows
 
 
@@ -347,10 +356,14 @@ def instruction_rows(program: Program) -> list[list[int]]:
         if ins[0] == SYNC:
             rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), ins[3], 0, 0, 0, 0])
             continue
-        count = len(ins) - 3 if ins[0] == COPY else 1 + len(ins[4])  # a paired COPY has 4 operands
-        divide, divisor = (int(ins[5]), ins[6]) if ins[0] == REDUCE else (0, 1)
-        rows.append([ins[0], ins[1], ins[2], count - 1, first, divide, divisor, 0])
-        first += count
+        named = len(operands(ins))  # a paired COPY has 4 operands; a REDUCE with a second destination k + 2
+        if ins[0] == REDUCE:
+            # Word 3: the sources; word 7: STORE_ALSO where the operand after them is a second destination.
+            also = STORE_ALSO if len(ins) > 7 else 0
+            rows.append([REDUCE, ins[1], ins[2], len(ins[4]), first, int(ins[5]), ins[6], also])
+        else:  # word 7: CARRIED where the REDUCE before it runs it inside its loop
+            rows.append([ins[0], ins[1], ins[2], named - 1, first, 0, 1, CARRIED if carried(ins) else 0])
+        first += named
     return rows
 
 

@@ -48,7 +48,7 @@ from gpucomm.algorithms.allreduce import twoshot_symmetric
 from gpucomm.errors import CommMismatchError
 from gpucomm.ops.contract import Region
 from gpucomm.ops.instruction_set import COPY, REDUCE, SYNC
-from gpucomm.ops.program import Builder, Program, Ref, Slot
+from gpucomm.ops.program import Builder, Program, Ref, Slot, operands
 from gpucomm.transport.heap_open import agree
 from gpucomm.workspace.graph_segments import Allocation, OpenedSegments, locate
 
@@ -79,8 +79,7 @@ def staged_copies(program: Program) -> int:
     for ins in program.instructions:
         if ins[0] == SYNC:
             continue
-        operands = ins[3:] if ins[0] == COPY else [ins[3], *ins[4]]
-        count += sum(isinstance(r, Slot) for r in operands)
+        count += sum(isinstance(r, Slot) for r in operands(ins))
     return count
 
 
@@ -264,12 +263,7 @@ def _own_handle(allocation: Allocation, handles: dict[tuple, str]) -> str:
 
 
 def _refs(program: Program) -> list[bool]:
-    return [
-        isinstance(r, Ref)
-        for ins in program.instructions
-        if ins[0] in (COPY, REDUCE)
-        for r in (ins[3:] if ins[0] == COPY else [ins[3], *ins[4]])
-    ]
+    return [isinstance(r, Ref) for ins in program.instructions if ins[0] in (COPY, REDUCE) for r in operands(ins)]
 
 
 def _why_not(everyone: list[str], members: list[int]) -> str:

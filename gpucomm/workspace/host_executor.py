@@ -45,7 +45,7 @@ from gpucomm.errors import CommMismatchError, CommTimeoutError
 from gpucomm.ops import host_atomics
 from gpucomm.ops.contract import Region
 from gpucomm.ops.instruction_set import IDENT_BITS, IDENT_TAG_MASK, IDENT_WORDS
-from gpucomm.ops.program import COPY, FP_BITS, REDUCE, Arg, Program, Ref, Slot, resolve
+from gpucomm.ops.program import COPY, FP_BITS, REDUCE, Arg, Program, Ref, Slot, operands, resolve
 from gpucomm.ops.reference import fold_into, needs_scratch
 from gpucomm.reduce_op import ReduceOp, accumulation_dtype
 from gpucomm.reliability.host_threads import ThreadFit, pieces
@@ -173,7 +173,9 @@ class HostExecutor:
         steps: list[Step] = []
         for ins in program.instructions:
             if ins[0] == COPY:
-                for dst, src in zip(ins[3::2], ins[4::2]):  # one pair, or two (Builder.copy_pair)
+                # One pair, or two (Builder.copy_pair); a carried COPY runs here alone, in order.
+                moves = operands(ins)
+                for dst, src in zip(moves[0::2], moves[1::2]):
                     steps.append(
                         _bound_copy(self._region(dst, parity, addrs), self._region(src, parity, addrs), self.fit)
                     )
@@ -183,6 +185,8 @@ class HostExecutor:
                 steps.append(
                     _bound_reduce(out, srcs, program.dtype, ReduceOp.AVG if ins[5] else program.op, ins[6], self.fit)
                 )
+                for also in ins[7:]:  # a second destination: the result, copied after the fold (same bits)
+                    steps.append(_bound_copy(self._region(also, parity, addrs), out, self.fit))
             else:
                 steps.append(self._bind_sync(program, ins[1], ins[2]))
         return steps

@@ -23,7 +23,8 @@
     !defined(GPUCOMM_REDUCE) || !defined(GPUCOMM_SYNC) || !defined(GPUCOMM_FP_BITS) ||        \
     !defined(GPUCOMM_RECORD_WORDS) || !defined(GPUCOMM_TIMEOUT) || !defined(GPUCOMM_MISMATCH) || \
     !defined(GPUCOMM_SMALL_SYNC_INSTRUCTION) || !defined(GPUCOMM_IDENT_WORDS) ||                 \
-    !defined(GPUCOMM_IDENT_BITS) || !defined(GPUCOMM_IDENT_TAG_MASK)
+    !defined(GPUCOMM_IDENT_BITS) || !defined(GPUCOMM_IDENT_TAG_MASK) || !defined(GPUCOMM_STORE_ALSO) || \
+    !defined(GPUCOMM_CARRIED)
 #error "gpucomm: compile with gpucomm.ops.cuda_ops.compile_options, which defines the instruction set"
 #endif
 
@@ -37,6 +38,8 @@ constexpr int OPERAND_WORDS = GPUCOMM_OPERAND_WORDS;  // int64 per operand
 constexpr int COPY = GPUCOMM_COPY;                    // opcodes
 constexpr int REDUCE = GPUCOMM_REDUCE;
 constexpr int SYNC = GPUCOMM_SYNC;
+constexpr int STORE_ALSO = GPUCOMM_STORE_ALSO;  // a REDUCE's flag (word 7): a second destination
+constexpr int CARRIED = GPUCOMM_CARRIED;        // a COPY's flag (word 7): the REDUCE before it runs it
 constexpr int FP_BITS = GPUCOMM_FP_BITS;  // a flag: (epoch << FP_BITS) | fingerprint
 constexpr gc_i64 FP_MASK = (1ll << FP_BITS) - 1;
 // Beside each flag, the call's identity words (gpucomm/ops/program.py, "Identity"): IDENT_WORDS
@@ -466,9 +469,15 @@ constexpr int VECTORS_PER_SOURCE = 2;
 // sources. A step of a thread covers U vectors, stride apart, so that a warp's loads stay
 // contiguous: it issues the U loads of every source (U * k in flight), then folds each vector,
 // every element in source order exactly as one vector at a time would, and stores it.
-template <class D, class Op, class Sources>
+// What a reduce without carried copies runs between its loads and its folds: nothing.
+struct NoCarry {
+    __device__ __forceinline__ void step() {}
+};
+
+template <class D, class Op, class Sources, class Carry>
 __device__ __forceinline__ void reduce_vectors(gc_u64 out, const Sources& src, int k, gc_u64 nvec, bool divides,
-                                               gc_i64 divisor, gc_u64 tid, gc_u64 stride) {
+                                               gc_i64 divisor, gc_u64 tid, gc_u64 stride, gc_u64 out2,
+                                               Carry* carry) {
     typedef typename D::S S;
     typedef typename D::A A;
     constexpr int V = 16 / sizeof(S);
@@ -492,6 +501,8 @@ __device__ __forceinline__ void reduce_vectors(gc_u64 out, const Sources& src, i
                 }
             }
         }
+        // A carried copy's share (kernels/cuda/program.cu's Carry) while these loads are in flight.
+        if (carry != nullptr) carry->step();
         // Every source of a vector is read before it is stored: out may alias one.
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -512,6 +523,7 @@ __device__ __forceinline__ void reduce_vectors(gc_u64 out, const Sources& src, i
 #pragma unroll
                 for (int e = 0; e < V; ++e) x.e[e] = D::store(divides ? divide(acc[e], divisor) : acc[e]);
                 store_global<uint4>(out + (v0 + u * stride) * 16, x.raw);
+                if (out2 != 0) store_global<uint4>(out2 + (v0 + u * stride) * 16, x.raw);
             }
         }
     }
@@ -521,12 +533,17 @@ __device__ __forceinline__ void reduce_vectors(gc_u64 out, const Sources& src, i
 // in the accumulation type, divided once by `divisor` if `divides`, rounded once at the store.
 // Thread `tid` of `stride` cooperating threads takes every stride-th element (or vector). out may
 // alias a source at the same offset: each element is read from every source before it is written.
+// out2, where not 0, is a second destination that gets the same rounded values from the same
+// thread right after out (the program kernel's REDUCE with STORE_ALSO); it may alias a source too.
+// carry, where not null, is called once per iteration of the vector body between its loads and its
+// folds (the program kernel's carried copies: their share of the iteration).
 //
 // When out and every source are 16-byte aligned, the body moves uint4 vectors and a scalar loop
 // takes the last n % V elements; otherwise everything goes through the scalar loop.
-template <class D, class Op, class Sources>
+template <class D, class Op, class Sources, class Carry = NoCarry>
 __device__ __forceinline__ void reduce_span(gc_u64 out, const Sources& src, int k, gc_u64 n, bool divides,
-                                            gc_i64 divisor, gc_u64 tid, gc_u64 stride) {
+                                            gc_i64 divisor, gc_u64 tid, gc_u64 stride, gc_u64 out2 = 0,
+                                            Carry* carry = nullptr) {
     typedef typename D::S S;
     typedef typename D::A A;
     const int V = 16 / sizeof(S);
@@ -535,12 +552,12 @@ __device__ __forceinline__ void reduce_span(gc_u64 out, const Sources& src, int 
         S e[V];
     };
 
-    gc_u64 any_bits = out;
+    gc_u64 any_bits = out | out2;
     for (int j = 0; j < k; ++j) any_bits |= src(j);
     const gc_u64 nvec = (any_bits & 15) == 0 ? n / V : 0;
 
     if (k <= MAX_LOADED_SOURCES) {
-        reduce_vectors<D, Op>(out, src, k, nvec, divides, divisor, tid, stride);
+        reduce_vectors<D, Op>(out, src, k, nvec, divides, divisor, tid, stride, out2, carry);
     } else {
         // More sources (no algorithm below 9 ranks a node makes them): one after the other.
         for (gc_u64 v = tid; v < nvec; v += stride) {
@@ -558,13 +575,16 @@ __device__ __forceinline__ void reduce_span(gc_u64 out, const Sources& src, int 
 #pragma unroll
             for (int e = 0; e < V; ++e) res.e[e] = D::store(divides ? divide(acc[e], divisor) : acc[e]);
             store_global<uint4>(out + v * 16, res.raw);
+            if (out2 != 0) store_global<uint4>(out2 + v * 16, res.raw);
         }
     }
 
     for (gc_u64 i = nvec * V + tid; i < n; i += stride) {
         A acc = D::load(load_global<S>(src(0) + i * sizeof(S)));
         for (int j = 1; j < k; ++j) acc = Op::apply(acc, D::load(load_global<S>(src(j) + i * sizeof(S))));
-        store_global<S>(out + i * sizeof(S), D::store(divides ? divide(acc, divisor) : acc));
+        const S res = D::store(divides ? divide(acc, divisor) : acc);
+        store_global<S>(out + i * sizeof(S), res);
+        if (out2 != 0) store_global<S>(out2 + i * sizeof(S), res);
     }
 }
 

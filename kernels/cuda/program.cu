@@ -10,7 +10,11 @@
 // Instructions (WORDS int64 each):
 //   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
 //   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
-//   REDUCE nbytes pos k operand divide divisor     operands[operand] = fold of the k after it
+//   REDUCE nbytes pos k operand divide divisor flags  operands[operand] = fold of the k after it;
+//          with STORE_ALSO in flags, operands[operand + k + 1] = the same (stored right after it)
+//   COPY ... with CARRIED in its word 7, right after a REDUCE (two at most): run inside that REDUCE,
+//          a share of it in every iteration of the fold's vector body, between the fold's loads and
+//          its folds (Carry below), the rest after the fold; the main loop skips it
 //   SYNC   signal_mask wait_mask fence             advance the epoch e; if fence, __threadfence_system()
 //          (the data announced was written by earlier kernels); store the call's identity
 //          words beside, then release-store (e << FP_BITS) | fingerprint into this channel's flag
@@ -40,6 +44,8 @@ namespace {
 using gpucomm::COPY;
 using gpucomm::OPERAND_WORDS;
 using gpucomm::REDUCE;
+using gpucomm::CARRIED;
+using gpucomm::STORE_ALSO;
 using gpucomm::SYNC;
 using gpucomm::WORDS;
 
@@ -148,13 +154,128 @@ __device__ __forceinline__ void copy_pair_range(gc_u64 dst, gc_u64 src, gc_u64 d
     copy_range(dst2 + body, src2 + body, nbytes - body);
 }
 
+// An instruction's word 7 (its flags), loaded whole: a test of one bit of it would otherwise become a
+// narrow load, and the tests hold the table's plain loads to whole words.
+__device__ __forceinline__ gc_i64 flags_word(const gc_i64* row) {
+    return gpucomm::load_global<gc_i64>((gc_u64)(row + 7));
+}
+
+// The COPYs a REDUCE carries (up to two ranges, kernels/triton/carry.py's model): the bytes of
+// each range at the in-half positions this channel owns, numbered in order, the first range's and
+// then the second's, and cut into shares of `quota` bytes. Share j is [j * quota, (j + 1) * quota);
+// thread t moves its units of it (every blockDim.x-th from the share's start), so every unit has one
+// thread whatever number of fold iterations each thread runs: step() moves the thread's units of the
+// next share, rest() of every share it has not reached. Only the fold's 16-byte vector body calls
+// step(): a fold whose addresses are not all 16-byte aligned leaves every share to rest(), after it
+// (the float32 two-shots of whole MiB the model times are aligned throughout). What every thread
+// shares (the ranges and the shares' size: a CarryPlan) lives in shared memory, written once by
+// thread 0: kept in registers across the fold's loop it made ptxas spill there. A thread keeps
+// only its share count.
+struct Range {
+    gc_u64 dst, src;
+    gc_i64 pos, n;
+};
+
+struct CarryPlan {
+    Range a, b;
+    gc_i64 owned_a, granule, total, quota;
+    int channel, channels, unit;
+
+    // Where this channel's bytes of range r start (start0), the granule that holds them (g0), and
+    // how many of them that granule holds (len).
+    __device__ __forceinline__ void first(const Range& r, gc_i64& g0, gc_i64& start0, gc_i64& len) const {
+        const gc_i64 g_first = r.pos / granule;
+        g0 = g_first + (channel - g_first % channels + channels) % channels;
+        start0 = max(g0 * granule, r.pos);
+        len = min((g0 + 1) * granule, r.pos + r.n) - start0;
+    }
+    __device__ __forceinline__ gc_i64 owned_bytes(const Range& r) const {
+        gc_i64 g0, start0, len;
+        first(r, g0, start0, len);
+        if (r.n <= 0 || len <= 0) return 0;
+        const gc_i64 end = r.pos + r.n;
+        const gc_i64 count = ((end - 1) / granule - g0) / channels + 1;
+        const gc_i64 tail = max((g0 + (count - 1) * channels + 1) * granule - end, (gc_i64)0);
+        return count * granule - (start0 - g0 * granule) - tail;
+    }
+    // The offset from r.pos of this channel's v-th owned byte of range r.
+    __device__ __forceinline__ gc_i64 offset(const Range& r, gc_i64 v) const {
+        gc_i64 g0, start0, len;
+        first(r, g0, start0, len);
+        if (v < len) return start0 - r.pos + v;
+        const gc_i64 rest = v - len;
+        return (g0 + (rest / granule + 1) * channels) * granule + rest % granule - r.pos;
+    }
+    __device__ __forceinline__ void move_unit(gc_u64 d, gc_u64 s) const {
+        switch (unit) {
+            case 16: gpucomm::store_global<uint4>(d, gpucomm::load_global<uint4>(s)); break;
+            case 8: gpucomm::store_global<gc_u64>(d, gpucomm::load_global<gc_u64>(s)); break;
+            case 4: gpucomm::store_global<unsigned int>(d, gpucomm::load_global<unsigned int>(s)); break;
+            case 2: gpucomm::store_global<unsigned short>(d, gpucomm::load_global<unsigned short>(s)); break;
+            default: gpucomm::store_global<unsigned char>(d, gpucomm::load_global<unsigned char>(s)); break;
+        }
+    }
+};
+
+// A thread's walk through a CarryPlan's shares.
+struct Carry {
+    const CarryPlan* plan;
+    gc_i64 next;
+
+    __device__ __forceinline__ void share() {
+        const CarryPlan& p = *plan;
+        const gc_i64 lo = next * p.quota, hi = min(lo + p.quota, p.total);
+        ++next;
+        for (gc_i64 v = lo + (gc_i64)threadIdx.x * p.unit; v < hi; v += (gc_i64)blockDim.x * p.unit) {
+            const bool in_a = v < p.owned_a;
+            const Range& r = in_a ? p.a : p.b;
+            const gc_i64 off = p.offset(r, in_a ? v : v - p.owned_a);
+            p.move_unit(r.dst + off, r.src + off);
+        }
+    }
+    __device__ __forceinline__ void step() {
+        if (next * plan->quota < plan->total) share();
+    }
+    __device__ __forceinline__ void rest() {
+        while (next * plan->quota < plan->total) share();
+    }
+};
+
+// The carried COPYs of the REDUCE at `row` (n_carried of them, 1 or 2), and how this channel shares
+// them over the fold's iterations: about one share per iteration of the vector body over the
+// REDUCE's bytes this channel owns.
+__device__ __forceinline__ CarryPlan carried(const Launch& L, const gc_i64* row, int n_carried) {
+    CarryPlan c;
+    c.granule = L.granule;
+    c.channel = L.channel;
+    c.channels = L.channels;
+    const gc_i64* ra = row + WORDS;
+    const gc_i64* rb = row + (n_carried > 1 ? 2 : 1) * WORDS;
+    c.a = Range{address(L, ra[4]), address(L, ra[4] + 1), ra[2], ra[1]};
+    c.b = Range{address(L, rb[4]), address(L, rb[4] + 1), rb[2], n_carried > 1 ? rb[1] : 0};
+    const gc_u64 bits = (gc_u64)L.granule | c.a.dst | c.a.src | (gc_u64)c.a.pos | (gc_u64)c.a.n | c.b.dst | c.b.src |
+                        (gc_u64)c.b.pos | (gc_u64)c.b.n;
+    c.unit = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : (bits & 1) == 0 ? 2 : 1;
+    c.owned_a = c.owned_bytes(c.a);
+    c.total = c.owned_a + c.owned_bytes(c.b);
+    // The REDUCE's own bytes of this channel, counted with the same rule.
+    const gc_i64 fold = c.owned_bytes(Range{0, 0, row[2], row[1]});
+    const gc_i64 iteration = (gc_i64)gpucomm::VECTORS_PER_SOURCE * 16 * blockDim.x;
+    const gc_i64 steps = max((fold + iteration - 1) / iteration, (gc_i64)1);
+    c.quota = max(((c.total + steps - 1) / steps + c.unit - 1) / c.unit * c.unit, (gc_i64)c.unit);
+    return c;
+}
+
 // One REDUCE's bytes [lo, lo + nbytes), by the threads of this block, with common.cuh's numerics.
 template <class D, class Op>
 struct Fold {
+    template <class C>
     static __device__ __forceinline__ void range(const Operands& operands, int n_src, gc_i64 lo, gc_i64 nbytes,
-                                                 bool divides, gc_i64 divisor) {
+                                                 bool divides, gc_i64 divisor, bool also, C* carry) {
+        const gc_u64 out2 = also ? operands(n_src + 1) + lo : 0;  // the second destination, after the sources
         gpucomm::reduce_span<D, Op>(operands(0) + lo, Sources{operands, (gc_u64)lo}, n_src,
-                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x);
+                                    nbytes / sizeof(typename D::S), divides, divisor, threadIdx.x, blockDim.x, out2,
+                                    carry);
     }
 };
 
@@ -162,16 +283,17 @@ struct Fold {
 // host launches this kernel only for programs without a dtype, so it never meets a REDUCE.
 template <>
 struct Fold<void, void> {
-    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64) {}
+    template <class C>
+    static __device__ __forceinline__ void range(const Operands&, int, gc_i64, gc_i64, bool, gc_i64, bool, C*) {}
 };
 
-// One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns.
-template <class D, class Op>
-__device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached) {
-    const gc_i64 nbytes = row[1], pos = row[2], first = row[4];
+// The granules of [pos, pos + nbytes) this channel owns: a COPY's, or a REDUCE's with `carry`'s
+// shares in its fold's iterations (NoCarry: none).
+template <class D, class Op, class C>
+__device__ __forceinline__ void granules(const Launch& L, const gc_i64* row, bool reduces, const Operands& operands,
+                                         bool also, C* carry) {
+    const gc_i64 nbytes = row[1], pos = row[2];
     const int n_src = (int)row[3];
-    cache_operands(L, first, n_src + 1, cached);
-    const Operands operands{&L, cached, first};
     const gc_i64 end = pos + nbytes;
     const gc_i64 g_first = pos / L.granule;
     gc_i64 g = g_first + (L.channel - g_first % L.channels + L.channels) % L.channels;
@@ -179,12 +301,34 @@ __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool re
         const gc_i64 lo = max(g * L.granule, pos) - pos;
         const gc_i64 hi = min((g + 1) * L.granule, end) - pos;
         if (reduces) {
-            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6]);
+            Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6], also, carry);
         } else if (n_src == 1) {
             copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
         } else {
             copy_pair_range(operands(0) + lo, operands(1) + lo, operands(2) + lo, operands(3) + lo, hi - lo);
         }
+    }
+}
+
+// One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns; a REDUCE with the
+// n_carried COPYs after it.
+template <class D, class Op>
+__device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool reduces, gc_u64* cached, int n_carried,
+                                     CarryPlan* plan) {
+    const gc_i64 first = row[4];
+    const int n_src = (int)row[3];
+    const bool also = reduces && (flags_word(row) & STORE_ALSO) != 0;
+    cache_operands(L, first, n_src + 1 + (also ? 1 : 0), cached);
+    const Operands operands{&L, cached, first};
+    if (n_carried > 0) {
+        // The next instruction's cache_operands waits for every thread before thread 0 writes again.
+        if (threadIdx.x == 0) *plan = carried(L, row, n_carried);
+        __syncthreads();
+        Carry carry{plan, 0};
+        granules<D, Op>(L, row, reduces, operands, also, &carry);
+        carry.rest();  // what the fold's iterations left (all of it where this channel owns none of the fold)
+    } else {
+        granules<D, Op>(L, row, reduces, operands, also, (gpucomm::NoCarry*)nullptr);
     }
 }
 
@@ -225,6 +369,7 @@ template <class D, class Op>
 __device__ __forceinline__ void run_program(Launch L) {
     __shared__ gc_u64 cached[CACHED_OPERANDS];
     __shared__ gc_i64 seen[MAX_PEERS];
+    __shared__ CarryPlan plan;  // of the REDUCE that carries COPYs, while it runs
     L.e0 = L.state[1 + L.channel];
     // One thread looks at the poison for the whole block (another channel may set it meanwhile,
     // and every thread must take the same path); the barrier also orders every thread's read of
@@ -238,7 +383,14 @@ __device__ __forceinline__ void run_program(Launch L) {
         if (opcode == SYNC) {
             running = sync(L, row, ++e, i, seen);
         } else if (opcode == COPY || opcode == REDUCE) {
-            move<D, Op>(L, row, opcode == REDUCE, cached);
+            // A REDUCE runs the COPYs flagged CARRIED right after it (two at most); they are skipped here.
+            int n_carried = 0;
+            while (opcode == REDUCE && n_carried < 2 && i + 1 + n_carried < L.n_instr &&
+                   row[(1 + n_carried) * WORDS] == COPY && (flags_word(row + (1 + n_carried) * WORDS) & CARRIED) != 0) {
+                ++n_carried;
+            }
+            move<D, Op>(L, row, opcode == REDUCE, cached, n_carried, &plan);
+            i += n_carried;
         }
         // Any other row moves nothing: the executor uploads one row of zeros for an empty program.
     }

@@ -13,9 +13,14 @@ Instructions (``WORDS`` int64 each):
 - ``COPY  nbytes pos 1 operand``: operands[operand] = operands[operand + 1], byte for byte;
   ``COPY nbytes pos 3 operand`` (a paired COPY) also operands[operand + 2] = operands[operand + 3],
   the loads of both in flight together;
-- ``REDUCE nbytes pos k operand divide divisor``: operands[operand] = the fold of the k operands
-  after it, in order, in the accumulation type, divided once by ``divisor`` if ``divide``,
-  rounded once;
+- ``REDUCE nbytes pos k operand divide divisor flags``: operands[operand] = the fold of the k
+  operands after it, in order, in the accumulation type, divided once by ``divisor`` if
+  ``divide``, rounded once; with ``STORE_ALSO`` in ``flags`` the same rounded result is also
+  stored into operands[operand + k + 1], by the same thread right after the first store (a
+  two-shot's fold of my slice, into my half and my tensor: no copy of it afterwards);
+- a ``COPY`` with ``CARRIED`` in its word 7 right after a REDUCE (or after such a COPY: two at
+  most) is run inside that REDUCE: a share of it in every step of the fold, between the fold's
+  loads and its stores (kernels/triton/carry.py), and skipped where the main loop reaches it;
 - ``SYNC signal_mask wait_mask fence``: advance this channel's epoch e; if ``fence``, a
   system-scope fence in every thread (the data announced was written by this rank's earlier
   kernels: a symmetric tensor read in place); store the call's identity
@@ -49,12 +54,14 @@ import triton
 import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
+from gpucomm._kernels.triton.carry import carry_share, owned_bytes
 from gpucomm._kernels.triton.clock import clock_ns_lanes
 from gpucomm._kernels.triton.fence import fence_sys
 from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
 
 # The instruction set (gpucomm.ops.instruction_set), re-exported for the launcher and the tests.
 from gpucomm.ops.instruction_set import (
+    CARRIED,
     COPY,
     FP_BITS,
     FP_MASK,
@@ -64,6 +71,7 @@ from gpucomm.ops.instruction_set import (
     OPERAND_WORDS,
     RECORD_WORDS,
     REDUCE,
+    STORE_ALSO,
     SYNC,
     TIMEOUT,
     WORDS,
@@ -80,6 +88,8 @@ __all__ = [
     "COPY",
     "REDUCE",
     "SYNC",
+    "STORE_ALSO",
+    "CARRIED",
     "FP_BITS",
     "RECORD_WORDS",
     "TIMEOUT",
@@ -92,6 +102,9 @@ _WORDS = tl.constexpr(WORDS)
 _OPERAND_WORDS = tl.constexpr(OPERAND_WORDS)
 _COPY = tl.constexpr(COPY)
 _SYNC = tl.constexpr(SYNC)
+_STORE_ALSO = tl.constexpr(STORE_ALSO)
+_CARRIED = tl.constexpr(CARRIED)
+_REDUCE = tl.constexpr(REDUCE)
 _FP_BITS = tl.constexpr(FP_BITS)
 _FP_MASK = tl.constexpr(FP_MASK)
 _IDENT_BITS = tl.constexpr(IDENT_BITS)
@@ -199,6 +212,8 @@ def _vector_body(n, ELEM_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
 @triton.jit
 def _reduce_range(
     out,
+    out2,
+    store_also,
     opnd_ptr,
     first_src,
     n_src,
@@ -209,13 +224,33 @@ def _reduce_range(
     half_bytes,
     do_divide,
     divisor,
+    cursor,
+    quota,
+    total,
+    owned1,
+    pos1,
+    n1,
+    dst1,
+    src1,
+    pos2,
+    n2,
+    dst2,
+    src2,
+    granule,
+    channel,
+    channels,
     DTYPE: tl.constexpr,
     OP: tl.constexpr,
     ELEM_BYTES: tl.constexpr,
     ALIGNED: tl.constexpr,
     SOURCES: tl.constexpr,
     LANES: tl.constexpr,
+    COPY_ELEM: tl.constexpr,
+    COPY_BYTES: tl.constexpr,
 ):
+    """The granule [lo, lo + nbytes) of a REDUCE; every step also copies the next ``quota`` of the
+    ``total`` carried bytes this channel owns, from ``cursor`` (kernels/triton/carry.py). Returns
+    the cursor after them."""
     n = nbytes // ELEM_BYTES
     body = _vector_body(n, ELEM_BYTES, ALIGNED)
     # Each thread loads VECTORS 16-byte vectors of each of SOURCES sources before folding any:
@@ -224,8 +259,10 @@ def _reduce_range(
     STEP: tl.constexpr = VECTORS * 16 * LANES // ELEM_BYTES
     for start in range(0, body, STEP):
         offs = start + tl.arange(0, STEP)
-        _reduce_step(
+        cursor = _reduce_step(
             out,
+            out2,
+            store_also,
             opnd_ptr,
             first_src,
             n_src,
@@ -237,14 +274,34 @@ def _reduce_range(
             half_bytes,
             do_divide,
             divisor,
+            cursor,
+            quota,
+            total,
+            owned1,
+            pos1,
+            n1,
+            dst1,
+            src1,
+            pos2,
+            n2,
+            dst2,
+            src2,
+            granule,
+            channel,
+            channels,
             DTYPE,
             OP,
             ALIGNED,
             SOURCES,
+            LANES,
+            COPY_ELEM,
+            COPY_BYTES,
         )
     offs = body + tl.arange(0, 16)
-    _reduce_step(
+    cursor = _reduce_step(
         out,
+        out2,
+        store_also,
         opnd_ptr,
         first_src,
         n_src,
@@ -256,11 +313,30 @@ def _reduce_range(
         half_bytes,
         do_divide,
         divisor,
+        cursor,
+        quota,
+        total,
+        owned1,
+        pos1,
+        n1,
+        dst1,
+        src1,
+        pos2,
+        n2,
+        dst2,
+        src2,
+        granule,
+        channel,
+        channels,
         DTYPE,
         OP,
         ALIGNED,
         SOURCES,
+        LANES,
+        COPY_ELEM,
+        COPY_BYTES,
     )
+    return cursor
 
 
 @triton.jit
@@ -301,6 +377,8 @@ def _fold(acc, xs, count, OP: tl.constexpr, SOURCES: tl.constexpr, FIRST: tl.con
 @triton.jit
 def _reduce_step(
     out,
+    out2,
+    store_also,
     opnd_ptr,
     first_src,
     n_src,
@@ -312,14 +390,53 @@ def _reduce_step(
     half_bytes,
     do_divide,
     divisor,
+    cursor,
+    quota,
+    total,
+    owned1,
+    pos1,
+    n1,
+    dst1,
+    src1,
+    pos2,
+    n2,
+    dst2,
+    src2,
+    granule,
+    channel,
+    channels,
     DTYPE: tl.constexpr,
     OP: tl.constexpr,
     ALIGNED: tl.constexpr,
     SOURCES: tl.constexpr,
+    LANES: tl.constexpr,
+    COPY_ELEM: tl.constexpr,
+    COPY_BYTES: tl.constexpr,
 ):
     # Sources fold in rank order, SOURCES at a time (one group for every algorithm up to 8 ranks),
     # so the bits are those of a fold one source after the other.
     xs = _load_sources(opnd_ptr, first_src, n_src, lo, offs, mask, peers_ptr, e0, half_bytes, DTYPE, ALIGNED, SOURCES)
+    # The carried copies' share of this step, while the fold's loads are in flight (the fold below
+    # waits for them; nothing of the copies' bytes is a source or destination of the fold).
+    cursor = carry_share(
+        cursor,
+        tl.minimum(quota, total - cursor),
+        owned1,
+        pos1,
+        n1,
+        dst1,
+        src1,
+        pos2,
+        n2,
+        dst2,
+        src2,
+        granule,
+        channel,
+        channels,
+        COPY_ELEM,
+        COPY_BYTES,
+        LANES,
+    )
     acc = _fold(xs[0], xs, n_src, OP, SOURCES, 1)
     for group in range(SOURCES, n_src, SOURCES):
         xs = _load_sources(
@@ -339,13 +456,17 @@ def _reduce_step(
         acc = _fold(acc, xs, n_src - group, OP, SOURCES, 0)
     if do_divide != 0:
         acc = divide(acc, divisor.to(acc.dtype))
-    # Every source of these elements is read before they are stored: out may alias one.
+    # Every source of these elements is read before they are stored: out (and out2) may alias one.
     store_rounded(out + lo, offs, acc, mask, DTYPE, ALIGNED)
+    if store_also != 0:  # the second destination: the same rounded values, from the same lanes
+        store_rounded(out2 + lo, offs, acc, mask, DTYPE, ALIGNED)
+    return cursor
 
 
 @triton.jit
 def _move(
     row,
+    n_carried,
     opnd_ptr,
     peers_ptr,
     e0,
@@ -362,7 +483,8 @@ def _move(
     SOURCES: tl.constexpr,
     LANES: tl.constexpr,
 ):
-    """One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns."""
+    """One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns; a REDUCE
+    with the ``n_carried`` COPYs after it (kernels/triton/carry.py)."""
     # The previous instruction may have written bytes this one reads, from other threads of the
     # channel (a REDUCE moves DTYPE elements, a COPY wider units: the threads do not line up).
     tl.debug_barrier()
@@ -373,7 +495,31 @@ def _move(
     first = tl.load(row + 4)
     do_divide = tl.load(row + 5)
     divisor = tl.load(row + 6)
+    # A REDUCE's second destination follows its sources (a valid operand either way: its output
+    # stands in where there is none, and nothing is stored there).
+    store_also = (tl.load(row + 7) & _STORE_ALSO) * (opcode != _COPY).to(tl.int64)
     dst = _address(opnd_ptr, first, peers_ptr, e0, half_bytes)
+    also = _address(opnd_ptr, tl.where(store_also != 0, first + 1 + n_src, first), peers_ptr, e0, half_bytes)
+    # The carried COPYs (the rows after a REDUCE flagged CARRIED; the main loop skips them). Without
+    # one, its row stands for the REDUCE's with no bytes: valid addresses, nothing moved.
+    row1 = row + _WORDS * tl.minimum(n_carried, 1)
+    row2 = row + _WORDS * n_carried
+    n1 = tl.load(row1 + 1) * (n_carried >= 1).to(tl.int64)
+    n2 = tl.load(row2 + 1) * (n_carried >= 2).to(tl.int64)
+    pos1 = tl.load(row1 + 2)
+    pos2 = tl.load(row2 + 2)
+    dst1 = _address(opnd_ptr, tl.load(row1 + 4), peers_ptr, e0, half_bytes)
+    src1 = _address(opnd_ptr, tl.load(row1 + 4) + 1, peers_ptr, e0, half_bytes)
+    dst2 = _address(opnd_ptr, tl.load(row2 + 4), peers_ptr, e0, half_bytes)
+    src2 = _address(opnd_ptr, tl.load(row2 + 4) + 1, peers_ptr, e0, half_bytes)
+    owned1 = owned_bytes(pos1, n1, granule, channel, channels)
+    total = owned1 + owned_bytes(pos2, n2, granule, channel, channels)
+    # Spread them over the fold's steps (about one step per RSTEP bytes of the fold's own granules):
+    # a share in each, not all of them after the last.
+    RSTEP: tl.constexpr = max(2, _REDUCE_LOADS // SOURCES) * 16 * LANES
+    steps = tl.maximum(tl.cdiv(owned_bytes(pos, nbytes, granule, channel, channels), RSTEP), 1)
+    quota = tl.cdiv(tl.cdiv(total, steps), COPY_BYTES) * COPY_BYTES
+    cursor = total * 0
     end = pos + nbytes
     g_first = pos // granule
     g = g_first + (channel - g_first % channels + channels) % channels
@@ -391,8 +537,10 @@ def _move(
                     dst + lo, src + lo, dst2 + lo, src2 + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES
                 )
         else:
-            _reduce_range(
+            cursor = _reduce_range(
                 dst,
+                also,
+                store_also,
                 opnd_ptr,
                 first + 1,
                 n_src,
@@ -403,14 +551,52 @@ def _move(
                 half_bytes,
                 do_divide,
                 divisor,
+                cursor,
+                quota,
+                total,
+                owned1,
+                pos1,
+                n1,
+                dst1,
+                src1,
+                pos2,
+                n2,
+                dst2,
+                src2,
+                granule,
+                channel,
+                channels,
                 DTYPE,
                 OP,
                 ELEM_BYTES,
                 ALIGNED,
                 SOURCES,
                 LANES,
+                COPY_ELEM,
+                COPY_BYTES,
             )
         g += channels
+    # What the fold's steps left of the carried copies (all of them where this channel owns no byte
+    # of the REDUCE).
+    carry_share(
+        cursor,
+        total - cursor,
+        owned1,
+        pos1,
+        n1,
+        dst1,
+        src1,
+        pos2,
+        n2,
+        dst2,
+        src2,
+        granule,
+        channel,
+        channels,
+        COPY_ELEM,
+        COPY_BYTES,
+        LANES,
+    )
 
 
 @triton.jit
@@ -654,8 +840,16 @@ def program_kernel(
                 _record(record_addr, state, channel, kind, e, i, culprits, seen, fingerprint)
             running = kind == 0
         else:
+            # A REDUCE carries the COPYs flagged CARRIED right after it (up to two): it runs them.
+            nxt = prog_ptr + tl.minimum(i + 1, n_instr - 1) * _WORDS
+            nxt2 = prog_ptr + tl.minimum(i + 2, n_instr - 1) * _WORDS
+            c1 = (tl.load(row) == _REDUCE) & (i + 1 < n_instr) & (tl.load(nxt) == _COPY)
+            c1 = c1 & ((tl.load(nxt + 7) & _CARRIED) != 0)
+            c2 = c1 & (i + 2 < n_instr) & (tl.load(nxt2) == _COPY) & ((tl.load(nxt2 + 7) & _CARRIED) != 0)
+            n_carried = c1.to(tl.int32) + c2.to(tl.int32)
             _move(
                 row,
+                n_carried,
                 opnd_ptr,
                 peers_ptr,
                 e0,
@@ -672,6 +866,7 @@ def program_kernel(
                 SOURCES,
                 LANES,
             )
+            i += n_carried
         i += 1
     # A launch may run fewer channels than the flag layout has (small messages run one): channel
     # c also keeps the epochs of channels c + grid, c + 2 * grid, ..., so that every channel

@@ -46,8 +46,8 @@ def test_table(fn: str, nbytes: int, world_size: int, expected: str) -> None:
         (2 * MIB, 3, "twoshot"),
         (select.SMALL_MAX_BYTES, 2, select.SMALL),
         (select.SMALL_MAX_BYTES + 4, 2, "oneshot"),
-        (32 * MIB, 2, "oneshot"),
-        (64 * MIB, 2, "twoshot"),
+        (8 * MIB, 2, "oneshot"),
+        (16 * MIB, 2, "twoshot"),
         (16 * KIB, 16, "twoshot"),
     ],
 )

@@ -36,6 +36,8 @@ def test_the_instruction_set_is_what_the_kernels_are_checked_for() -> None:
         "COPY",
         "REDUCE",
         "SYNC",
+        "STORE_ALSO",
+        "CARRIED",
         "FP_BITS",
         "FP_MASK",
         "IDENT_WORDS",

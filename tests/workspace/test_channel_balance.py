@@ -17,7 +17,8 @@ import torch
 from gpucomm.algorithms import allgather, allreduce, alltoall, reducescatter, rooted, select
 from gpucomm.config import DEFAULT_WORKSPACE_BYTES
 from gpucomm.ops.contract import Region
-from gpucomm.ops.program import COPY, SYNC, Builder, Program
+from gpucomm.ops.program import SYNC, Builder, Program
+from gpucomm.ops.program import operands as program_operands
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.workspace.channels import MAX_CHANNELS, shares
 from gpucomm.workspace.device_executor import channel_layout
@@ -39,7 +40,7 @@ def phases(program: Program, world: int) -> tuple[int, list[list[int]]]:
         if ins[0] == SYNC:
             out.append([0] * grid)
             continue
-        operands = len(ins) - 3 if ins[0] == COPY else 1 + len(ins[4])  # a paired COPY has 4
+        operands = len(program_operands(ins))  # a paired COPY has 4, a carried one 2
         for c, share in enumerate(shares(ins[2], ins[1], grid, granule)):
             out[-1][c] += share * operands
     return grid, out
