@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "none", "core"),
         default="auto",
         help="cores of spawned ranks: core binds each to one core of its own, auto does so where "
-        "there is a core per rank, none leaves them to the scheduler (default: %(default)s)",
+        "there is a core per rank, none leaves them to the scheduler; the threads the backends start "
+        "for themselves (gloo's I/O) run on every core (default: %(default)s)",
     )
     p.add_argument(
         "--cpu-threads",

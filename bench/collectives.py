@@ -14,6 +14,9 @@ output and reduces that in place, which is what a caller of this API does, and t
 the copy. alltoall and sendrecv have no in-place form (NCCL refuses aliased alltoall buffers, and
 an aliased send/recv races), so their in-place columns read N/A, as in nccl-tests.
 
+Every tensor a collective reads or writes is a view of the rank's send or receive buffer, allocated
+once for the whole run (bench/buffers.py), as nccl-tests' sendbuff and recvbuff are.
+
 Check inputs are small integers whose results are exact in every dtype and summation order:
 sum in [-4, 4], prod in {1, 2}, min/max in [-8, 8], avg n*[-2, 2] (so the mean is an integer),
 data movement in [-100, 100]; the reference folds them in int64.
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+
+from .buffers import Buffers
 
 __all__ = ["Case", "Prepared", "Spec", "SPECS", "COLLECTIVES", "CHECK_RANGES", "poison_value", "rank_values"]
 
@@ -42,6 +47,9 @@ class Case:
     op: str
     root: int
     seed: int
+    # The rank's buffers, allocated once and reused by every row (bench/buffers.py); None: each
+    # prepare allocates its own (tests that build a Case by hand).
+    buffers: Buffers | None = None
 
 
 @dataclass
@@ -113,8 +121,11 @@ def _reduced(case: Case, numel: int) -> torch.Tensor:
     return acc // case.world if case.op == "avg" else acc
 
 
-def _empty(case: Case, numel: int) -> torch.Tensor:
-    return torch.empty(numel, dtype=case.dtype, device=case.device)
+def _empty(case: Case, numel: int, role: str) -> torch.Tensor:
+    """``numel`` elements of the rank's ``role`` buffer ("send" or "recv", bench/buffers.py)."""
+    if case.buffers is None:
+        return torch.empty(numel, dtype=case.dtype, device=case.device)
+    return case.buffers.take(role, numel, case.dtype)
 
 
 def _fill(buf: torch.Tensor, values: torch.Tensor) -> None:
@@ -142,11 +153,11 @@ def _all_reduce(case: Case, mod, op, inplace: bool) -> Prepared:
     c = case.count
     inp = rank_values(case, case.rank, c, case.op)
     if inplace:
-        buf = _empty(case, c)
+        buf = _empty(case, c, "recv")
         return Prepared(
             lambda: mod.all_reduce(buf, op=op), lambda: _fill(buf, inp), buf, partial(_want_reduced, case, c)
         )
-    src, out = _empty(case, c), _empty(case, c)
+    src, out = _empty(case, c, "send"), _empty(case, c, "recv")
 
     def call() -> None:
         out.copy_(src)
@@ -164,11 +175,11 @@ def _broadcast(case: Case, mod, op, inplace: bool) -> Prepared:
     inp = rank_values(case, case.rank, c, "data")
     expected = partial(_want_data, case, root, c)
     if inplace:
-        buf = _empty(case, c)
+        buf = _empty(case, c, "recv")
         return Prepared(
             lambda: mod.broadcast(buf, src=root), lambda: _fill(buf, inp) if is_root else _poison(buf), buf, expected
         )
-    src, out = _empty(case, c), _empty(case, c)
+    src, out = _empty(case, c, "send"), _empty(case, c, "recv")
 
     def call() -> None:
         if is_root:
@@ -187,14 +198,14 @@ def _reduce(case: Case, mod, op, inplace: bool) -> Prepared:
     inp = rank_values(case, case.rank, c, case.op)
     expected = partial(_want_reduced, case, c)
     if inplace:
-        buf = _empty(case, c)
+        buf = _empty(case, c, "recv")
         return Prepared(
             lambda: mod.reduce(buf, dst=root, op=op),
             lambda: _fill(buf, inp),
             buf if case.rank == root else None,
             expected,
         )
-    src, out = _empty(case, c), _empty(case, c)
+    src, out = _empty(case, c, "send"), _empty(case, c, "recv")
 
     def call() -> None:
         out.copy_(src)
@@ -210,8 +221,8 @@ def _reduce(case: Case, mod, op, inplace: bool) -> Prepared:
 def _all_gather(case: Case, mod, op, inplace: bool) -> Prepared:
     c, n, r = case.count, case.world, case.rank
     mine = rank_values(case, r, c, "data")
-    out = _empty(case, n * c)
-    src = out[r * c : (r + 1) * c] if inplace else _empty(case, c)
+    out = _empty(case, n * c, "recv")
+    src = out[r * c : (r + 1) * c] if inplace else _empty(case, c, "send")
 
     def reset() -> None:
         _poison(out)
@@ -224,8 +235,8 @@ def _all_gather(case: Case, mod, op, inplace: bool) -> Prepared:
 def _reduce_scatter(case: Case, mod, op, inplace: bool) -> Prepared:
     c, n, r = case.count, case.world, case.rank
     mine = rank_values(case, r, n * c, case.op)
-    src = _empty(case, n * c)
-    out = src[r * c : (r + 1) * c] if inplace else _empty(case, c)
+    src = _empty(case, n * c, "send")
+    out = src[r * c : (r + 1) * c] if inplace else _empty(case, c, "recv")
 
     def reset() -> None:
         _poison(out)
@@ -240,7 +251,7 @@ def _alltoall(case: Case, mod, op, inplace: bool) -> Prepared | None:
         return None
     c, n, r = case.count, case.world, case.rank
     mine = rank_values(case, r, n * c, "data")
-    src, out = _empty(case, n * c), _empty(case, n * c)
+    src, out = _empty(case, n * c, "send"), _empty(case, n * c, "recv")
 
     def reset() -> None:
         _fill(src, mine)
@@ -256,8 +267,8 @@ def _alltoall(case: Case, mod, op, inplace: bool) -> Prepared | None:
 def _gather(case: Case, mod, op, inplace: bool) -> Prepared:
     c, n, r, root = case.count, case.world, case.rank, case.root
     mine = rank_values(case, r, c, "data")
-    out = _empty(case, n * c)
-    src = out[r * c : (r + 1) * c] if inplace else _empty(case, c)
+    out = _empty(case, n * c, "recv")
+    src = out[r * c : (r + 1) * c] if inplace else _empty(case, c, "send")
     pieces = list(out.split(c)) if r == root else None
 
     def reset() -> None:
@@ -271,8 +282,8 @@ def _gather(case: Case, mod, op, inplace: bool) -> Prepared:
 def _scatter(case: Case, mod, op, inplace: bool) -> Prepared:
     c, n, r, root = case.count, case.world, case.rank, case.root
     mine = rank_values(case, r, n * c, "data")
-    src = _empty(case, n * c)
-    out = src[r * c : (r + 1) * c] if inplace else _empty(case, c)
+    src = _empty(case, n * c, "send")
+    out = src[r * c : (r + 1) * c] if inplace else _empty(case, c, "recv")
     pieces = list(src.split(c)) if r == root else None
 
     def reset() -> None:
@@ -291,7 +302,7 @@ def _sendrecv(case: Case, mod, op, inplace: bool) -> Prepared | None:
         return None
     c, n, r = case.count, case.world, case.rank
     mine = rank_values(case, r, c, "data")
-    src, out = _empty(case, c), _empty(case, c)
+    src, out = _empty(case, c, "send"), _empty(case, c, "recv")
 
     def call() -> None:
         # Each rank sends to the next and receives from the previous: every link busy at once.

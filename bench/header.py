@@ -14,6 +14,7 @@ import torch
 
 from .backends import NCCL_MULTI_RANK_ENV, nccl_shares_gpus, nccl_version
 from .hostinfo import device_name, versions
+from .service_threads import spread_cores
 from .threads import current_threads
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ def rank_info(device: torch.device) -> dict:
         "cores": sorted(os.sched_getaffinity(0)),
         "threads": threads,
         "threads_from": why,
+        # Where the threads the rank's backends start for themselves run (None: with the rank).
+        "backend_threads_cores": spread_cores(),
     }
 
 
@@ -93,11 +96,16 @@ def header_text(s: Settings, world, seed, served, device, infos, skipped, nccl) 
 def threads_line(infos: list[dict]) -> str:
     """``# threads: 1 per rank (bound to 1 core (--bind))``, or each rank's where they differ."""
     counts = {(info["threads"], info["threads_from"]) for info in infos}
+    # bench/service_threads.py: a bound rank's backends run their own threads on these cores.
+    spread = {tuple(info.get("backend_threads_cores") or ()) for info in infos}
+    backends = ""
+    if len(spread) == 1 and (cores := spread.pop()):
+        backends = f"; the backends' own threads on cores {cores_text(list(cores))}"
     if len(counts) == 1:
         threads, why = counts.pop()
-        return f"# threads: torch runs {threads} per rank ({why})"
+        return f"# threads: torch runs {threads} per rank ({why}){backends}"
     each = ", ".join(f"rank {r}: {info['threads']} ({info['threads_from']})" for r, info in enumerate(infos))
-    return f"# threads: torch runs {each}"
+    return f"# threads: torch runs {each}{backends}"
 
 
 def nccl_info(device: torch.device, local_world: int) -> dict:

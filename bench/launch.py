@@ -13,7 +13,9 @@ after gloo's, which waits for the later rank); medians 26.9 and 26.1 us. Both ba
 binding, and the header lists each rank's cores.
 
 Each spawned rank runs as many torch threads as it has cores (bench/threads.py), and the header
-and the JSON say how many.
+and the JSON say how many. Binding holds the rank's own thread (and torch's, which it starts): the
+threads its backends start for themselves (gloo's I/O) run on every core the bench was given
+(bench/service_threads.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 
 from .backends import nccl_spawn_env
 from .runner import Settings, run_rank
+from .service_threads import spread_over
 from .threads import apply_threads, plan_threads
 
 __all__ = ["BIND_MODES", "launch", "under_launcher"]
@@ -68,6 +71,8 @@ def _rank_main(
     env: dict[str, str],
 ) -> None:
     if cores is not None:
+        # The backends' own threads may run on every core the bench has (bench/service_threads.py).
+        spread_over(os.sched_getaffinity(0))
         os.sched_setaffinity(0, cores)
     # Before any backend starts: torch's thread count for this rank's cores (bench/threads.py).
     apply_threads(*plan_threads(cores, world, settings.threads))

@@ -26,12 +26,14 @@ from .backends import (
     make_backend,
     why_unavailable,
 )
-from .collectives import SPECS, Case, poison_value
+from .buffers import Buffers
+from .collectives import SPECS, Case, Prepared, poison_value
 from .combos import DTYPES, combos
 from .header import header_text, nccl_info, rank_info, write_report
 from .progress import emit, progress_bar, show_bar
 from .report import VARIANTS, avg_busbw
 from .rounds import combine_rounds, round_order
+from .service_threads import release, thread_ids
 from .stream import TableStream, combo_label
 from .timing import check_after, count_wrong, time_calls, time_graph
 
@@ -116,12 +118,11 @@ def _plant_error(result: torch.Tensor) -> None:
     flat[0] = poison_value(result.dtype)
 
 
-def _measure(spec, case: Case, backend, inplace: bool, s: Settings) -> dict | None:
+def _measure(prepared: Prepared | None, case: Case, backend, s: Settings) -> dict | None:
     """This rank's per-iteration times and wrong-element count for one variant, None if it has none.
 
     The check is made after the timed calls (after the graph's replays with -G), on inputs reset
     before it: a collective that goes wrong after its first calls is caught (timing.check_after)."""
-    prepared = spec.prepare(case, backend.mod, backend.op(case.op), inplace)
     if prepared is None:
         return None
     prepared.reset()
@@ -149,12 +150,18 @@ def _measure_rounds(spec, case: Case, backends: list[Backend], s: Settings, bar)
     that raised (it sits out the remaining rounds).
     """
     results: dict[str, dict] = {b.name: {"rounds": []} for b in backends}
+    # Each backend's calls are prepared once at this size and every round times the same ones, on
+    # the rank's buffers (case.buffers): no buffer is allocated between rounds, as in nccl-tests.
+    prepared: dict[str, dict[str, Prepared | None]] = {}
     for k in range(s.rounds):
         for backend in round_order(backends, k):
             if "error" in results[backend.name]:
                 continue
             try:
-                cells = {v: _measure(spec, case, backend, v == "in_place", s) for v in VARIANTS}
+                if backend.name not in prepared:
+                    op = backend.op(case.op)
+                    prepared[backend.name] = {v: spec.prepare(case, backend.mod, op, v == "in_place") for v in VARIANTS}
+                cells = {v: _measure(prepared[backend.name][v], case, backend, s) for v in VARIANTS}
             except (RuntimeError, ValueError, TypeError) as err:
                 # Reported in the table (and failing the run for the backend under test);
                 # a backend refusing e.g. AVG on integers should not hide the others' results.
@@ -205,6 +212,7 @@ def _run_collective(
     seed: int,
     not_run: list[dict],
     label: str,
+    buffers: Buffers,
 ) -> list[dict]:
     """Every size of one collective at one (dtype, op) on every started backend; rank 0's tables
     (empty elsewhere), each row printed as it is measured.
@@ -246,7 +254,7 @@ def _run_collective(
         if actual in seen:  # rounding to whole elements maps several sizes to one
             continue
         seen.add(actual)
-        case = Case(rank, world, count, dtype, device, op, s.root, seed)
+        case = Case(rank, world, count, dtype, device, op, s.root, seed, buffers)
         per_rank = ex.gather(_measure_rounds(spec, case, active, s, bar))
         if rank == 0:
             _record(spec, case, actual, per_rank, tables, out)
@@ -336,7 +344,9 @@ def run_rank(s: Settings) -> int:
 
     runnable, skipped = _runnable(s, device, world, local_world)
     nccl = nccl_info(device, local_world) if "nccl" in runnable else None
+    before = thread_ids()
     backends = _start_backends(runnable, store, rank, world, device, s, skipped)
+    release(before)  # a bound rank's backends' own threads on every core (bench/service_threads.py)
     try:
         # What actually serves gpucomm's calls: its own defaults and GPUCOMM_* decide, not the bench.
         served = next((describe_gpucomm(b) for b in backends if b.name == "gpucomm"), None)
@@ -346,9 +356,14 @@ def run_rank(s: Settings) -> int:
             emit(bar, header_text(s, world, seed, served, device, infos, skipped, nccl))
         by_backend: dict[str, list[dict]] = {name: [] for name in s.backends}
         many = "all" in (s.dtype, s.op)  # -d all / -o all: each table's name says its dtype and op
+        # Allocated once at the largest size asked, as nccl-tests does (they grow only for a row whose one
+        # element per rank needs more than that).
+        buffers = Buffers(device, max(s.sizes, default=0))
         for coll, combo in plan:
             label = combo_label(*combo, SPECS[coll].reducing) if many else ""
-            tables = _run_collective(coll, combo, backends, rank, world, device, s, ex, bar, seed, skipped, label)
+            tables = _run_collective(
+                coll, combo, backends, rank, world, device, s, ex, bar, seed, skipped, label, buffers
+            )
             for table in tables:
                 by_backend[table["backend"]].append(table)
         bar.close()
