@@ -214,9 +214,7 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor
         slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
         b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=result.sub(lo, n))
         b.sync(everyone, everyone)
-        gather = {
-            p: (result.sub(*part(t, p)[:2]), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone
-        }
+        gather = {p: (result.sub(*part(t, p)[:2]), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
     for p in order:
         if p != me:
             b.copy(*gather[p])

@@ -17,7 +17,7 @@ in-place call, in the same order on the same stream:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -25,14 +25,15 @@ from gpucomm.capture import capturing
 from gpucomm.comm import dtypes
 from gpucomm.comm.call import Call
 from gpucomm.comm.lazy_views import is_lazy
+from gpucomm.comm.path import Path
 from gpucomm.comm.validation import check_same, check_tensor
 from gpucomm.reduce_op import ReduceOp, as_reduce_op, premul_factor
 from gpucomm.work import Work
 from gpucomm.workspace.into import copy_then_in_place
 
-if TYPE_CHECKING:
-    from gpucomm.comm.collectives import Collectives
-    from gpucomm.comm.path import Path
+# The communicator (gpucomm.comm.collectives.Collectives) is typed Any: it imports this module, and
+# the import graph has no circles (tests/test_import_graph.py).
+Collectives = Any
 
 __all__ = ["all_reduce_into", "check_into"]
 

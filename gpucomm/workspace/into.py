@@ -12,7 +12,7 @@ the in-place two-shot on a symmetric output, the gpucomm.language one-shot and t
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -22,8 +22,9 @@ from gpucomm.ops.contract import Region
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.work import Work
 
-if TYPE_CHECKING:
-    from gpucomm.workspace.engine import Engine
+# The engine (gpucomm.workspace.engine.Engine) is typed Any: it imports this module through its
+# collectives, and the import graph has no circles (tests/test_import_graph.py).
+Engine = Any
 
 __all__ = ["all_reduce_into", "copy_then_in_place", "in_place_only"]
 
@@ -64,4 +65,3 @@ def copy_then_in_place(rank: int, output: torch.Tensor, tensor: torch.Tensor, wh
     if log.logger.isEnabledFor(logging.DEBUG):
         log.logger.debug(f"gpucomm DEBUG [rank {rank}] all_reduce_into: output.copy_(input), then in place ({why})")
     output.copy_(tensor)
-

@@ -73,7 +73,6 @@ def _ranks(rank: int, world_size: int, seed: int, kernels: str, transport: str) 
     import torch
 
     import gpucomm
-    from gpucomm import ReduceOp
 
     stream = io.StringIO()
     gpucomm.init_process_group(transport=transport, kernels=kernels, workspace_bytes="16K", timeout=60)
