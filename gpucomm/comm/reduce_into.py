@@ -68,6 +68,24 @@ def all_reduce_into(
     comm: Collectives, output: torch.Tensor, input: torch.Tensor, op: object, async_op: bool
 ) -> Work | None:
     """:meth:`gpucomm.Communicator.all_reduce_into` (its docstring has the contract)."""
+    if not async_op:
+        # A blocking call seen before: one lookup and one launch, as all_reduce's
+        # (gpucomm.workspace.repeat), under the communicator's lock, taken by hand as there.
+        lock = comm._lock
+        lock.acquire()
+        try:
+            seen = comm._repeat.find(input, op, output) if isinstance(input, torch.Tensor) else None
+            if seen is not None and comm._broken is None and not comm._closed and comm._progress.idle():
+                comm._calls += 1
+                slot = comm._flight.enter(comm._calls, seen.flight)
+                try:
+                    seen.launch()
+                except RuntimeError as err:
+                    raise comm._translate("all_reduce", comm._calls, None)(err) from err
+                comm._flight.completed(slot)
+                return None
+        finally:
+            lock.release()
     comm._check_usable(FN)
     if check_into(output, input, comm.device):
         return comm.all_reduce(output, op, async_op)
@@ -89,4 +107,10 @@ def all_reduce_into(
 
     # The call is an all_reduce for every rank (its fingerprint, its algorithm, its log line): ranks
     # that mix the two forms agree, as their results do.
-    return comm._route(Call("all_reduce", input, serve, async_op=async_op, outputs=[output], fields={"op": name}))
+    work = comm._route(Call("all_reduce", input, serve, async_op=async_op, outputs=[output], fields={"op": name}))
+    if not async_op:
+        with comm._lock:
+            if comm._progress.idle():  # else another thread's call runs on the engine: a later repeat learns
+                engine = comm._engines.get(input.device.type)
+                comm._repeat.learn(engine, comm.config, comm._flight, input, op, rop, {"op": name}, output)
+    return work

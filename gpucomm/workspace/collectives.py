@@ -82,6 +82,13 @@ class EngineCollectives:
         """``output`` = the all_reduce of ``tensor``, which is left as it is (gpucomm.workspace.into)."""
         return into.all_reduce_into(self, output, tensor, op, algo)
 
+    def bind_all_reduce_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, algo: str
+    ) -> Callable[[], None] | None:
+        """The launch of :meth:`all_reduce_into` (as :meth:`bind_all_reduce`'s), or None where
+        ``algo`` has no out-of-place program."""
+        return into.bind(self, output, tensor, op, algo)
+
     def bind_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of an all_reduce of ``tensor`` in place with ``op`` and ``algo`` (any but
         ``hierarchical``): it holds the buffer's address and size, never the tensor.

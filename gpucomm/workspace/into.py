@@ -12,6 +12,7 @@ the in-place two-shot on a symmetric output, the gpucomm.language one-shot and t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,8 +26,9 @@ from gpucomm.work import Work
 # The engine (gpucomm.workspace.engine.Engine) is typed Any: it imports this module through its
 # collectives, and the import graph has no circles (tests/test_import_graph.py).
 Engine = Any
+Launch = Callable[[], None]
 
-__all__ = ["all_reduce_into", "copy_then_in_place", "in_place_only"]
+__all__ = ["all_reduce_into", "bind", "copy_then_in_place", "in_place_only"]
 
 # Part of the program cache key (Engine.program's ``local``), not of the fingerprint: an out-of-place
 # program and an in-place one of one shape never share a cache entry, yet ranks that mix the two
@@ -47,16 +49,26 @@ def in_place_only(engine: Engine, output: torch.Tensor, op: ReduceOp, algo: str)
 
 def all_reduce_into(engine: Engine, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Work:
     """``output`` = the all_reduce of ``tensor`` with ``algo``; ``tensor`` is left as it is."""
-    why = in_place_only(engine, output, op, algo)
-    if why is not None:
-        copy_then_in_place(engine.comm_rank, output, tensor, why)
+    launch = bind(engine, output, tensor, op, algo)
+    if launch is None:
+        copy_then_in_place(engine.comm_rank, output, tensor, in_place_only(engine, output, op, algo))
         return engine.all_reduce(output, op, algo=algo)
     if log.logger.isEnabledFor(logging.DEBUG):
         log.logger.debug(f"gpucomm DEBUG [rank {engine.comm_rank}] all_reduce_into: out-of-place program, algo={algo}")
+    launch()
+    return engine.completed()
+
+
+def bind(engine: Engine, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch | None:
+    """The launch of the out-of-place program (as Engine.bind_all_reduce's: it holds the buffers'
+    addresses, never the tensors; gpucomm.workspace.repeat keeps it), or None where ``algo`` has none."""
+    if in_place_only(engine, output, op, algo) is not None:
+        return None
     regions = [Region.of(tensor), Region.of(output)]
     fields = (tensor.dtype, tensor.numel(), op.name, algo)
-    engine.run("all_reduce", fields, regions, lambda b: allreduce.run(algo, b, tensor, op, output), local=INTO)
-    return engine.completed()
+    build = lambda b: allreduce.run(algo, b, tensor, op, output)  # noqa: E731
+    program = engine.program("all_reduce", fields, regions, build, local=INTO)
+    return engine.executor.bind(program, tuple(r.addr for r in regions))
 
 
 def copy_then_in_place(rank: int, output: torch.Tensor, tensor: torch.Tensor, why: str) -> None:

@@ -181,6 +181,33 @@ def _bad_pairs(rank: int, world_size: int) -> list[str]:
     gpucomm.all_reduce_into(out, buf[16:])
     if not torch.equal(out, before[16:] * world_size):
         seen.append(f"the call after the errors is wrong: {out}")
+    # One shape, both forms, in turn: two cached programs, the out-of-place one keyed apart (its
+    # ``local``), and each form keeps its own result.
+    engine = gpucomm.get_default_communicator()._engines["cpu"]
+    engine._programs.clear()
+    for _ in range(2):
+        x, y = buf[16:].clone(), torch.full((16,), -1.0)
+        gpucomm.all_reduce_into(y, x)
+        gpucomm.all_reduce(x)
+        if not (torch.equal(x, before[16:] * world_size) and torch.equal(y, x)):
+            seen.append(f"in place then out of place: {x} {y}")
+    keys = [k for k in engine._programs if k[0] == "all_reduce"]
+    if sorted(k[3] for k in keys) != [(), ("into",)]:
+        seen.append(f"cached programs: {keys}")
+    # A blocking call on a pair seen before: the kept launch (gpucomm.workspace.repeat), fresh values each time.
+    comm = gpucomm.get_default_communicator()
+    x, y = torch.empty(16), torch.empty(16)
+    for step in range(3):
+        x.fill_(step + rank)
+        y.fill_(-7.0)
+        gpucomm.all_reduce_into(y, x)
+        want = float(sum(step + r for r in range(world_size)))
+        if not (torch.equal(y, torch.full((16,), want)) and torch.equal(x, torch.full((16,), float(step + rank)))):
+            seen.append(f"repeat {step}: {y} {x}")
+    if comm._repeat.find(x, gpucomm.ReduceOp.SUM, y) is None or comm._repeat.find(x, gpucomm.ReduceOp.SUM) is not None:
+        seen.append("the out-of-place pair was not kept apart from the in-place call")
+    if comm._repeat.find(x, gpucomm.ReduceOp.SUM, y.view(4, 4)) is not None:
+        seen.append("a view of another shape took the kept launch")
     gpucomm.destroy_process_group()
     return seen
 
