@@ -133,16 +133,18 @@ class Program:
     ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one instruction
     (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``, ``(REDUCE, nbytes,
     pos, out, srcs, divide, divisor)`` or, storing into a second destination too
-    (``Builder.reduce``'s ``also``), ``(REDUCE, nbytes, pos, out, srcs, divide, divisor, also)``,
-    and ``(SYNC, signal, wait, fence)`` (lists of local ranks). ``syncs`` is their number of SYNCs;
-    ``name``, ``fingerprint`` and ``root`` say which call it is. ``dtype`` and ``op`` are those of
-    the REDUCEs (None without any), ``op`` already mapped to the fold (AVG sums; each REDUCE says
-    whether it divides). ``extent``: bytes of a half the program uses; ``grid_bytes``: more bytes
-    the launch's grid is sized for, where the program moves them outside the halves (in place on a
-    symmetric tensor every instruction is a slice of it, all of whose channels work on each).
-    Executors cache their own forms of a program in ``cache``; ``keep`` holds buffers of the
-    program's own that instructions read. Operands are workspace :class:`Slot` s, the call's buffers
-    (:class:`Arg`) and the program's own (:class:`Ref`).
+    (``Builder.reduce``'s ``also``), ``(REDUCE, nbytes, pos, out, srcs, divide, divisor, also)``, a
+    COPY that the REDUCE before it carries (``Builder.reduce``'s ``carry``: :func:`carried`)
+    ``(COPY, nbytes, pos, dst, src, CARRIED)``, and ``(SYNC, signal, wait, fence)`` (lists of local
+    ranks). ``syncs`` is their number of SYNCs; ``name``, ``fingerprint`` and ``root`` say which
+    call it is. ``dtype`` and ``op`` are those of the REDUCEs (None without any), ``op`` already
+    mapped to the fold (AVG sums; each REDUCE says whether it divides). ``extent``: bytes of a half
+    the program uses; ``grid_bytes``: more bytes the launch's grid is sized for, where the program
+    moves them outside the halves (in place on a symmetric tensor every instruction is a slice of
+    it, all of whose channels work on each). Executors cache their own forms of a program in
+    ``cache``; ``keep`` holds buffers of the program's own that instructions read. Operands are
+    workspace :class:`Slot` s, the call's buffers (:class:`Arg`) and the program's own
+    (:class:`Ref`).
     """
 
     name: str

@@ -263,12 +263,7 @@ def _own_handle(allocation: Allocation, handles: dict[tuple, str]) -> str:
 
 
 def _refs(program: Program) -> list[bool]:
-    return [
-        isinstance(r, Ref)
-        for ins in program.instructions
-        if ins[0] in (COPY, REDUCE)
-        for r in operands(ins)
-    ]
+    return [isinstance(r, Ref) for ins in program.instructions if ins[0] in (COPY, REDUCE) for r in operands(ins)]
 
 
 def _why_not(everyone: list[str], members: list[int]) -> str:

@@ -165,9 +165,12 @@ __device__ __forceinline__ gc_i64 flags_word(const gc_i64* row) {
 // then the second's, and cut into shares of `quota` bytes. Share j is [j * quota, (j + 1) * quota);
 // thread t moves its units of it (every blockDim.x-th from the share's start), so every unit has one
 // thread whatever number of fold iterations each thread runs: step() moves the thread's units of the
-// next share, rest() of every share it has not reached. What every thread shares (the ranges and
-// the shares' size: a CarryPlan) lives in shared memory, written once by thread 0: kept in
-// registers across the fold's loop it made ptxas spill there. A thread keeps only its share count.
+// next share, rest() of every share it has not reached. Only the fold's 16-byte vector body calls
+// step(): a fold whose addresses are not all 16-byte aligned leaves every share to rest(), after it
+// (the float32 two-shots of whole MiB the model times are aligned throughout). What every thread
+// shares (the ranges and the shares' size: a CarryPlan) lives in shared memory, written once by
+// thread 0: kept in registers across the fold's loop it made ptxas spill there. A thread keeps
+// only its share count.
 struct Range {
     gc_u64 dst, src;
     gc_i64 pos, n;
