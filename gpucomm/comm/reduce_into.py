@@ -74,7 +74,9 @@ def all_reduce_into(
         lock = comm._lock
         lock.acquire()
         try:
+            # Not inside a CUDA graph capture: a captured call copies, then runs in place (module docstring).
             seen = comm._repeat.find(input, op, output) if isinstance(input, torch.Tensor) else None
+            seen = None if seen is None or capturing(input.device) else seen
             if seen is not None and comm._broken is None and not comm._closed and comm._progress.idle():
                 comm._calls += 1
                 slot = comm._flight.enter(comm._calls, seen.flight)
