@@ -5,7 +5,7 @@ workspaces: 6 KiB halves), on the shm workspace with the torch kernels at 2 and 
 Triton program kernel (interpreter) and the CUDA C++ one (host image) at 2 ranks: output poisoned
 first, against a float64 reference of fresh random inputs, the input bitwise unchanged, the output
 bitwise all_reduce's on a copy. Bad pairs raise on the caller before any data moves; the gloo path
-gives the same results.
+and the hierarchical form (two nodes of one rank) copy, then run in place, with the same results.
 """
 
 from __future__ import annotations
@@ -215,3 +215,31 @@ def _bad_pairs(rank: int, world_size: int) -> list[str]:
 def test_bad_pairs_raise_before_any_data_moves() -> None:
     results = run_ranks(_bad_pairs, 2, timeout=120)
     assert results == [[], []], results
+
+
+def _across_nodes(rank: int, world_size: int) -> tuple[bool, str]:
+    import io
+    import logging
+
+    import torch
+
+    import gpucomm
+
+    stream = io.StringIO()
+    gpucomm.init_process_group(transport="shm", kernels="torch", timeout=60)
+    logging.getLogger("gpucomm").addHandler(logging.StreamHandler(stream))
+    logging.getLogger("gpucomm").setLevel(logging.DEBUG)
+    x = torch.arange(1000, dtype=torch.float32) + rank
+    kept, out = x.clone(), torch.full((1000,), float("nan"))
+    gpucomm.all_reduce_into(out, x)
+    want = sum(torch.arange(1000, dtype=torch.float32) + r for r in range(world_size))
+    ok = torch.equal(out, want) and torch.equal(x, kept)
+    gpucomm.destroy_process_group()
+    return ok, stream.getvalue()
+
+
+def test_across_nodes_copies_then_runs_in_place() -> None:
+    # GPUCOMM_LOCAL_WORLD_SIZE=1: two nodes of one rank, the hierarchical form (no out-of-place program).
+    results = run_ranks(_across_nodes, 2, env={"GPUCOMM_LOCAL_WORLD_SIZE": "1"}, timeout=120)
+    assert all(ok for ok, _ in results), results
+    assert "output.copy_(input), then in place (algo=hierarchical runs in place only)" in results[0][1], results[0][1]
