@@ -11,8 +11,12 @@ Out-of-place calls write a buffer apart from the input; in-place calls write a b
 it (all_gather's input is the rank's slice of the output, and so on). torch.distributed has no
 out-of-place all_reduce, broadcast or reduce: there "out-of-place" copies the input into the
 output and reduces that in place, which is what a caller of this API does, and the time includes
-the copy. alltoall and sendrecv have no in-place form (NCCL refuses aliased alltoall buffers, and
-an aliased send/recv races), so their in-place columns read N/A, as in nccl-tests.
+the copy. gpucomm's out-of-place all_reduce column is its own ``gpucomm.all_reduce_into(recv, send)``
+(no copy: its programs read the send buffer and write the receive buffer, as NCCL's sendbuff !=
+recvbuff does); torch.distributed's (gloo's) is ``recv.copy_(send)`` then ``all_reduce(recv)``.
+gpucomm's broadcast and reduce keep the copy, as torch's. alltoall and sendrecv have no in-place
+form (NCCL refuses aliased alltoall buffers, and an aliased send/recv races), so their in-place
+columns read N/A, as in nccl-tests.
 
 Every tensor a collective reads or writes is a view of the rank's send or receive buffer, allocated
 once for the whole run (bench/buffers.py), as nccl-tests' sendbuff and recvbuff are.
@@ -158,10 +162,17 @@ def _all_reduce(case: Case, mod, op, inplace: bool) -> Prepared:
             lambda: mod.all_reduce(buf, op=op), lambda: _fill(buf, inp), buf, partial(_want_reduced, case, c)
         )
     src, out = _empty(case, c, "send"), _empty(case, c, "recv")
+    into = getattr(mod, "all_reduce_into", None)
+    if into is not None:  # gpucomm: native out-of-place, as nccl-tests' sendbuff != recvbuff
 
-    def call() -> None:
-        out.copy_(src)
-        mod.all_reduce(out, op=op)
+        def call() -> None:
+            into(out, src, op=op)
+
+    else:  # torch.distributed (gloo) has no out-of-place all_reduce: the copy a caller makes, timed
+
+        def call() -> None:
+            out.copy_(src)
+            mod.all_reduce(out, op=op)
 
     def reset() -> None:
         _fill(src, inp)

@@ -43,6 +43,12 @@ nobody reads its tensor any more, so the caller may write it as soon as the call
 syncs per call whatever the size, against two per half-sized piece on the halves. Slices are cut
 at 16-byte boundaries so that every access is a whole vector.
 
+Out of place (gpucomm.all_reduce_into): one-shot, two-shot (both schedules) and ring take the
+caller's ``output`` beside ``tensor``. Every read of the caller's data (copy-in, a rank's own slice
+in the fold, a ring step's fused fold) reads ``tensor``; every store of a result (one-shot's fold, the
+two-shot fold's second destination, the all-gathers) writes ``output``. Same instructions, same
+bytes moved, same syncs: no pass of its own, and nothing is ever read back from ``output``.
+
 tree: :func:`gpucomm.algorithms.tree.reduce_up` to rank 0, then
 :func:`gpucomm.algorithms.tree.broadcast_down` from it (binary heap, pipelined by pieces).
 
@@ -67,16 +73,38 @@ from gpucomm.reduce_op import ReduceOp
 if TYPE_CHECKING:
     from gpucomm.ops.program import Builder
 
-__all__ = ["run", "oneshot", "twoshot", "twoshot_symmetric", "ring", "tree_all_reduce"]
+__all__ = ["OUT_OF_PLACE", "run", "oneshot", "twoshot", "twoshot_symmetric", "ring", "tree_all_reduce"]
 
 
-def run(algo: str, b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
-    {"oneshot": oneshot, "twoshot": twoshot, "ring": ring, "tree": tree_all_reduce}[algo](b, tensor, op)
+# The forms with an out-of-place program (gpucomm.workspace.collectives.EngineCollectives.all_reduce_into):
+# they read ``tensor`` and write ``output`` with the passes of the in-place form, no more.
+OUT_OF_PLACE = ("oneshot", "twoshot", "ring")
 
 
-def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
-    size = tensor.element_size()
+def run(algo: str, b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor | None = None) -> None:
+    """All-reduce ``tensor`` with ``algo``: in place, or into ``output`` (an algorithm of
+    OUT_OF_PLACE; ``tensor`` is then only read, and ``output`` the call's other buffer)."""
+    forms = {"oneshot": oneshot, "twoshot": twoshot, "ring": ring, "tree": tree_all_reduce}
+    if output is None:
+        forms[algo](b, tensor, op)
+    else:
+        forms[algo](b, tensor, op, output)
+
+
+def _dest(tensor: torch.Tensor, output: torch.Tensor | None) -> tuple[Region, Region]:
+    """The regions of the input and of the result (the same one in place)."""
     whole = Region.of(tensor)
+    return whole, whole if output is None else Region.of(output)
+
+
+def _at(region: Region, whole: Region, dest: Region) -> Region:
+    """The part of ``dest`` at ``region``'s place in ``whole``."""
+    return region if dest is whole else dest.sub(region.addr - whole.addr, region.nbytes)
+
+
+def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor | None = None) -> None:
+    size = tensor.element_size()
+    whole, dest = _dest(tensor, output)
     everyone = b.peers()
     for start, count in ranges(tensor.numel(), b.half_bytes // size):
         mine = whole.sub(start * size, count * size)
@@ -84,7 +112,7 @@ def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         b.copy(b.slot(b.rank, offset, mine.nbytes), mine)
         b.sync(everyone, everyone)
         slots = [b.slot(p, offset, mine.nbytes) for p in everyone]
-        b.reduce(mine, slots, tensor.dtype, op, b.world_size)
+        b.reduce(_at(mine, whole, dest), slots, tensor.dtype, op, b.world_size)
 
 
 # Two-shot pipelined from 2 pieces on: the model (both ends charged, 8 ranks, 0.82 x 450 GB/s, 24 MiB
@@ -142,13 +170,16 @@ def _two_shot_pieces(
     return pieces, part
 
 
-def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
+def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor | None = None) -> None:
+    """Two-shot (module docstring); into ``output``: copy-in and my own slice's fold read ``tensor``,
+    the fold's second store and the all-gather write ``output``."""
     size = tensor.element_size()
+    whole, dest = _dest(tensor, output)
     if -(-tensor.numel() * size // b.half_bytes) >= PIPELINED_MIN_PIECES:
         unit = max(1, 16 // size)  # the short first piece ends on a 16-byte boundary
         first = max(unit, b.half_bytes // FIRST_PIECE_SHARE // size // unit * unit)
         pieces, part = _two_shot_pieces(b, tensor, first if tensor.numel() > first else 0)
-        _twoshot_pipelined(b, tensor, op, pieces, part)
+        _twoshot_pipelined(b, tensor, op, pieces, part, [_at(r, whole, dest) for r in pieces])
         return
     pieces, part = _two_shot_pieces(b, tensor)
     everyone = b.peers()
@@ -158,6 +189,7 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     order = b.spread()
     gather: dict[int, tuple[Region, object]] = {}  # piece k-1's copies out, by peer: (my tensor's slice, its slot)
     for t, mine in enumerate(pieces):
+        result = _at(mine, whole, dest)  # where piece t's result goes (mine itself, in place)
         staged = b.write_offset()
         # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor
         # and stores its result back there as well as into my half, so only the other P - 1 slices
@@ -180,9 +212,9 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
         lo, n, _ = part(t, me)
         reduced = b.write_offset()
         slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
-        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=mine.sub(lo, n))
+        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=result.sub(lo, n))
         b.sync(everyone, everyone)
-        gather = {p: (mine.sub(*part(t, p)[:2]), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
+        gather = {p: (result.sub(*part(t, p)[:2]), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
     for p in order:
         if p != me:
             b.copy(*gather[p])
@@ -194,10 +226,11 @@ def _twoshot_pipelined(
     op: ReduceOp,
     pieces: list[Region],
     part: Callable[[int, int], tuple[int, int, int]],
+    results: list[Region],
 ) -> None:
     """Two-shot, one sync a piece (module docstring): round t folds piece t - 1 carrying piece t's
     copy-in (Builder.reduce's ``carry``: the copy's loads in flight beside the fold's link reads),
-    then gathers piece t - 2."""
+    then gathers piece t - 2. ``results``: where each piece's result goes (the pieces, in place)."""
     everyone = b.peers()
     P, me, k = b.world_size, b.rank, len(pieces)
     for t in range(k + 2):
@@ -218,7 +251,8 @@ def _twoshot_pipelined(
             mine = pieces[t - 1].sub(lo, n)
             srcs = [mine if p == me else b.slot(p, out + pos, n) for p in everyone]
             if n:
-                b.reduce(b.slot(me, into + pos, n), srcs, tensor.dtype, op, P, also=mine, carry=copy_in)
+                also = results[t - 1].sub(lo, n)
+                b.reduce(b.slot(me, into + pos, n), srcs, tensor.dtype, op, P, also=also, carry=copy_in)
             else:  # an empty slice (a piece shorter than P elements): nothing to fold, nothing to carry
                 for dst, src in copy_in:
                     b.copy(dst, src)
@@ -226,7 +260,7 @@ def _twoshot_pipelined(
             for p in b.spread():
                 lo, n, pos = part(t - 2, p)
                 if p != me and n:
-                    b.copy(pieces[t - 2].sub(lo, n), b.slot(p, out + pos, n))
+                    b.copy(results[t - 2].sub(lo, n), b.slot(p, out + pos, n))
         if t <= k:
             b.sync(everyone, everyone)
 
@@ -272,13 +306,15 @@ def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     b.sync()
 
 
-def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
+def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor | None = None) -> None:
+    """Ring (module docstring); into ``output``: the first step and the fused folds read ``tensor``,
+    the last fold's copy and the all-gather write ``output``."""
     P, q = b.world_size, b.rank
     if P == 1:
-        oneshot(b, tensor, op)
+        oneshot(b, tensor, op, output)
         return
     size = tensor.element_size()
-    whole = Region.of(tensor)
+    whole, dest = _dest(tensor, output)
     prev, nxt = (q - 1) % P, (q + 1) % P
 
     def step() -> None:
@@ -287,6 +323,7 @@ def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
     for start, count in ranges(tensor.numel(), P * (b.half_bytes // size)):
         bounds = [(start + count * i // P) * size for i in range(P + 1)]
         chunk = [whole.sub(bounds[i], bounds[i + 1] - bounds[i]) for i in range(P)]
+        done = [_at(c, whole, dest) for c in chunk]  # where each chunk's result goes
         # reduce-scatter
         first = chunk[(q - 1) % P]
         b.copy(b.slot(q, b.write_offset(), first.nbytes), first)
@@ -298,18 +335,18 @@ def ring(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:
             out = b.slot(q, b.write_offset(), chunk[c].nbytes)
             b.reduce(out, [partial, chunk[c]], tensor.dtype, op if last else partial_op(op), P)
             if last:
-                b.copy(chunk[c], out)
+                b.copy(done[c], out)
             step()
         # all-gather
         for t in range(1, P):
             c = (q - t) % P
             received = b.slot(prev, b.read_offset(), chunk[c].nbytes)
             if t == P - 1:
-                b.copy(chunk[c], received)
+                b.copy(done[c], received)
             else:
                 forward = b.slot(q, b.write_offset(), chunk[c].nbytes)
                 b.copy(forward, received)
-                b.copy(chunk[c], forward)
+                b.copy(done[c], forward)
                 step()
 
 

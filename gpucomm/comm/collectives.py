@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gpucomm.comm import dtypes
+from gpucomm.comm import dtypes, reduce_into
 from gpucomm.comm.call import Call, sent_as
 from gpucomm.comm.lazy_views import is_lazy, resolving
 from gpucomm.comm.route import Router
@@ -120,6 +120,23 @@ class Collectives(Router):
                     self._engines.get(tensor.device.type), self.config, self._flight, tensor, op, rop, {"op": name}
                 )
         return work
+
+    def all_reduce_into(
+        self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, async_op: bool = False
+    ) -> Work | None:
+        """``output`` = the reduction of every rank's ``input``; ``input`` is left unchanged.
+
+        The bits of :meth:`all_reduce` on a copy of ``input`` (the same contract). ``output``
+        and ``input`` have one shape, dtype and device and are contiguous; ``output`` may be
+        ``input`` (then this is :meth:`all_reduce`), but may not share only some of its bytes
+        (ValueError, before any data moves). On the workspace, one-shot, two-shot and ring run
+        an out-of-place program with no pass more than the in-place one; every other form (the
+        gloo path, tree, the small path, multimem, the symmetric two-shot, across nodes, a staged
+        dtype, a CUDA graph capture) runs ``output.copy_(input)`` then the in-place call on
+        ``output``, in the same stream order (gpucomm.comm.reduce_into; GPUCOMM_DEBUG=DEBUG says
+        which).
+        """
+        return reduce_into.all_reduce_into(self, output, input, op, async_op)
 
     @resolving
     def reduce(

@@ -36,6 +36,7 @@ __all__ = [
     "broadcast",
     "all_reduce",
     "all_reduce_coalesced",
+    "all_reduce_into",
     "reduce",
     "all_gather",
     "all_gather_coalesced",
@@ -66,6 +67,20 @@ def all_reduce(
     """
     comm = find(group, "all_reduce")
     return None if comm is None else comm.all_reduce(tensor, op, async_op)
+
+
+def all_reduce_into(
+    output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, group: object = None, async_op: bool = False
+) -> Work | None:
+    """``output`` = the reduction of every rank's ``input`` over the group; ``input`` is left unchanged.
+
+    Output first, as :func:`all_gather_into_tensor`. The bits of :func:`all_reduce` on a copy of
+    ``input``; on the workspace one-shot, two-shot and ring write ``output`` with no pass more than
+    the in-place call (see :meth:`gpucomm.Communicator.all_reduce_into`, which says where it copies
+    and then reduces in place instead). gpucomm's own call: torch.distributed has none.
+    """
+    comm = find(group, "all_reduce_into")
+    return None if comm is None else comm.all_reduce_into(output, input, op, async_op)
 
 
 def reduce(

@@ -34,6 +34,7 @@ from gpucomm.ops.program import Builder, Program
 from gpucomm.reduce_op import ReduceOp
 from gpucomm.transport.heap import SymmetricHeap
 from gpucomm.work import Work
+from gpucomm.workspace import into
 from gpucomm.workspace.channels import launch_channels
 from gpucomm.workspace.multimem import MultimemAllReduce, exact_in_any_order
 from gpucomm.workspace.small import SmallAllReduce
@@ -76,6 +77,17 @@ class EngineCollectives:
         else:
             self.bind_all_reduce(tensor, op, algo)()
         return self.completed()
+
+    def all_reduce_into(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, algo: str) -> Work:
+        """``output`` = the all_reduce of ``tensor``, which is left as it is (gpucomm.workspace.into)."""
+        return into.all_reduce_into(self, output, tensor, op, algo)
+
+    def bind_all_reduce_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, algo: str
+    ) -> Callable[[], None] | None:
+        """The launch of :meth:`all_reduce_into` (as :meth:`bind_all_reduce`'s), or None where
+        ``algo`` has no out-of-place program."""
+        return into.bind(self, output, tensor, op, algo)
 
     def bind_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Callable[[], None]:
         """The launch of an all_reduce of ``tensor`` in place with ``op`` and ``algo`` (any but

@@ -36,6 +36,10 @@ class EnginePath:
         with self.engine.calling(self.caller):
             return self.engine.all_reduce(tensor, op, algo=self.algo)
 
+    def all_reduce_into(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        with self.engine.calling(self.caller):
+            return self.engine.all_reduce_into(output, tensor, op, algo=self.algo)
+
     def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp) -> Work:
         with self.engine.calling(self.caller):
             return self.engine.reduce(tensor, dst, op, algo=self.algo)

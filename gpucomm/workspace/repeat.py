@@ -63,6 +63,10 @@ class Repeatable(Protocol):
 
     def bind_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, algo: str) -> Launch: ...
 
+    def bind_all_reduce_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, algo: str
+    ) -> Launch | None: ...
+
 
 class Seen(NamedTuple):
     """A call seen before: its launch, the device type it ran on, what the flight record keeps
@@ -79,8 +83,9 @@ class Repeats:
     def __init__(self) -> None:
         self._launches: dict[tuple, Seen] = {}
 
-    def find(self, tensor: torch.Tensor, op: object) -> Seen | None:
-        """The call seen before on this tensor's buffer with ``op``, or None."""
+    def find(self, tensor: torch.Tensor, op: object, output: torch.Tensor | None = None) -> Seen | None:
+        """The call seen before on this tensor's buffer with ``op``, or None; with ``output``, the
+        out-of-place call (gpucomm.all_reduce_into) into that buffer."""
         if (
             not self._launches
             or op.__class__ not in _KEYED_OPS
@@ -88,7 +93,12 @@ class Repeats:
             or tensor.layout is not torch.strided
         ):
             return None  # the full path validates whatever is not a plain tensor
-        seen = self._launches.get((tensor.data_ptr(), tensor.numel(), tensor.dtype, op))
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
+        if output is not None:
+            if not _pairs(output, tensor):
+                return None  # the full path says what is wrong with the pair
+            key = (*key, output.data_ptr())
+        seen = self._launches.get(key)
         if seen is None or not tensor.is_contiguous() or tensor.device.type != seen.device_type or tensor.is_neg():
             return None  # (a negative view has its tensor's address, and stands for other values)
         return seen
@@ -102,10 +112,12 @@ class Repeats:
         op: object,
         rop: ReduceOp,
         fields: dict[str, object],
+        output: torch.Tensor | None = None,
     ) -> None:
         """Keep the launch of a blocking all_reduce that just ran, where its key decides it:
         ``engine`` is the communicator's workspace engine for the tensor's device (None: gloo
-        serves it), ``config`` its knobs, ``flight`` its flight log."""
+        serves it), ``config`` its knobs, ``flight`` its flight log; with ``output``, the
+        out-of-place call into it, kept only where an out-of-place program served it."""
         if engine is None or op.__class__ not in _KEYED_OPS or log.logger.isEnabledFor(logging.INFO):
             return
         # On a GPU the kept launch goes on the caller's current stream in call order; the torch
@@ -116,11 +128,32 @@ class Repeats:
         algo = engine.serves("all_reduce", tensor)
         if algo is None or algo == "hierarchical":
             return
-        launch = engine.bind_all_reduce(tensor, rop, algo)
+        if output is None:
+            launch = engine.bind_all_reduce(tensor, rop, algo)
+        else:
+            launch = engine.bind_all_reduce_into(output, tensor, rop, algo)
+            if launch is None:
+                return  # a copy, then the in-place call: the full path serves it
         if len(self._launches) >= _KEPT:
             self._launches.clear()
         call = flight.call("all_reduce", tensor, fields)
-        self._launches[(tensor.data_ptr(), tensor.numel(), tensor.dtype, op)] = Seen(launch, tensor.device.type, call)
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
+        key = key if output is None else (*key, output.data_ptr())
+        self._launches[key] = Seen(launch, tensor.device.type, call)
 
     def clear(self) -> None:
         self._launches.clear()
+
+
+def _pairs(output: object, tensor: torch.Tensor) -> bool:
+    """What the key leaves out of an out-of-place pair, as the full path checks it: a plain
+    contiguous tensor of the input's shape, dtype and device, not a negative view."""
+    return (
+        isinstance(output, torch.Tensor)
+        and output.layout is torch.strided
+        and output.dtype == tensor.dtype
+        and output.shape == tensor.shape
+        and output.device == tensor.device
+        and output.is_contiguous()
+        and not output.is_neg()
+    )
