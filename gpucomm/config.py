@@ -49,7 +49,7 @@ MAX_TIMEOUT_S = threading.TIMEOUT_MAX
 # CPU: 8 MiB (3 MiB halves). GPU: 64 MiB (24 MiB halves), from the model of docs/performance.md
 # (python -m gpucomm._bench.model, 8 x H100, 3 us per SYNC; docs/results/2026-11-29-model/): the
 # SYNCs of a 1 GiB two-shot take 16.8% of its time with 8 MiB, 4.9% with 32 MiB, 2.6% with 64 MiB,
-# 1.4% with 128 MiB (one SYNC a piece: gpucomm.algorithms.allreduce.PIPELINED_MIN_PIECES); 64 MiB is
+# 1.4% with 128 MiB (one SYNC a piece: the pipelined two-shot, gpucomm.algorithms.allreduce); 64 MiB is
 # within 2% of the fastest 1 GiB call (5.24 ms; 32 MiB 5.36 ms, 128 MiB 5.18 ms, 256 MiB 5.16 ms:
 # with every copy-in but the first carried by a fold, more memory saves only SYNCs), and 8 ranks
 # sharing one 80 GB GPU (the test layout) still take only 0.5 GB.

@@ -9,10 +9,10 @@ reduces all P halves, in rank order, straight into its own tensor. One sync per 
 two-shot (per piece of up to one half): copy in the P - 1 slices the peers fold; sync with all;
 rank r reduces slice r of every rank's half (its own straight from its tensor) into slice r of
 its *other* half and into its tensor (one REDUCE storing twice: no copy of its own slice out of the
-half); sync with all; every rank copies slice p from rank p (all-gather). Two syncs per piece; one
-piece (a message of up to one half) runs so. Every per-peer loop starts at the rank's own next peer.
+half); sync with all; every rank copies slice p from rank p (all-gather). Two syncs; a message of up to
+one half (one piece) runs so. Every per-peer loop starts at the rank's own next peer.
 
-two-shot pipelined (from PIPELINED_MIN_PIECES pieces): one sync per piece. Round t reduces piece
+two-shot pipelined (more than one piece): one sync per piece. Round t reduces piece
 t - 1 (staged in round t - 1) carrying piece t's copy-in (Builder.reduce's ``carry``: the kernels
 run it inside the fold's loop, its loads beside the fold's link reads), then gathers piece t - 2
 (reduced in round t - 1). Both kinds of data share a half: in the half of round t, rank r's slice r
@@ -115,13 +115,13 @@ def oneshot(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor
         b.reduce(_at(mine, whole, dest), slots, tensor.dtype, op, b.world_size)
 
 
-# Two-shot pipelined from 2 pieces on: the model (both ends charged, 8 ranks, 0.82 x 450 GB/s, 24 MiB
-# halves, the fold storing into my tensor too and carrying the next copy-in; python -m
-# gpucomm._bench.model), device us two syncs a piece / pipelined: 25 MiB 147.0 / 140.0, 32 MiB
-# 183.9 / 177.8, 64 MiB 352.3 / 339.9, 128 MiB 688.6 / 667.4, 1 GiB 5367.8 / 5236.2; at 0.57 x 450
-# GB/s ahead at every one too (25 MiB 201.5 / 194.5, 64 MiB 491.9 / 479.5). One piece (up to a half)
-# keeps two syncs: with nothing to carry, it is the same program.
-PIPELINED_MIN_PIECES = 2
+# Two-shot runs pipelined from two pieces on (twoshot), by the model (both ends charged, 8 ranks,
+# 0.82 x 450 GB/s, 24 MiB halves, the fold storing into my tensor too and carrying the next copy-in;
+# python -m gpucomm._bench.model), device us two syncs a piece / pipelined: 25 MiB 147.0 / 140.0,
+# 32 MiB 183.9 / 177.8, 64 MiB 352.3 / 339.9, 128 MiB 688.6 / 667.4, 1 GiB 5367.8 / 5236.2; at
+# 0.57 x 450 GB/s ahead at every one too (25 MiB 201.5 / 194.5, 64 MiB 491.9 / 479.5). So the
+# two-syncs-a-piece form is gone; one piece (up to a half) keeps two syncs: with nothing to carry,
+# the pipelined program would be the same.
 # The pipelined form's first piece: 1/FIRST_PIECE_SHARE of a half. Its copy-in is the one nothing
 # carries (round 0 has no fold), so a short one exposes less; each piece more costs a SYNC. The model
 # at 0.82 x 450 GB/s, first piece 1/2, 1/3, 1/4, 1/6, 1/8 of a half: 64 MiB 343.6, 341.2, 339.9,
@@ -175,49 +175,39 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor
     the fold's second store and the all-gather write ``output``."""
     size = tensor.element_size()
     whole, dest = _dest(tensor, output)
-    if -(-tensor.numel() * size // b.half_bytes) >= PIPELINED_MIN_PIECES:
+    if tensor.numel() * size > b.half_bytes:  # more than one piece: pipelined (the rows above)
         unit = max(1, 16 // size)  # the short first piece ends on a 16-byte boundary
         first = max(unit, b.half_bytes // FIRST_PIECE_SHARE // size // unit * unit)
         pieces, part = _two_shot_pieces(b, tensor, first if tensor.numel() > first else 0)
         _twoshot_pipelined(b, tensor, op, pieces, part, [_at(r, whole, dest) for r in pieces])
         return
-    pieces, part = _two_shot_pieces(b, tensor)
+    # One piece: nothing to carry or pair, two syncs.
+    (mine,), part = _two_shot_pieces(b, tensor)
     everyone = b.peers()
     P, me = b.world_size, b.rank
     # Per-peer loops start at my own rank (Builder.spread): in step i rank r reads rank r + i's slice,
     # so each GPU's outbound link serves one reader a step. The reduce keeps rank order.
     order = b.spread()
-    gather: dict[int, tuple[Region, object]] = {}  # piece k-1's copies out, by peer: (my tensor's slice, its slot)
-    for t, mine in enumerate(pieces):
-        result = _at(mine, whole, dest)  # where piece t's result goes (mine itself, in place)
-        staged = b.write_offset()
-        # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor
-        # and stores its result back there as well as into my half, so only the other P - 1 slices
-        # are copied in, each paired with the all-gather's read of the same slice of the previous
-        # piece, and my own slice is never copied out (a local copy alone in its step: 1.9 us a
-        # piece at 64 MiB, 8 ranks, by the model).
-        rests = []
-        for p in order:
-            lo, n, _ = part(t, p)  # (in-half position lo: pieces cut evenly, the short one first)
-            dst, src = b.slot(me, staged + lo, n), mine.sub(lo, n)
-            if p == me:
-                continue
-            if gather:
-                rests += _copy_paired(b, *gather[p], dst, src)
-            else:
-                b.copy(dst, src)
-        for dst, src in rests:  # after every pair, so that the ranks' k-th steps stay the same work
-            b.copy(dst, src)
-        b.sync(everyone, everyone)
-        lo, n, _ = part(t, me)
-        reduced = b.write_offset()
-        slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
-        b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=result.sub(lo, n))
-        b.sync(everyone, everyone)
-        gather = {p: (result.sub(*part(t, p)[:2]), b.slot(p, reduced + part(t, p)[0], part(t, p)[1])) for p in everyone}
+    result = _at(mine, whole, dest)  # where the result goes (mine itself, in place)
+    staged = b.write_offset()
+    # My own slice is read by me alone (rank r folds slice r): the fold takes it from my tensor and
+    # stores its result there as well as into my half, so only the other P - 1 slices are copied in
+    # and my own is never copied out (a local copy alone in its step: 1.9 us a 21 MiB piece, 8 ranks,
+    # by the model).
     for p in order:
         if p != me:
-            b.copy(*gather[p])
+            lo, n, _ = part(0, p)
+            b.copy(b.slot(me, staged + lo, n), mine.sub(lo, n))
+    b.sync(everyone, everyone)
+    lo, n, _ = part(0, me)
+    reduced = b.write_offset()
+    slices = [mine.sub(lo, n) if p == me else b.slot(p, staged + lo, n) for p in everyone]
+    b.reduce(b.slot(me, reduced + lo, n), slices, tensor.dtype, op, P, also=result.sub(lo, n))
+    b.sync(everyone, everyone)
+    for p in order:
+        if p != me:
+            lo, n, _ = part(0, p)
+            b.copy(result.sub(lo, n), b.slot(p, reduced + lo, n))
 
 
 def _twoshot_pipelined(
@@ -263,19 +253,6 @@ def _twoshot_pipelined(
                     b.copy(results[t - 2].sub(lo, n), b.slot(p, out + pos, n))
         if t <= k:
             b.sync(everyone, everyone)
-
-
-def _copy_paired(b: Builder, out: Region, theirs: object, dst: object, src: Region) -> list[tuple]:
-    """``out = theirs`` and ``dst = src`` (one slice of the all-gather, one of the next copy-in, at
-    one in-half position), paired over their common length; returns the longer one's rest, as
-    (dst, src) pairs for the caller to copy."""
-    common = min(out.nbytes, dst.nbytes)
-    if common:
-        b.copy_pair(out.sub(0, common), theirs.sub(0, common), dst.sub(0, common), src.sub(0, common))
-    return [
-        (out.sub(common, out.nbytes - common), theirs.sub(common, theirs.nbytes - common)),
-        (dst.sub(common, dst.nbytes - common), src.sub(common, src.nbytes - common)),
-    ]
 
 
 def twoshot_symmetric(b: Builder, tensor: torch.Tensor, op: ReduceOp) -> None:

@@ -1,6 +1,6 @@
 """Two-shot never copies a rank's own slice out of its half: the fold of slice r stores into rank r's
 half (for the peers' all-gather) and into its tensor in one REDUCE (``Builder.reduce``'s ``also``,
-the kernels' STORE_ALSO), in both schedules (two SYNCs a piece, and pipelined).
+the kernels' STORE_ALSO), in both schedules (one piece with two SYNCs, and pipelined).
 
 Counted from every rank's program, built and never run (bench/programs.py), on the GPU's 24 MiB
 halves and on small ones that make many pieces.
@@ -48,26 +48,25 @@ def test_the_fold_stores_into_the_tensor_and_no_own_slice_is_copied_out(world: i
         pieces = c["reduce_also"]  # one fold a piece (pipelined: a short first piece, then even ones)
         assert c["reduce_alone"] == 0 and pieces >= -(-nbytes // HALF), (rank, c)
         assert c["own_copy_out"] == 0, (rank, c)
-        # Every peer's slice of every piece is still gathered, each by one copy (or the copy-out half
-        # of a paired COPY): P - 1 a piece.
+        # Every peer's slice of every piece is still gathered, each by one copy: P - 1 a piece.
         assert c["copy_out"] == (world - 1) * pieces, (rank, c)
 
 
 def test_the_pipelined_form_stores_twice_too() -> None:
-    # 6 KiB halves, 80 KiB of float32: a first piece of 1.5 KiB, then 13, past PIPELINED_MIN_PIECES.
+    # 6 KiB halves, 80 KiB of float32: a first piece of 1.5 KiB, then 13: pipelined.
     tensor = torch.empty(20011)
     for rank in range(3):
         b = Builder(rank, 3, 6 << 10, "all_reduce", ("twoshot",), args=[Region.of(tensor)])
         allreduce.twoshot(b, tensor, ReduceOp.SUM)
         program = b.finish()
-        assert program.syncs == 14 + 1 >= allreduce.PIPELINED_MIN_PIECES  # one SYNC a piece, plus one
+        assert program.syncs == 14 + 1  # one SYNC a piece, plus one
         c = _counts(program, rank)
         assert c == {"reduce_also": 14, "reduce_alone": 0, "own_copy_out": 0, "copy_out": 2 * 14}, (rank, c)
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_every_copy_in_but_the_first_rides_on_a_fold(world: int) -> None:
-    """Pipelined (from PIPELINED_MIN_PIECES pieces): piece t's copy-in is carried by the fold of
+    """Pipelined (more than one piece): piece t's copy-in is carried by the fold of
     piece t - 1, as at most two COPYs flagged CARRIED right after it (the slices before the rank's
     own and those after it); only the first piece's copy-in runs alone."""
     nbytes = 64 << 20

@@ -179,7 +179,7 @@ def _uncarried(program):
 
 @pytest.mark.parametrize("nbytes", [64 << 20, 1 << 30])
 def test_carrying_the_next_copy_in_beside_the_fold_shortens_the_critical_path(nbytes: int) -> None:
-    """Pipelined two-shot (from allreduce.PIPELINED_MIN_PIECES pieces) folds piece t - 1 carrying
+    """Pipelined two-shot (more than one piece) folds piece t - 1 carrying
     piece t's copy-in (its P - 1 slices but the rank's own, in two ranges): the same programs with
     those copies run alone after their fold take longer, by about the carried copy-ins' pass through
     HBM (2 bytes per byte copied, at 3 TB/s): P - 1 slices of every piece but the first."""
@@ -201,15 +201,14 @@ def test_carrying_the_next_copy_in_beside_the_fold_shortens_the_critical_path(nb
 
 
 def test_many_pieces_take_one_sync_each() -> None:
-    """From PIPELINED_MIN_PIECES pieces two-shot folds piece t - 1 and gathers piece t - 2 in one
-    round: pieces + 1 SYNCs (its pieces: a short first one, then the even pieces of the rest), and the
+    """From two pieces on two-shot folds piece t - 1 and gathers piece t - 2 in one round (one piece:
+    two SYNCs): pieces + 1 SYNCs (its pieces: a short first one, then the even pieces of the rest), and the
     1 GiB call at 0.82 x 450 GB/s reaches 350 GB/s bus."""
-    from gpucomm.algorithms.allreduce import PIPELINED_MIN_PIECES
     from gpucomm.ops.program import REDUCE
 
     half = 24 << 20
-    assert count("twoshot", (PIPELINED_MIN_PIECES - 1) * half, 8, half)["syncs"] == 2 * (PIPELINED_MIN_PIECES - 1)
-    for nbytes in (PIPELINED_MIN_PIECES * half, 1 << 30):
+    assert count("twoshot", half, 8, half)["syncs"] == 2
+    for nbytes in (half + 64, 2 * half, 1 << 30):
         program, _ = model.build("twoshot", nbytes, 8, 0, half)
         pieces = sum(ins[0] == REDUCE for ins in program.instructions)
         assert pieces > -(-nbytes // half) - 1 and program.syncs == pieces + 1

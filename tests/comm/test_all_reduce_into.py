@@ -52,7 +52,7 @@ def _cases(lean: bool) -> list[tuple[int, object, object]]:
 
     from gpucomm import ReduceOp
 
-    # 7 elements: one piece; 4099 float32: 3 pieces of 6 KiB halves (two-shot's two syncs a piece);
+    # 7 elements: one piece; 4099 float32: 3 pieces of 6 KiB halves (two-shot pipelined);
     # 20011: 14-27 pieces (the pipelined two-shot, several ring pieces).
     cases = [
         (7, torch.float32, ReduceOp.SUM),

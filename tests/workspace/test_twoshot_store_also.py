@@ -5,8 +5,7 @@ Triton's program kernel under the interpreter and the CUDA C++ one built for the
 (GPUCOMM_CUDA_EMULATE=1), across real processes on the shared-memory workspace.
 
 Every dtype the program kernel folds, on fresh random inputs, against float64 references; sizes of
-one piece, of a few (two SYNCs a piece) and of many (pipelined, from
-gpucomm.algorithms.allreduce.PIPELINED_MIN_PIECES), with element counts that end inside a 16-byte
+one piece (two SYNCs) and of a few and many pieces (pipelined), with element counts that end inside a 16-byte
 vector and inside a granule, on tensors 16-byte aligned and not (one element into their storage);
 this rank's halves poisoned before each call. Each result is also bitwise one-shot's (the fold
 order is the same), and every rank ends with the same bytes. Without the second store, a rank's own
