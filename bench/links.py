@@ -6,7 +6,8 @@ instructions in the same order, each on its share of the bytes (gpucomm.workspac
 rank is at its step k on all its channels at about the same time: step k of every rank is what
 the links carry together.
 
-A COPY that a REDUCE carries (``Builder.reduce``'s ``carry``, flagged CARRIED) is part of that
+A COPY is one move and one step of its own, except a COPY that a REDUCE carries
+(``Builder.reduce``'s ``carry``, flagged CARRIED: the only fused form), which is part of that
 REDUCE's step, its loads added to the fold's: the program kernels run it inside the fold's loop,
 a share of the copy in every iteration between the fold's loads and its stores, so its loads are in
 flight beside the fold's link reads (kernels/triton/program.py, kernels/cuda/program.cu).
@@ -60,10 +61,8 @@ def remote_owner(operand: object, rank: int, heap: Sequence[int] | None) -> int 
 def _step(ins: tuple, rank: int, heap: Sequence[int] | None) -> Step:
     nbytes = ins[1]
     if ins[0] == COPY:
-        named = operands(ins)
-        moves = [(named[i], named[i + 1]) for i in range(0, len(named), 2)]  # (dst, src): a paired COPY has two
-        reads = [src for _, src in moves]
-        writes = [dst for dst, _ in moves]
+        dst, src = operands(ins)  # a COPY is one move
+        reads, writes = [src], [dst]
     else:
         reads, writes = list(ins[4]), [ins[3], *ins[7:]]  # a REDUCE with STORE_ALSO stores twice
     load: dict[tuple[str, int], int] = {("hbm", rank): nbytes * (len(reads) + len(writes))}

@@ -12,8 +12,8 @@ with its last step on any rank, plus one SYNC:
 
     T = launch + sum over rounds of (max-min fair time of the round's steps + sync if a SYNC ends it)
 
-Copies are where the code puts them: a copy into the workspace is a step of its round (a paired
-COPY, two copies whose loads the kernels keep in flight together, is one step). The rows
+Copies are where the code puts them: a copy into the workspace is a step of its round (a COPY that
+a REDUCE carries, flagged CARRIED, is part of that REDUCE's step: bench/links.py). The rows
 (``--json``) give, per link rate (``link_gbs``: 0.82 and 0.57 x 450 GB/s by default), size, world,
 collective, tensor kind (``ordinary``; for all_reduce also ``symmetric``: in the symmetric heap,
 ``multimem``: symmetric with NVLink SHARP, and ``captured``: an ordinary tensor in a CUDA graph
@@ -109,12 +109,10 @@ def walk(program: Program, world: int, rank: int, heap: Sequence[int] | None = N
         if ins[0] == SYNC:
             i += 1
             continue
-        named = operands(ins)
-        pairs = [ins[:3] + tuple(named[j : j + 2]) for j in range(0, len(named), 2)] if ins[0] == COPY else [ins]
         kinds = rounds[i].setdefault("kinds", [])
-        for kind in (_kind(one, rank, heap) for one in pairs):
-            if kind not in kinds:
-                kinds.append(kind)
+        kind = _kind(ins[:3] + tuple(operands(ins)) if ins[0] == COPY else ins, rank, heap)
+        if kind not in kinds:
+            kinds.append(kind)
     return grid, rounds
 
 

@@ -32,8 +32,8 @@ def _bounds(total: int, cap: int) -> list[int]:
 
     All but the last piece are of one size, a multiple of the largest of 1, 2, 4, 8, 16 units that
     divides ``cap``; the last is short of it by less than one such unit per piece. Equal pieces cut
-    their slices alike, so that an instruction of one piece can share a position with one of the
-    next (two-shot's paired copies, gpucomm.algorithms.allreduce).
+    their slices alike, so that a slice sits at one in-half position in every piece (two-shot's
+    pieces, gpucomm.algorithms.allreduce).
     """
     cap = max(1, cap)
     k = max(1, -(-total // cap))

@@ -181,7 +181,7 @@ def twoshot(b: Builder, tensor: torch.Tensor, op: ReduceOp, output: torch.Tensor
         pieces, part = _two_shot_pieces(b, tensor, first if tensor.numel() > first else 0)
         _twoshot_pipelined(b, tensor, op, pieces, part, [_at(r, whole, dest) for r in pieces])
         return
-    # One piece: nothing to carry or pair, two syncs.
+    # One piece: nothing to carry, two syncs.
     (mine,), part = _two_shot_pieces(b, tensor)
     everyone = b.peers()
     P, me = b.world_size, b.rank

@@ -130,9 +130,8 @@ Operand = Region | Slot | Ref | Arg
 class Program:
     """A recorded collective (see the module docstring).
 
-    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` or, two copies in one instruction
-    (:meth:`Builder.copy_pair`), ``(COPY, nbytes, pos, dst, src, dst2, src2)``, ``(REDUCE, nbytes,
-    pos, out, srcs, divide, divisor)`` or, storing into a second destination too
+    ``instructions`` are tuples ``(COPY, nbytes, pos, dst, src)`` (a COPY is one move), ``(REDUCE,
+    nbytes, pos, out, srcs, divide, divisor)`` or, storing into a second destination too
     (``Builder.reduce``'s ``also``), ``(REDUCE, nbytes, pos, out, srcs, divide, divisor, also)``, a
     COPY that the REDUCE before it carries (``Builder.reduce``'s ``carry``: :func:`carried`)
     ``(COPY, nbytes, pos, dst, src, CARRIED)``, and ``(SYNC, signal, wait, fence)`` (lists of local
@@ -282,19 +281,6 @@ class Builder:
         if dst.nbytes:
             self._add((COPY, dst.nbytes, self._position("copy", [dst, src]), dst, src))
 
-    def copy_pair(self, dst: Operand, src: Operand, dst2: Operand, src2: Operand) -> None:
-        """``dst = src`` and ``dst2 = src2`` in one instruction: the kernels keep the loads of
-        both in flight at once, so that a copy through local memory (a piece into the
-        workspace) runs beside one over the links (a peer's slice out of it) rather than after
-        it. Both copies have one size, and their workspace operands one in-half position."""
-        if not dst.nbytes == src.nbytes == dst2.nbytes == src2.nbytes:
-            raise ValueError(
-                f"Builder.copy_pair: both copies must have one size, got {dst.nbytes}, {src.nbytes}, "
-                f"{dst2.nbytes} and {src2.nbytes} bytes"
-            )
-        if dst.nbytes:
-            self._add((COPY, dst.nbytes, self._position("copy_pair", [dst, src, dst2, src2]), dst, src, dst2, src2))
-
     def reduce(
         self,
         out: Operand,
@@ -426,14 +412,23 @@ class Builder:
 def carried(instruction: tuple) -> bool:
     """A COPY that the REDUCE before it carries (``Builder.reduce``'s ``carry``): ``(COPY, nbytes,
     pos, dst, src, CARRIED)``."""
-    return instruction[0] == COPY and len(instruction) == 6
+    return instruction[0] == COPY and len(instruction) == 6 and instruction[5] == CARRIED
 
 
 def operands(instruction: tuple) -> list[Operand]:
-    """The operands of an instruction in the order of its operand table: a COPY's (dst, src) pair
-    or two; a REDUCE's out, its sources, then its second destination if it has one; none for a SYNC."""
+    """The operands of an instruction in the order of its operand table: a COPY's dst and src; a
+    REDUCE's out, its sources, then its second destination if it has one; none for a SYNC.
+
+    A COPY is one move: ``(COPY, nbytes, pos, dst, src)``, or with CARRIED after them. Any other
+    length raises ValueError, so that no executor builds a table with more moves in one COPY than
+    the kernels run (they copy operands[first + 1] into operands[first] and nothing else)."""
     if instruction[0] == COPY:
-        return list(instruction[3:5] if carried(instruction) else instruction[3:])
+        if len(instruction) != 5 and not carried(instruction):
+            raise ValueError(
+                "operands: a COPY is (COPY, nbytes, pos, dst, src) or with CARRIED after them: 5 or 6 fields, "
+                f"got {len(instruction)}"
+            )
+        return list(instruction[3:5])
     if instruction[0] == REDUCE:
         return [instruction[3], *instruction[4], *instruction[7:]]
     return []

@@ -356,7 +356,7 @@ def instruction_rows(program: Program) -> list[list[int]]:
         if ins[0] == SYNC:
             rows.append([SYNC, _mask(ins[1]), _mask(ins[2]), ins[3], 0, 0, 0, 0])
             continue
-        named = len(operands(ins))  # a paired COPY has 4 operands; a REDUCE with a second destination k + 2
+        named = len(operands(ins))  # a COPY has 2 (operands refuses any other); a REDUCE k + 1, k + 2 with `also`
         if ins[0] == REDUCE:
             # Word 3: the sources; word 7: STORE_ALSO where the operand after them is a second destination.
             also = STORE_ALSO if len(ins) > 7 else 0

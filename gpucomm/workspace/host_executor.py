@@ -173,12 +173,9 @@ class HostExecutor:
         steps: list[Step] = []
         for ins in program.instructions:
             if ins[0] == COPY:
-                # One pair, or two (Builder.copy_pair); a carried COPY runs here alone, in order.
-                moves = operands(ins)
-                for dst, src in zip(moves[0::2], moves[1::2]):
-                    steps.append(
-                        _bound_copy(self._region(dst, parity, addrs), self._region(src, parity, addrs), self.fit)
-                    )
+                # One move (operands refuses any other COPY); a carried COPY runs here alone, in order.
+                dst, src = operands(ins)
+                steps.append(_bound_copy(self._region(dst, parity, addrs), self._region(src, parity, addrs), self.fit))
             elif ins[0] == REDUCE:
                 out = self._region(ins[3], parity, addrs)
                 srcs = [self._region(s, parity, addrs) for s in ins[4]]

@@ -423,34 +423,6 @@ __device__ __forceinline__ void copy_span(gc_u64 dst, gc_u64 src, gc_u64 n, gc_u
     for (; i < n; i += stride) store_global<W>(dst + i * sizeof(W), load_global<W>(src + i * sizeof(W)));
 }
 
-// copy_span of two copies at once (a paired COPY): a step issues U / 2 loads of each source
-// (U in flight, as one copy keeps), then the stores of both, so that a copy through local memory
-// and one over the links share every step. The same words of both go through one thread.
-template <class W>
-__device__ __forceinline__ void copy_span_pair(gc_u64 dst, gc_u64 src, gc_u64 dst2, gc_u64 src2, gc_u64 n, gc_u64 tid,
-                                               gc_u64 stride) {
-    constexpr int U = COPY_WORDS_IN_FLIGHT / 2;
-    gc_u64 i = tid;
-    for (; i + (U - 1) * stride < n; i += U * stride) {
-        W w[U], w2[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            w[u] = load_global<W>(src + (i + u * stride) * sizeof(W));
-            w2[u] = load_global<W>(src2 + (i + u * stride) * sizeof(W));
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            store_global<W>(dst + (i + u * stride) * sizeof(W), w[u]);
-            store_global<W>(dst2 + (i + u * stride) * sizeof(W), w2[u]);
-        }
-    }
-    for (; i < n; i += stride) {
-        const W w = load_global<W>(src + i * sizeof(W)), w2 = load_global<W>(src2 + i * sizeof(W));
-        store_global<W>(dst + i * sizeof(W), w);
-        store_global<W>(dst2 + i * sizeof(W), w2);
-    }
-}
-
 // The source addresses of a reduction read from a device table (reduce.cu). Other callers pass
 // any type with the same operator() (program.cu resolves them from its operand table).
 struct SourceTable {

@@ -8,8 +8,7 @@
 // nothing depends on which of them are resident at once.
 //
 // Instructions (WORDS int64 each):
-//   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1]
-//   COPY   nbytes pos 3 operand                    and operands[operand + 2] = operands[operand + 3] (paired)
+//   COPY   nbytes pos 1 operand                    operands[operand] = operands[operand + 1] (one move: word 3 is 1)
 //   REDUCE nbytes pos k operand divide divisor flags  operands[operand] = fold of the k after it;
 //          with STORE_ALSO in flags, operands[operand + k + 1] = the same (stored right after it)
 //   COPY ... with CARRIED in its word 7, right after a REDUCE (two at most): run inside that REDUCE,
@@ -137,21 +136,6 @@ __device__ __forceinline__ void copy_range(gc_u64 dst, gc_u64 src, gc_u64 nbytes
     } else {
         gpucomm::copy_span<unsigned char>(dst, src, nbytes / sizeof(unsigned char), threadIdx.x, blockDim.x);
     }
-}
-
-// A paired COPY's two copies over nbytes each: both sources' 16-byte vectors in flight together
-// where all four addresses are 16-byte aligned (common.cuh's copy_span_pair); otherwise the two
-// copies one after the other.
-__device__ __forceinline__ void copy_pair_range(gc_u64 dst, gc_u64 src, gc_u64 dst2, gc_u64 src2, gc_u64 nbytes) {
-    if (((dst | src | dst2 | src2) & 15) != 0) {
-        copy_range(dst, src, nbytes);
-        copy_range(dst2, src2, nbytes);
-        return;
-    }
-    const gc_u64 body = nbytes / 16 * 16;
-    gpucomm::copy_span_pair<uint4>(dst, src, dst2, src2, body / 16, threadIdx.x, blockDim.x);
-    copy_range(dst + body, src + body, nbytes - body);
-    copy_range(dst2 + body, src2 + body, nbytes - body);
 }
 
 // An instruction's word 7 (its flags), loaded whole: a test of one bit of it would otherwise become a
@@ -302,10 +286,8 @@ __device__ __forceinline__ void granules(const Launch& L, const gc_i64* row, boo
         const gc_i64 hi = min((g + 1) * L.granule, end) - pos;
         if (reduces) {
             Fold<D, Op>::range(operands, n_src, lo, hi - lo, row[5] != 0, row[6], also, carry);
-        } else if (n_src == 1) {
-            copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
         } else {
-            copy_pair_range(operands(0) + lo, operands(1) + lo, operands(2) + lo, operands(3) + lo, hi - lo);
+            copy_range(operands(0) + lo, operands(1) + lo, hi - lo);
         }
     }
 }

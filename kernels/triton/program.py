@@ -10,9 +10,8 @@ interpreter runs them one after the other).
 
 Instructions (``WORDS`` int64 each):
 
-- ``COPY  nbytes pos 1 operand``: operands[operand] = operands[operand + 1], byte for byte;
-  ``COPY nbytes pos 3 operand`` (a paired COPY) also operands[operand + 2] = operands[operand + 3],
-  the loads of both in flight together;
+- ``COPY  nbytes pos 1 operand``: operands[operand] = operands[operand + 1], byte for byte (a
+  COPY is one move: its word 3 is always 1);
 - ``REDUCE nbytes pos k operand divide divisor flags``: operands[operand] = the fold of the k
   operands after it, in order, in the accumulation type, divided once by ``divisor`` if
   ``divide``, rounded once; with ``STORE_ALSO`` in ``flags`` the same rounded result is also
@@ -159,43 +158,6 @@ def _copy_range(
     offs = body + tl.arange(0, 16)
     mask = offs < n
     tl.store(d + offs, tl.load(s + offs, mask=mask, cache_modifier=".cg"), mask=mask)
-
-
-@triton.jit
-def _copy_pair_range(
-    dst,
-    src,
-    dst2,
-    src2,
-    nbytes,
-    COPY_ELEM: tl.constexpr,
-    COPY_BYTES: tl.constexpr,
-    ALIGNED: tl.constexpr,
-    LANES: tl.constexpr,
-):
-    """dst = src and dst2 = src2 over nbytes each: every thread loads _COPY_VECTORS vectors of
-    both sources before it stores any, so a copy through local memory and one over the links
-    share each step (16 loads in flight, a REDUCE's count)."""
-    n = nbytes // COPY_BYTES
-    d = as_pointer(dst, COPY_ELEM, ALIGNED)
-    s = as_pointer(src, COPY_ELEM, ALIGNED)
-    d2 = as_pointer(dst2, COPY_ELEM, ALIGNED)
-    s2 = as_pointer(src2, COPY_ELEM, ALIGNED)
-    body = _vector_body(n, COPY_BYTES, ALIGNED)
-    STEP: tl.constexpr = _COPY_VECTORS * 16 * LANES // COPY_BYTES
-    for start in range(0, body, STEP):
-        offs = start + tl.arange(0, STEP)
-        mask = offs < body
-        x = tl.load(s + offs, mask=mask, cache_modifier=".cg")
-        x2 = tl.load(s2 + offs, mask=mask, cache_modifier=".cg")
-        tl.store(d + offs, x, mask=mask)
-        tl.store(d2 + offs, x2, mask=mask)
-    offs = body + tl.arange(0, 16)
-    mask = offs < n
-    x = tl.load(s + offs, mask=mask, cache_modifier=".cg")
-    x2 = tl.load(s2 + offs, mask=mask, cache_modifier=".cg")
-    tl.store(d + offs, x, mask=mask)
-    tl.store(d2 + offs, x2, mask=mask)
 
 
 @triton.jit
@@ -528,14 +490,7 @@ def _move(
         hi = tl.minimum((g + 1) * granule, end) - pos
         if opcode == _COPY:
             src = _address(opnd_ptr, first + 1, peers_ptr, e0, half_bytes)
-            if n_src == 1:
-                _copy_range(dst + lo, src + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES)
-            else:  # a paired COPY: both copies' loads in flight at once
-                dst2 = _address(opnd_ptr, first + 2, peers_ptr, e0, half_bytes)
-                src2 = _address(opnd_ptr, first + 3, peers_ptr, e0, half_bytes)
-                _copy_pair_range(
-                    dst + lo, src + lo, dst2 + lo, src2 + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES
-                )
+            _copy_range(dst + lo, src + lo, hi - lo, COPY_ELEM, COPY_BYTES, ALIGNED, LANES)
         else:
             cursor = _reduce_range(
                 dst,

@@ -369,10 +369,12 @@ def _loads_before_first_store(body: list[str]) -> int:
 #          18/20 -> 18/20  sum int64
 #          38/52 -> 30/44  max, min float16
 # With a REDUCE's carried copies (program.cu's Carry: the plan in shared memory, each thread's share
-# count in a register; nvcc 13.0), per program kernel: sm_80 76/112 int32, 80/124 16-bit floats and
-# prod, sum float32, 84/128 max, min float32, 88/132 int64, 96/148 float64, copy 0/0; sm_90 88/140
-# int32, 96/148 prod, sum float32, 96/204 16-bit floats, 100/152 max, min float32, 104/212 max, min,
-# prod int64, 112/220 max, min float64 and sum int64, 120/416 prod, sum float64, copy 46/48.
+# count in a register) and a COPY of one move only (no paired COPY), per program kernel (nvcc 13.0
+# with compile_options and -Xptxas -v): sm_80 60/76 int32, 64/88 max, min float32, 68/100 max, min
+# bfloat16, 72/100 prod, sum float32, 76/112 prod, sum bfloat16, float16 and int64, 88/132 float64,
+# copy 0/0; sm_90 76/112 int32 and float32, 80/124 16-bit floats and sum int64, 88/132 max, min, prod
+# int64, 96/140 float64, copy 0/0. With the paired COPY still in, every kernel but sm_80's copy spilled
+# 4-46 bytes more stores (sm_90: copy 46/48, prod, sum float64 120/416).
 # None of these is in a COPY or REDUCE loop (this test and the one above check): the spilled
 # values are reloaded once per instruction or per granule.
 COPY_LOADS_FLOOR = 4

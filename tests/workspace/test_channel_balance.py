@@ -40,7 +40,7 @@ def phases(program: Program, world: int) -> tuple[int, list[list[int]]]:
         if ins[0] == SYNC:
             out.append([0] * grid)
             continue
-        operands = len(program_operands(ins))  # a paired COPY has 4, a carried one 2
+        operands = len(program_operands(ins))  # a COPY (carried or not) has 2
         for c, share in enumerate(shares(ins[2], ins[1], grid, granule)):
             out[-1][c] += share * operands
     return grid, out
