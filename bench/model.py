@@ -275,7 +275,9 @@ def rows(p: argparse.Namespace, sizes: Sequence[int] = SIZES, others: Sequence[s
         rooted = {
             (c, a): _counted(_walks(c, nbytes, P, half, a), 0)
             for c in others
-            for a in ({programs.pick(c, nbytes, P)} | ({"direct", "spread"} if c in ("broadcast", "reduce") else set()))
+            for a in sorted(
+                {programs.pick(c, nbytes, P)} | ({"direct", "spread"} if c in ("broadcast", "reduce") else set())
+            )
         }
         for q in rates:
             for algo, c in counted.items():
