@@ -36,7 +36,7 @@ def every_collective_symmetric_and_ordinary(
     import torch
 
     import gpucomm
-    from gpucomm.ops.program import Slot, _operands
+    from gpucomm.ops.program import Slot, operands
     from gpucomm.reduce_op import ReduceOp
 
     if device == "cuda":
@@ -74,7 +74,7 @@ def every_collective_symmetric_and_ordinary(
                     slots = (
                         []
                         if program is None
-                        else [o for i in program.instructions for o in _operands(i) if isinstance(o, Slot)]
+                        else [o for i in program.instructions for o in operands(i) if isinstance(o, Slot)]
                     )
                     if program is None or slots or program.syncs != 3:
                         syncs = None if program is None else program.syncs
