@@ -29,26 +29,19 @@ from gpucomm._bench.cli import main
 
 backend, right = sys.argv[1], int(sys.argv[2])
 mod = dist if backend == "gloo" else gpucomm
-real = mod.all_reduce
 
-def lazy(tensor, *args, **kwargs):
-    tensor._calls = getattr(tensor, "_calls", 0) + 1
-    if tensor._calls > right:
-        return None
-    return real(tensor, *args, **kwargs)
-
-mod.all_reduce = lazy
-
-if backend != "gloo":  # gpucomm's out-of-place column times all_reduce_into(output, input)
-    real_into = mod.all_reduce_into
-
-    def lazy_into(output, input, *args, **kwargs):
-        output._calls = getattr(output, "_calls", 0) + 1
-        if output._calls > right:
+def lazily(real):
+    # The buffer written is the first argument: all_reduce's tensor, all_reduce_into's output.
+    def lazy(out, *args, **kwargs):
+        out._calls = getattr(out, "_calls", 0) + 1
+        if out._calls > right:
             return None
-        return real_into(output, input, *args, **kwargs)
+        return real(out, *args, **kwargs)
+    return lazy
 
-    mod.all_reduce_into = lazy_into
+mod.all_reduce = lazily(mod.all_reduce)
+if backend != "gloo":  # gpucomm's out-of-place column times all_reduce_into(output, input)
+    mod.all_reduce_into = lazily(mod.all_reduce_into)
 sys.exit(main(sys.argv[3:]))
 """
 
