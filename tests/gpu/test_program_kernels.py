@@ -5,6 +5,9 @@ ranks the test plays itself (their halves and flag areas are tensors of this pro
 - COPY and REDUCE: bit for bit TorchKernels' results (on CPU, the oracle) for every op × dtype,
   1 and 3 channels, 16-byte aligned and odd offsets; a reduce of 70 sources (more than the CUDA
   kernel resolves into shared memory);
+- a REDUCE storing into a second destination (STORE_ALSO) and carrying one or two COPYs (CARRIED),
+  every destination byte TorchKernels' (tests/support/carried_programs.py: the cases
+  tests/ops/test_carried_programs.py also runs on CPU);
 - epochs on the device: every launch advances each channel's epoch, and the halves alternate;
 - channels by size: a small program runs one block, and every launch keeps every channel's epoch;
 - SYNC: a channel decides a timeout once, all its warps together, also when the late rank
@@ -20,22 +23,22 @@ from __future__ import annotations
 
 import os
 import time
-import types
 
 import pytest
 import torch
+from carried_programs import CASES as CARRIED_CASES
+from carried_programs import run_case as run_carried_case
+from program_workspace import HALF_BYTES, Workspace, tables
 from reduce_bits import DIVISOR, GUARD, assert_same_bits, poison_value, random_buffers, reduce_into_last
 
 from gpucomm.ops.contract import SUPPORTED_DTYPES, Region
+from gpucomm.ops.cuda_source import THREADS
 from gpucomm.ops.launch_args import ProgramArgs
-from gpucomm.ops.program import FP_BITS, MISMATCH, OPERAND_WORDS, RECORD_WORDS, TIMEOUT, Builder, Program
+from gpucomm.ops.program import FP_BITS, MISMATCH, RECORD_WORDS, TIMEOUT, Program
 from gpucomm.ops.reference import TorchKernels
 from gpucomm.reduce_op import ReduceOp
-from gpucomm.workspace.device_executor import DeviceExecutor, operand_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-HALF_BYTES = 1 << 16
 
 
 @pytest.fixture(scope="module")
@@ -62,82 +65,9 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _tables(program: Program, channels: int, device: torch.device, by_size: bool = False) -> dict:
-    """The executor's own tables and launch constants of a program (DeviceExecutor._prepare),
-    made without an engine: only ``channels``, ``channels_by_size`` and ``device`` of the
-    executor are read. The launch runs ``channels`` blocks unless ``by_size``."""
-    executor = DeviceExecutor.__new__(DeviceExecutor)
-    executor.channels, executor.channels_by_size, executor.device, executor._names = channels, by_size, device, {}
-    executor.engine = types.SimpleNamespace(upload=lambda table: table.to(device))  # Engine.upload, without its streams
-    form = executor._prepare(program)
-    operands = executor._upload(operand_rows(program, ()), OPERAND_WORDS)
-    return {**form, "operands": operands, "copy_bytes": program.copy_bytes(), "aligned": program.aligned()}
-
-
 def _wrap(value: int) -> int:
     """``value`` as int64 arithmetic leaves it (two's complement)."""
     return (value + (1 << 63)) % (1 << 64) - (1 << 63)
-
-
-class Workspace:
-    """What a DeviceExecutor hands the kernels, for ``world`` ranks whose halves and flag areas
-    all live in this process: this process is rank 0, the test plays the others."""
-
-    def __init__(self, device: torch.device, world: int, channels: int) -> None:
-        self.device, self.world, self.channels = device, world, channels
-        self.halves = [torch.zeros(2 * HALF_BYTES, dtype=torch.uint8, device=device) for _ in range(world)]
-        # [sync flags: channels x world | poison | epoch of each channel] (the engine's layout
-        # without the send/recv flags, which the program kernels never touch)
-        self.flags = [
-            torch.zeros(channels * world + 1 + channels, dtype=torch.int64, device=device) for _ in range(world)
-        ]
-        addrs = [h.data_ptr() for h in self.halves] + [f.data_ptr() for f in self.flags]
-        self.peers = torch.tensor(addrs, dtype=torch.int64, device=device)
-        self.state = self.flags[0][channels * world :]
-        self.record = torch.zeros(channels * RECORD_WORDS, dtype=torch.int64, pin_memory=True)
-
-    def builder(self, name: str = "test") -> Builder:
-        return Builder(0, self.world, HALF_BYTES, name, ())
-
-    def run(self, kernels, program: Program, timeout_s: float = 10.0, by_size: bool = False) -> None:
-        """One launch, waited for."""
-        form = _tables(program, self.channels, self.device, by_size)
-        kernels.run_program(
-            ProgramArgs(
-                form["instructions"],
-                form["operands"],
-                self.peers,
-                self.state.data_ptr(),
-                self.record.data_ptr(),
-                channels=form["channels"],
-                all_channels=self.channels,
-                rank=0,
-                world=self.world,
-                fingerprint=program.fingerprint,
-                half_bytes=HALF_BYTES,
-                granule=form["granule"],
-                timeout_ns=int(timeout_s * 1e9),
-                dtype=program.dtype,
-                op=int(program.op or 0),
-                copy_bytes=form["copy_bytes"],
-                aligned=form["aligned"],
-            )
-        )
-        torch.cuda.synchronize(self.device)
-
-    def flag(self, owner: int, channel: int, writer: int) -> torch.Tensor:
-        """Channel ``channel``'s flag that ``writer`` writes, in ``owner``'s flag area (a view)."""
-        i = channel * self.world + writer
-        return self.flags[owner][i : i + 1]
-
-    def epochs(self) -> list[int]:
-        return self.state[1:].tolist()
-
-    def poisoned(self) -> bool:
-        return bool(self.state[0].item())
-
-    def records(self) -> list[list[int]]:
-        return self.record.view(self.channels, RECORD_WORDS).tolist()
 
 
 def _barrier(ws: Workspace) -> Program:
@@ -176,12 +106,21 @@ def test_copy_and_reduce_match_torch_bitwise(
     b.reduce(regions[-1], regions[:-1], dtype, op, DIVISOR)
     b.copy(Region.of(copy_dst).sub(dst_off, nbytes), Region.of(copy_src_gpu).sub(src_off, nbytes))
     program = b.finish()
-    assert _tables(program, channels, device)["aligned"] == aligned
+    assert tables(program, channels, device)["aligned"] == aligned
     ws.run(kernels, program)
     what = f"{kernels.name} {op.name} {dtype} n={n} channels={channels}"
     assert_same_bits(bufs[-1], want, what)  # guards included
     assert torch.equal(copy_dst.cpu(), copy_want), what
     assert ws.epochs() == [0] * channels and not ws.poisoned()
+
+
+@pytest.mark.parametrize("case", list(CARRIED_CASES))
+def test_store_also_and_carried_copies_match_torch_bitwise(kernels, device, gen, case: str) -> None:
+    # tests/support/carried_programs.py builds, runs and checks each case; tests/ops/test_carried_programs.py
+    # runs the same cases on CPU. Sizes count in the fold's vector body at the GPU build's block size.
+    seed = int(torch.randint(0, 1 << 30, (1,), generator=gen))
+    problems = run_carried_case(kernels, device, CARRIED_CASES[case], seed, THREADS)
+    assert not problems, f"{kernels.name} {case} seed {seed}: {problems}"
 
 
 def test_reduce_of_70_sources(kernels, device, gen) -> None:
@@ -335,7 +274,7 @@ def test_a_timeout_is_decided_once_per_channel(kernels, device, race: bool) -> N
             ws.flag(0, c, 3).fill_(arrived)
         torch.cuda.synchronize(device)
         start = time.monotonic()
-        form = _tables(program, channels, device)
+        form = tables(program, channels, device)
         kernels.run_program(
             ProgramArgs(
                 form["instructions"],
@@ -372,7 +311,7 @@ def test_a_small_program_runs_one_channel_and_keeps_every_epoch(kernels, device)
     # 8 bytes: one block of the 6 the flag layout has; a 1 MiB program then runs all 6 (16 with
     # 64 KiB each, capped), and starts from the epoch the small one left in every channel.
     channels = 6
-    ws = Workspace(device, 1, channels)
+    ws = Workspace(device, 1, channels, half_bytes=1 << 20)  # halves that hold the 1 MiB program
     for count in (2, 1 << 18):
         x = torch.arange(count, dtype=torch.float32, device=device)
         y = torch.full_like(x, float("nan"))
@@ -381,7 +320,7 @@ def test_a_small_program_runs_one_channel_and_keeps_every_epoch(kernels, device)
         b.sync()
         b.copy(Region.of(y), b.slot(0, b.read_offset(), 4 * count))
         program = b.finish()
-        grid = _tables(program, channels, device, by_size=True)["channels"]
+        grid = tables(program, channels, device, by_size=True)["channels"]
         assert grid == (1 if count == 2 else channels), grid
         ws.run(kernels, program, by_size=True)
         assert torch.equal(y, x), count
