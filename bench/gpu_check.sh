@@ -111,7 +111,7 @@ brief)
     # The files that spawn ranks, in the order they most need a GPU: those that check fixes made
     # without one, then those that have never run on one, then the rest; DDP (28 of its 30 cases
     # passed on an H100, 2026-11-25) last. pytest runs files in the order named.
-    rank_files="test_repeat_launch_gpu test_small_allreduce_gpu test_async_gpu test_caller_stream_gpu test_symmetric_gpu
+    rank_files="test_repeat_launch_gpu test_small_allreduce_gpu test_all_reduce_into_gpu test_async_gpu test_caller_stream_gpu test_symmetric_gpu
         test_workspace_collectives_gpu test_stream_ordered_gpu test_fused_gpu test_program_cache_gpu test_cuda_ipc
         test_bench_timing_gpu test_ddp_gpu"
     step tests_gpu_ranks 170 python3 -m pytest $(printf 'tests/gpu/%s.py ' $rank_files) -q -p no:cacheprovider $per_test \

@@ -4,8 +4,10 @@ Every algorithm (forced per group), several dtypes and ops, sizes of one and of 
 workspaces: 6 KiB halves), on the shm workspace with the torch kernels at 2 and 3 ranks, and with the
 Triton program kernel (interpreter) and the CUDA C++ one (host image) at 2 ranks: output poisoned
 first, against a float64 reference of fresh random inputs, the input bitwise unchanged, the output
-bitwise all_reduce's on a copy. Bad pairs raise on the caller before any data moves; the gloo path
-and the hierarchical form (two nodes of one rank) copy, then run in place, with the same results.
+bitwise all_reduce's on a copy (tests/support/into_ranks.py: the rank body
+tests/gpu/test_all_reduce_into_gpu.py runs on CUDA tensors). Bad pairs raise on the caller before
+any data moves; the gloo path and the hierarchical form (two nodes of one rank) copy, then run in
+place, with the same results.
 """
 
 from __future__ import annotations
@@ -13,123 +15,16 @@ from __future__ import annotations
 import random
 
 import pytest
+from into_ranks import check_into_results, into_rank
 from spawn import run_ranks
 
-ALGOS = ("oneshot", "twoshot", "ring", "tree", "auto")
 EMULATE = {"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"}
-
-
-def _inputs(seed: int, case: int, world_size: int, n: int, dtype: object) -> list[object]:
-    """Every rank's input of one case (each rank draws all of them, for the reference)."""
-    import torch
-
-    out = []
-    for r in range(world_size):
-        g = torch.Generator().manual_seed(seed * 1000 + case * 10 + r)
-        x = torch.randn(n, generator=g, dtype=torch.float64) * 4
-        out.append(x.round().to(dtype) if not dtype.is_floating_point else (x + 0.5).to(dtype))
-    return out
-
-
-def _reference(inputs: list[object], op: object, dtype: object) -> object:
-    import torch
-
-    from gpucomm import ReduceOp
-
-    x = torch.stack([t.to(torch.float64) for t in inputs])
-    fold = {
-        ReduceOp.SUM: lambda: x.sum(0),
-        ReduceOp.AVG: lambda: x.mean(0),
-        ReduceOp.MAX: lambda: x.max(0).values,
-        ReduceOp.MIN: lambda: x.min(0).values,
-        ReduceOp.PRODUCT: lambda: x.prod(0),
-    }[op]()
-    return fold if dtype.is_floating_point else torch.trunc(fold) if op is ReduceOp.AVG else fold
-
-
-def _cases(lean: bool) -> list[tuple[int, object, object]]:
-    import torch
-
-    from gpucomm import ReduceOp
-
-    # 7 elements: one piece; 4099 float32: 3 pieces of 6 KiB halves (two-shot pipelined);
-    # 20011: 14-27 pieces (the pipelined two-shot, several ring pieces).
-    cases = [
-        (7, torch.float32, ReduceOp.SUM),
-        (4099, torch.float32, ReduceOp.AVG),
-        (20011, torch.float32, ReduceOp.SUM),
-        (4099, torch.bfloat16, ReduceOp.MAX),
-        (4099, torch.int32, ReduceOp.SUM),
-        (20011, torch.float16, ReduceOp.MIN),
-        (1000, torch.float64, ReduceOp.PRODUCT),
-    ]
-    return cases[:4] if lean else cases
-
-
-def _ranks(rank: int, world_size: int, seed: int, kernels: str, transport: str) -> tuple[list[str], str]:
-    import io
-    import logging
-
-    import torch
-
-    import gpucomm
-
-    stream = io.StringIO()
-    gpucomm.init_process_group(transport=transport, kernels=kernels, workspace_bytes="16K", timeout=60)
-    logging.getLogger("gpucomm").addHandler(logging.StreamHandler(stream))
-    logging.getLogger("gpucomm").setLevel(logging.DEBUG)
-    comm = gpucomm.get_default_communicator()
-    everyone = list(range(world_size))
-    algos = ALGOS if transport == "shm" else ("auto",)
-    groups = {a: comm if a == "auto" else comm.new_subgroup(everyone, algo=a) for a in algos}
-    failures = []
-    for case, (n, dtype, op) in enumerate(_cases(kernels != "torch" or transport != "shm")):
-        inputs = _inputs(seed, case, world_size, n, dtype)
-        want = _reference(inputs, op, dtype)
-        tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3}.get(dtype, 1e-5)
-        for algo, group in groups.items():
-            tag = f"n={n} {dtype} {op.name} algo={algo}"
-            x = inputs[rank].clone()
-            kept = x.clone()
-            out = torch.empty_like(x)
-            out.view(torch.uint8).fill_(0x7F)  # poisoned: a byte the call does not write shows
-            group.all_reduce_into(out, x, op)
-            copy = inputs[rank].clone()
-            group.all_reduce(copy, op)
-            bits = torch.int16 if x.element_size() == 2 else x.dtype if not x.dtype.is_floating_point else None
-            bits = bits or (torch.int32 if x.element_size() == 4 else torch.int64)
-            if not torch.equal(x.view(bits), kept.view(bits)):
-                failures.append(f"{tag}: the input changed")
-            if not torch.equal(out.view(bits), copy.view(bits)):
-                failures.append(f"{tag}: output differs in bits from all_reduce on a copy")
-            if not torch.allclose(out.to(torch.float64), want, rtol=tol, atol=tol * 4):
-                failures.append(f"{tag}: output is not the reduction (max error {(out.double() - want).abs().max()})")
-    # output is input: exactly all_reduce.
-    y = inputs[rank].clone()
-    z = inputs[rank].clone()
-    comm.all_reduce_into(y, y, op)
-    comm.all_reduce(z, op)
-    if not torch.equal(y, z):
-        failures.append("all_reduce_into(x, x) is not all_reduce(x)")
-    # An asynchronous call: its Work ends with the output written.
-    a, out = inputs[rank].clone(), torch.zeros_like(inputs[rank])
-    comm.all_reduce_into(out, a, op, async_op=True).wait()
-    if not torch.equal(out, z):
-        failures.append("async all_reduce_into differs from all_reduce")
-    gpucomm.destroy_process_group()
-    return failures, stream.getvalue()
-
-
-def _check(results: list[tuple[list[str], str]], seed: int) -> list[str]:
-    failures = [f for fails, _ in results for f in fails]
-    assert not failures, f"seed {seed}:\n" + "\n".join(failures[:40])
-    return [log for _, log in results]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_reduce_into_on_the_workspace_torch_kernels(world_size: int) -> None:
     seed = random.randrange(1 << 30)
-    logs = _check(run_ranks(_ranks, world_size, seed, "torch", "shm", timeout=300), seed)
+    logs = check_into_results(run_ranks(into_rank, world_size, seed, "torch", "shm", timeout=300), seed)
     # DEBUG says which form served each call: the out-of-place programs, and the tree's copy first.
     assert "all_reduce_into: out-of-place program, algo=twoshot" in logs[0]
     assert "all_reduce_into: out-of-place program, algo=ring" in logs[0]
@@ -138,7 +33,7 @@ def test_all_reduce_into_on_the_workspace_torch_kernels(world_size: int) -> None
 
 def test_all_reduce_into_on_gloo() -> None:
     seed = random.randrange(1 << 30)
-    logs = _check(run_ranks(_ranks, 2, seed, "torch", "gloo", timeout=300), seed)
+    logs = check_into_results(run_ranks(into_rank, 2, seed, "torch", "gloo", timeout=300), seed)
     assert "output.copy_(input), then in place (gloo has no out-of-place all_reduce)" in logs[0]
 
 
@@ -146,7 +41,7 @@ def test_all_reduce_into_on_gloo() -> None:
 def test_all_reduce_into_with_the_program_kernels(kernels: str) -> None:
     seed = random.randrange(1 << 30)
     env = {"TRITON_INTERPRET": "1"} if kernels == "triton" else EMULATE
-    _check(run_ranks(_ranks, 2, seed, kernels, "shm", env=env, timeout=600), seed)
+    check_into_results(run_ranks(into_rank, 2, seed, kernels, "shm", env=env, timeout=600), seed)
 
 
 def _bad_pairs(rank: int, world_size: int) -> list[str]:
