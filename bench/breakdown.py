@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replays", type=int, default=10, help="graph replays, a sample each (GPU)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls before each measurement")
     p.add_argument("--rounds", type=int, default=5, help="rounds of each measurement, alternating order")
-    p.add_argument("--timeout", type=float, default=120.0, help="gpucomm's timeout (s) for every wait")
+    p.add_argument("--timeout", type=float, default=60.0, help="gpucomm's timeout (s) for every wait")
     p.add_argument("--mps", default="unknown", choices=("on", "off", "unknown"), help="whether MPS runs (recorded)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the settings and every row")
     return p

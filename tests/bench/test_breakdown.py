@@ -117,16 +117,27 @@ def test_bad_settings_are_refused_before_any_rank_starts(argv, message):
         run(parser().parse_args(argv))
 
 
-def _env() -> dict[str, str]:
+# How each kernel family runs on CPU tensors: Triton's interpreter; the CUDA C++ kernels built for the
+# host, 64 threads a block (as tests/workspace/test_small_allreduce.py runs them).
+FAMILIES = {
+    "triton": {"TRITON_INTERPRET": "1"},
+    "cuda": {"GPUCOMM_CUDA_EMULATE": "1", "GPUCOMM_CUDA_EMULATE_THREADS": "64"},
+}
+
+
+def _env(kernels: str = "triton") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOMM_")}
-    return {**env, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    return {**env, **FAMILIES[kernels], "OMP_NUM_THREADS": "1"}
 
 
-def test_on_cpu_every_checked_row_is_right_and_the_model_flags_are_derived(tmp_path):
+# Triton 9 s here; the CUDA C++ family 5 s with its host build cached, 18 s with the build (the
+# 2-core machine, 2026-11-29).
+@pytest.mark.parametrize("kernels", ["triton", "cuda"])
+def test_on_cpu_every_checked_row_is_right_and_the_model_flags_are_derived(tmp_path, kernels):
     out = tmp_path / "b.json"
     argv = [*SMALL, "--sizes", "16K", "--channels", "1", "2", "--copy-channels", "2", "--json", str(out)]
-    cmd = [sys.executable, "-m", "gpucomm._bench.breakdown", *argv]
-    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=300, env=_env())
+    cmd = [sys.executable, "-m", "gpucomm._bench.breakdown", "--kernels", kernels, *argv]
+    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=300, env=_env(kernels))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "THE TIMES MEAN NOTHING" in proc.stdout and "# check: PASS (5 checked rows)" in proc.stdout
     result = json.loads(out.read_text())
