@@ -93,8 +93,8 @@ def model_flags(launch_us: float, sync_us: float, grid: int | None) -> str:
 
 
 def _figure(per_rank: Sequence[Mapping], get: Callable[[Mapping], list[list[float]]]) -> float:
-    """Microseconds of one row: per round the slowest rank's median (timing.slowest_rank), then the
-    median over rounds."""
+    """Microseconds of one row: in each round, per sample (a replay, or a call on the CPU) the slowest
+    rank's time and the median over samples (timing.slowest_rank); then the median over rounds."""
     rounds = [get(ranked) for ranked in per_rank]
     return 1e6 * statistics.median(slowest_rank([r[i] for r in rounds]) for i in range(len(rounds[0])))
 
