@@ -20,6 +20,7 @@ from breakdown_broken import broken_rank
 from gpucomm._bench import breakdown_programs as bp
 from gpucomm._bench.breakdown import model_flags, parser, run, saturating_grid, split
 from gpucomm._bench.breakdown_rank import workspace_for
+from gpucomm._bench.model import parser as model_parser
 from gpucomm.ops.program import COPY, REDUCE, SYNC, Builder, operands
 from gpucomm.workspace.layout import DataLayout
 
@@ -153,6 +154,8 @@ def test_on_cpu_every_checked_row_is_right_and_the_model_flags_are_derived(tmp_p
     grid = saturating_grid({r["channels"]: r["gbps"] for r in result["reduce"]})
     flags = f"--launch-us {s['launch']:.2f} --sync-us {s['sync']:.2f} --saturating-grid {grid}"
     assert result["model_flags"] == flags and f"model flags: {flags}" in proc.stdout
+    taken = model_parser().parse_args(flags.split())  # ready for python -m gpucomm._bench.model
+    assert (taken.launch_us, taken.saturating_grid) == (round(s["launch"], 2), grid)
 
 
 def test_a_full_row_without_its_reduce_is_caught(monkeypatch, capsys):
