@@ -178,10 +178,12 @@ breakdown)
     # one REDUCE over the peer's half at 1, 4, 16 and 32 channels, 1 to 256 MiB; a COPY pulled from
     # the peer's half against one pushed into it. Every full program and REDUCE/COPY checked; its log
     # ends with the model's flags this run measured and the check (bench/breakdown.py). Limits: 280 s.
+    # Without MPS a SYNC waits for the peer's time slice: fewer rounds, so the SYNC variants' replays fit.
+    rounds=5; [ "$mps" = on ] || rounds=3
     for k in triton cuda; do
         limit=150; [ "$k" = cuda ] && limit=130
         step "breakdown_$k" "$limit" python3 -m gpucomm._bench.breakdown --nproc 2 --kernels "$k" --mps "$mps" \
-            --json "$work/breakdown_$k.json"
+            --rounds "$rounds" --json "$work/breakdown_$k.json"
     done
     ;;
 tests-a|tests-b)

@@ -194,5 +194,5 @@ def test_gpu_check_breakdown_fits_one_call():
     part = script[start : script.index("\n    ;;", start)]
     assert "for k in triton cuda; do" in part and 'step "breakdown_$k" "$limit"' in part
     assert sum(int(x) for x in re.findall(r"limit=(\d+)", part)) <= 300
-    assert '--mps "$mps"' in part and '--json "$work/breakdown_$k.json"' in part
+    assert '--mps "$mps"' in part and '--json "$work/breakdown_$k.json"' in part and '--rounds "$rounds"' in part
     assert "|breakdown|" in script.splitlines()[script.splitlines().index("set -uo pipefail") + 1]
