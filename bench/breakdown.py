@@ -111,7 +111,8 @@ def _report(args: argparse.Namespace, per_rank: list[Mapping], header: list[str]
     P = args.nproc
     print("\n".join(f"# {line}" for line in header))
     steps, splits, reduce_rows, copy_rows = [], {}, [], []
-    print("#\n# (a) the all_reduce's program, steps left out (C COPY, S SYNC, R REDUCE); us per call")
+    print("#\n# (a) the all_reduce's program, steps left out (C COPY, S SYNC, R REDUCE; empty: one COPY of no bytes,")
+    print("#     the launch alone); us per call; only full computes an all_reduce, the others are unchecked")
     print(f"# {'size':>10}  {'algo':>8}  {'variant':>9}  {'steps':>8}  {'time(us)':>9}  check")
     for size in args.step_sizes:
         cell = [ranked["steps"][str(size)] for ranked in per_rank]
