@@ -166,7 +166,7 @@ def test_a_full_row_without_its_reduce_is_caught(monkeypatch, capsys):
     assert run(parser().parse_args([*SMALL, "--sizes"]), rank=broken_rank) == 1
     text = capsys.readouterr().out
     assert "# check: FAIL (1 checked rows)" in text
-    full = next(line for line in text.splitlines() if " full " in line)
+    full = next(line for line in text.splitlines() if re.match(r"\s+8\s+oneshot\s+full\s", line))
     assert "CS " in full and "WRONG (4 elements)" in full  # 2 elements on each of 2 ranks
 
 
