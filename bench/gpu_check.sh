@@ -8,6 +8,7 @@
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
 #   bash bench/gpu_check.sh symmetric # all_reduce of symmetric tensors (gpucomm.empty) against ordinary ones, multimem on and off
 #   bash bench/gpu_check.sh fused     # gpucomm.fused against the unfused calls (checked, timed), the device API's tests
+#   bash bench/gpu_check.sh breakdown # where the captured all_reduce's device time goes (steps left out), a REDUCE by channels, pull vs push
 #   bash bench/gpu_check.sh tests-a   # tests/gpu, first of two calls: the kernel files, then the rank files that check fixes
 #   bash bench/gpu_check.sh tests-b   # tests/gpu, second call: graph replays and timeouts, workspace collectives, fused, DDP
 #   bash bench/gpu_check.sh sanitize-memcheck   # every collective at 2 ranks under compute-sanitizer,
@@ -26,7 +27,7 @@
 # under `timeout`, and packs its logs and JSON into one archive $OUT/<part>.tar.gz (the device tool
 # brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
-part=${1:?usage: bash bench/gpu_check.sh brief|bench2|bench4|latency|symmetric|fused|tests-a|tests-b|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
+part=${1:?usage: bash bench/gpu_check.sh brief|bench2|bench4|latency|symmetric|fused|breakdown|tests-a|tests-b|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1}
 out=${OUT:-gpu-check-out}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -171,6 +172,20 @@ fused)
     step fused_np2 240 python3 -m gpucomm._bench.fused --nproc 2 --device cuda --json "$work/fused_np2.json"
     step tutorial_np2 90 python3 -m torch.distributed.run --nproc-per-node 2 docs/tutorials/one_shot_all_reduce.py
     ;;
+breakdown)
+    # Two ranks on the one GPU, each kernel family: the 8 B and 64 KiB all_reduce's program with its
+    # REDUCEs, COPYs or SYNCs left out and with nothing to move (launch), captured into CUDA graphs;
+    # one REDUCE over the peer's half at 1, 4, 16 and 32 channels, 1 to 256 MiB; a COPY pulled from
+    # the peer's half against one pushed into it. Every full program and REDUCE/COPY checked; its log
+    # ends with the model's flags this run measured and the check (bench/breakdown.py). Limits: 280 s.
+    # Without MPS a SYNC waits for the peer's time slice: fewer rounds, so the SYNC variants' replays fit.
+    rounds=5; [ "$mps" = on ] || rounds=3
+    for k in triton cuda; do
+        limit=150; [ "$k" = cuda ] && limit=130
+        step "breakdown_$k" "$limit" python3 -m gpucomm._bench.breakdown --nproc 2 --kernels "$k" --mps "$mps" \
+            --rounds "$rounds" --json "$work/breakdown_$k.json"
+    done
+    ;;
 tests-a|tests-b)
     # Every case of tests/gpu in one step of tests-a or tests-b (bench/gpu_test_parts.py names the
     # steps, their limits from the 2026-11-25 H100 run's durations, and their cases; a CPU test
@@ -218,7 +233,7 @@ cpuhost-default|cpuhost-1)
     done
     ;;
 *)
-    echo "unknown part: $part (brief|bench2|bench4|latency|symmetric|fused|tests-a|tests-b|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
+    echo "unknown part: $part (brief|bench2|bench4|latency|symmetric|fused|breakdown|tests-a|tests-b|sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|cpu|cpuhost-default|cpuhost-1)" >&2
     exit 2
     ;;
 esac
