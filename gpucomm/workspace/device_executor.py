@@ -350,6 +350,13 @@ def _operand(operand: object, addrs: tuple[int, ...]) -> list[int]:
 def instruction_rows(program: Program) -> list[list[int]]:
     """The program kernel's instruction table (WORDS int64 a row, kernels/triton/program.py):
     a SYNC's masks and fence word, a move's size, position, operand count and first operand."""
+    if not program.instructions:
+        # The upload pads an empty table with one zero row (a tensor of no elements cannot be
+        # handed to the kernels), and the kernels would run that row as an instruction and read
+        # operands the table does not have: out of bounds on a GPU.
+        raise ValueError(
+            f"instruction_rows: expected a program of at least one instruction, got none in {program.name!r}"
+        )
     rows: list[list[int]] = []
     first = 0
     for ins in program.instructions:

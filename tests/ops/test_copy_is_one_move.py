@@ -63,3 +63,8 @@ def test_two_shot_copies_are_single_moves_in_the_kernels_table(nbytes: int) -> N
         assert {row[3] for row in rows} == {1}  # word 3: the sources of the one move
         if nbytes > HALF:
             assert any(carried(ins) for ins in copies)
+
+
+def test_a_program_of_no_instructions_is_refused_before_any_table() -> None:
+    with pytest.raises(ValueError, match="instruction_rows: expected a program of at least one instruction, got none"):
+        instruction_rows(Program("all_reduce", 0, None, instructions=[]))
