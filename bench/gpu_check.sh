@@ -2,7 +2,7 @@
 # The GPU check for a lent GPU machine, in parts that each end well inside a 10-minute call
 # (see ../docs/benchmarks.md and docs/results/). Run from the repository root:
 #
-#   bash bench/gpu_check.sh brief     # for a 15-minute lease: tests/gpu, all_reduce at 2 ranks beside gloo, eager latency bound
+#   bash bench/gpu_check.sh brief     # for a 15-minute lease: tests/gpu, all_reduce at 2 ranks beside gloo and NCCL, eager latency bound
 #   bash bench/gpu_check.sh bench2    # kernel roofline, collectives at 2 ranks beside gloo, latency, launches
 #   bash bench/gpu_check.sh bench4    # collectives at 4 ranks beside gloo, every algorithm forced
 #   bash bench/gpu_check.sh latency   # 8-byte all_reduce at 2 ranks, eager (bound launch, JIT beside it) and from a CUDA graph
@@ -18,9 +18,11 @@
 #   bash bench/gpu_check.sh cpuhost-default  # the CPU path on this host's many cores (DDP overlap, all_reduce beside
 #   bash bench/gpu_check.sh cpuhost-1        # gloo), with torch's default threads and with one
 #
-# A session has about 30 minutes of device time, not enough for every part: run tests-a, tests-b,
-# latency and bench2 first (does it work, and the two goals of the speed work), then sanitize-memcheck,
-# then the others as time allows.
+# A lent session has about 15 minutes of device time in all, the machine's start (a minute or two)
+# included, and no machine starts with under 4 minutes left: not enough for every part. Run `brief`
+# first, in one call (at most 500 s of steps); then, while the machine is still warm, `breakdown`
+# (280 s); later sessions take tests-a, tests-b, latency and bench2, then sanitize-memcheck, then the
+# others.
 #
 # Every part installs gpucomm first (kernels/ and bench/ exist as gpucomm._kernels and
 # gpucomm._bench only after an install), starts MPS if it can and stops it on exit, runs each step
@@ -102,7 +104,9 @@ brief)
     order="in_order_on_torchs_current_stream or times_out_with_the_missing"
     step tests_gpu_launch_order 40 python3 -m pytest tests/gpu/test_cuda_kernels.py -k "$order" -v -p no:cacheprovider $per_test -rfE --tb=short
     step tests_gpu_kernels 70 python3 -m pytest $kernel_files -k "not ($order)" -q -p no:cacheprovider $per_test $workers -rfE --tb=short
-    step all_reduce_np2 60 $bench all_reduce --nproc 2 -b 8 -e 256M -f 16 --compare gloo --json "$work/all_reduce_np2.json"
+    # NCCL beside it where the installed NCCL takes two ranks on one GPU (2.30 and later); otherwise
+    # the table prints NCCL's refusal and version, at no cost (bench/backends.py).
+    step all_reduce_np2 80 $bench all_reduce --nproc 2 -b 8 -e 256M -f 16 --compare gloo,nccl --json "$work/all_reduce_np2.json"
     # The eager call's host time beside a plain torch launch's (torch_launch_host_us) and a bare
     # launch through gpucomm's launcher (launcher_host_us), with each kernel family: what of the
     # bound call's host time is the driver's launch and what is gpucomm's.
