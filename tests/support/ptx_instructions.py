@@ -61,7 +61,10 @@ def timer_facts(ttgir: str) -> dict:
         if name in seen or name not in defs:
             return False, False
         seen.add(name)
-        text = defs[name]
+        # A loop's induction variable is no use of the loop: Triton names values after the source's
+        # variables, and a region may reuse a name another region defines (an index ``start`` and a
+        # wait's clock reading ``start``), which would make a loop over data seem to read the clock.
+        text = re.sub(r"\bscf\.for\s+%[\w.$-]+\s*=", "scf.for", defs[name])
         if "globaltimer" in text:
             return (not through_reduce, through_reduce)
         reduces = text.startswith('"tt.reduce"')
