@@ -6,7 +6,7 @@ not taken for one."""
 
 from __future__ import annotations
 
-from ptx_instructions import timer_facts
+from ptx_instructions import narrow_products, timer_facts
 
 _LAYOUT = "#blocked = #ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [8], order = [0]}>"
 _READ = (
@@ -51,3 +51,16 @@ def test_a_loop_index_named_like_a_reading_is_no_reading() -> None:
         ]
     )
     assert timer_facts(ttgir)["branch_sees_raw"] is False
+
+
+def test_a_32_bit_product_widened_into_an_address_is_found() -> None:
+    ttgir = "\n".join(
+        [
+            "    %x_piece = arith.muli %start, %c4_i32 : i32 loc(#loc1)",
+            "    %x_piece_44 = arith.extsi %x_piece : i32 to i64 loc(#loc1)",
+            "    %x_piece_45 = arith.addi %x, %x_piece_44 : i64 loc(#loc1)",
+            "    %wide = arith.extsi %start : i32 to i64",
+            "    %y = arith.muli %wide, %c4_i64 : i64",
+        ]
+    )
+    assert narrow_products(ttgir) == ["x_piece"]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from ptx_instructions import INSTRUCTION, has, timer_facts
+from ptx_instructions import INSTRUCTION, has, narrow_products, timer_facts
 
 ARCHS = (80, 90)
 # Sources a REDUCE loads at once, as the launcher picks them for 2, 4 and 8 ranks.
@@ -199,6 +199,10 @@ def _variants() -> dict[str, tuple]:
             {**constexprs, "SOURCES": sources},
             attrs,
         )
+    # The sizes as Triton's dispatch types them below 2**31: i32 (a workspace under 2 GiB).
+    kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
+    narrow = {name: "i32" for name in ("n_instr", "half_bytes", "granule", "timeout_ns", "ident_word")}
+    variants["program-SUM-float32-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
     # Triton may turn an int argument equal to 1 into a constant; the kernels must compile then too.
     kernel, signature, constexprs, attrs = variants["reduce-AVG-float32"]
     variants["reduce-AVG-float32-divisor1"] = (
@@ -276,6 +280,7 @@ def _worker() -> dict[str, list[str] | str]:
             if name.startswith(("small", "program")):
                 report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
             if name.startswith("program"):
+                report[f"{name}-sm{arch}-narrow"] = narrow_products(compiled.asm["ttgir"])
                 report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
                 report[f"{name}-sm{arch}-carry"] = _carry_loops(ptx)
                 report[f"{name}-sm{arch}-timer"] = timer_facts(compiled.asm["ttgir"])
@@ -543,6 +548,20 @@ def test_program_copy_keeps_several_loads_in_flight_before_storing(ptx) -> None:
     # number of loads other than the REDUCE's.
     loops = [loop for loop in ptx["program-SUM-float32-sm90-loops"] if 0 < loop[0] < REDUCE_LOADS_FLOOR]
     assert loops and all(loads >= COPY_LOADS_FLOOR and interleaved == 0 for loads, interleaved in loops), loops
+
+
+# The 32-bit products the program kernel widens into an address: offsets in the flag area (a flag,
+# an identity slot, an error record: channel, rank and lane indices under the flag area's size).
+# Every data offset is computed in 64 bits: positions, sizes and epochs come from int64 tables.
+FLAG_AREA_PRODUCTS = {"at_peers", "mine", "slots", "ids_at_peers", "ids_mine", "rec"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["program-SUM-float32", "program-SUM-float32-int32"])
+def test_program_data_offsets_are_computed_in_64_bits(ptx, arch: int, name: str) -> None:
+    _instructions(ptx, f"{name}-sm{arch}")
+    narrow = ptx[f"{name}-sm{arch}-narrow"]
+    assert set(narrow) <= FLAG_AREA_PRODUCTS, narrow
 
 
 # Measured on the sm_90 PTX (Triton 3.9), float32 SUM program kernel, ALIGNED, int64 units: the
