@@ -124,7 +124,9 @@ _REDUCE_LOADS = tl.constexpr(16)
 _COPY_VECTORS = tl.constexpr(8)
 # Registers a thread may use. By default ptxas (CUDA 13.4, as Triton 3.9 ships it) held the
 # kernel to 128 and spilled 148 bytes (sm_90, float32 SUM, 8 sources); allowed 255 it used 174
-# and spilled nothing. A channel is one 256-thread block: 174 x 256 still fits an SM's 64 Ki.
+# and spilled nothing. With the carried copies it uses all 255 and spills 44 bytes (496 while the
+# carry moved single words: kernels/triton/carry.py; ptxas -v, sm_90a). A channel is one 256-thread
+# block: 255 x 256 still fits an SM's 64 Ki registers, one channel an SM.
 MAX_REGISTERS = 255
 
 
