@@ -36,8 +36,8 @@ def _cases() -> list[dict]:
     rng = random.Random(20261129)
     cases = []
     for aligned in (True, False):
-        for i in range(10):
-            unit = 8 if aligned else rng.choice((1, 2, 4, 8))
+        for i in range(16):
+            unit = rng.choice((1, 2, 4, 8))  # COPY_BYTES: ALIGNED still has copies of any size
             step = 16 if aligned else unit  # positions, addresses and the granule
             granule = step * rng.randint(1, 24) if aligned else unit * rng.randint(1, 40)
             channels = rng.randint(1, 4)
