@@ -203,6 +203,9 @@ def _variants() -> dict[str, tuple]:
     kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
     narrow = {name: "i32" for name in ("n_instr", "half_bytes", "granule", "timeout_ns", "ident_word")}
     variants["program-SUM-float32-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
+    kernel, signature, constexprs, attrs = variants["multimem-SUM-bfloat16"]
+    narrow = {name: "i32" for name in ("offset", "signal_offset", "lo", "hi", "timeout_ns")}
+    variants["multimem-SUM-bfloat16-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
     # Triton may turn an int argument equal to 1 into a constant; the kernels must compile then too.
     kernel, signature, constexprs, attrs = variants["reduce-AVG-float32"]
     variants["reduce-AVG-float32-divisor1"] = (
@@ -279,8 +282,9 @@ def _worker() -> dict[str, list[str] | str]:
                 report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
             if name.startswith(("small", "program")):
                 report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
-            if name.startswith("program"):
+            if name.startswith(("program", "multimem")):
                 report[f"{name}-sm{arch}-narrow"] = narrow_products(compiled.asm["ttgir"])
+            if name.startswith("program"):
                 report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
                 report[f"{name}-sm{arch}-carry"] = _carry_loops(ptx)
                 report[f"{name}-sm{arch}-timer"] = timer_facts(compiled.asm["ttgir"])
@@ -562,6 +566,18 @@ def test_program_data_offsets_are_computed_in_64_bits(ptx, arch: int, name: str)
     _instructions(ptx, f"{name}-sm{arch}")
     narrow = ptx[f"{name}-sm{arch}-narrow"]
     assert set(narrow) <= FLAG_AREA_PRODUCTS, narrow
+
+
+# multimem's: its signal pad's word (block x 8 bytes) and error record (block x 64 bytes); its units'
+# addresses are 64-bit (multimem.py's _unit_address).
+MULTIMEM_BOUNDED_PRODUCTS = {"pad", "own_word", "rec"}
+
+
+@pytest.mark.parametrize("name", ["multimem-SUM-bfloat16", "multimem-SUM-bfloat16-int32"])
+def test_multimem_data_offsets_are_computed_in_64_bits(ptx, name: str) -> None:
+    _instructions(ptx, f"{name}-sm90")  # sm_90 only: multimem needs it
+    narrow = ptx[f"{name}-sm90-narrow"]
+    assert set(narrow) <= MULTIMEM_BOUNDED_PRODUCTS, narrow
 
 
 # Measured on the sm_90 PTX (Triton 3.9), float32 SUM program kernel, ALIGNED, int64 units: the
