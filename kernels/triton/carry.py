@@ -114,14 +114,18 @@ def _copy_owned(
         VEC: tl.constexpr = 16 // COPY_BYTES
         ROWS: tl.constexpr = _CARRY_VECTORS * LANES
         whole = b // 16 * 16
+        # Whole vectors as pairs of int64, whatever COPY_BYTES is (as the program kernel's COPY):
+        # in units of one byte the kernel spilled 41856 bytes (sm_90a, ptxas 13.4 -v).
+        sw = as_pointer(src, tl.int64, True)
+        dw = as_pointer(dst, tl.int64, True)
         for at in range(a, whole, ROWS * 16):
             v = at + tl.arange(0, ROWS).to(tl.int64) * 16
             live = v < whole
             # One owned offset per vector: its 16 bytes are contiguous and aligned (module docstring).
-            first = tl.where(live, owned_offset(v, pos, nbytes, granule, channel, channels), 0) // COPY_BYTES
-            offs = tl.multiple_of(first, VEC)[:, None] + tl.arange(0, VEC)[None, :]
+            first = tl.where(live, owned_offset(v, pos, nbytes, granule, channel, channels), 0) // 8
+            offs = tl.multiple_of(first, 2)[:, None] + tl.arange(0, 2)[None, :]
             # src may be a peer's: .cg, as every load of the program kernel (docs/kernel-contract.md).
-            tl.store(d + offs, tl.load(s + offs, mask=live[:, None], cache_modifier=".cg"), mask=live[:, None])
+            tl.store(dw + offs, tl.load(sw + offs, mask=live[:, None], cache_modifier=".cg"), mask=live[:, None])
         if (a < b) & (whole < b):  # the copy's last bytes, short of a vector
             lane = tl.arange(0, VEC)
             unit = owned_offset(whole, pos, nbytes, granule, channel, channels) // COPY_BYTES + lane

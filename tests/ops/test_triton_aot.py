@@ -203,6 +203,14 @@ def _variants() -> dict[str, tuple]:
     kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
     narrow = {name: "i32" for name in ("n_instr", "half_bytes", "granule", "timeout_ns", "ident_word")}
     variants["program-SUM-float32-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
+    # Copies of byte granularity (COPY_BYTES 1: a uint8 tensor of odd size), positions still aligned.
+    kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
+    variants["program-SUM-float32-bytes1"] = (
+        kernel,
+        signature,
+        {**constexprs, "COPY_ELEM": tl.uint8, "COPY_BYTES": 1},
+        attrs,
+    )
     kernel, signature, constexprs, attrs = variants["multimem-SUM-bfloat16"]
     narrow = {name: "i32" for name in ("offset", "signal_offset", "lo", "hi", "timeout_ns")}
     variants["multimem-SUM-bfloat16-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
@@ -589,11 +597,13 @@ CARRY_VECTORS_FLOOR = 8
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_program_carried_copies_move_16_byte_vectors(ptx, arch: int) -> None:
-    """The carried copies (kernels/triton/carry.py) of an ALIGNED launch load 16-byte vectors, at
-    most one owned offset's division each, never single words: on a GPU the loop is otherwise
-    bound by its 64-bit divisions, not by memory."""
-    loops = ptx[f"program-SUM-float32-sm{arch}-carry"]
+@pytest.mark.parametrize("name", ["program-SUM-float32", "program-SUM-float32-bytes1"])
+def test_program_carried_copies_move_16_byte_vectors(ptx, arch: int, name: str) -> None:
+    """The carried copies (kernels/triton/carry.py) of an ALIGNED launch load 16-byte vectors (as
+    int64 pairs, whatever the copies' unit), at most one owned offset's division each, never single
+    words: on a GPU the loop is otherwise bound by its 64-bit divisions, not by memory. (In one-byte
+    units the vectors' elements and offsets filled the registers: 41856 bytes spilled, sm_90a.)"""
+    loops = ptx[f"{name}-sm{arch}-carry"]
     # The carries' loops issue a step's loads, the floor or more; the loops that merely inline a
     # copy's last bytes, short of a vector (a load or two), are not theirs.
     carriers = [loop for loop in loops if loop[0] + loop[1] >= CARRY_VECTORS_FLOOR]
