@@ -158,6 +158,10 @@ __device__ __forceinline__ gc_i64 flags_word(const gc_i64* row) {
 struct Range {
     gc_u64 dst, src;
     gc_i64 pos, n;
+    // This channel's first granule of the range (g0), where its bytes start there (start0) and how
+    // many that granule holds (len): CarryPlan::first's, worked out once by carried(). Recomputed for
+    // every unit, they were three more 64-bit divisions a unit (a call each on a GPU) in the loop.
+    gc_i64 g0, start0, len;
 };
 
 struct CarryPlan {
@@ -183,12 +187,17 @@ struct CarryPlan {
         return count * granule - (start0 - g0 * granule) - tail;
     }
     // The offset from r.pos of this channel's v-th owned byte of range r.
+    // One division: rest's granule and its offset in it, from the quotient.
     __device__ __forceinline__ gc_i64 offset(const Range& r, gc_i64 v) const {
-        gc_i64 g0, start0, len;
-        first(r, g0, start0, len);
-        if (v < len) return start0 - r.pos + v;
-        const gc_i64 rest = v - len;
-        return (g0 + (rest / granule + 1) * channels) * granule + rest % granule - r.pos;
+        if (v < r.len) return r.start0 - r.pos + v;
+        const gc_i64 rest = v - r.len;
+        const gc_i64 turns = rest / granule;
+        return (r.g0 + (turns + 1) * channels) * granule + (rest - turns * granule) - r.pos;
+    }
+    // A range with its first granule worked out (the fields offset() reads).
+    __device__ __forceinline__ Range located(Range r) const {
+        first(r, r.g0, r.start0, r.len);
+        return r;
     }
     __device__ __forceinline__ void move_unit(gc_u64 d, gc_u64 s) const {
         switch (unit) {
@@ -235,15 +244,15 @@ __device__ __forceinline__ CarryPlan carried(const Launch& L, const gc_i64* row,
     c.channels = L.channels;
     const gc_i64* ra = row + WORDS;
     const gc_i64* rb = row + (n_carried > 1 ? 2 : 1) * WORDS;
-    c.a = Range{address(L, ra[4]), address(L, ra[4] + 1), ra[2], ra[1]};
-    c.b = Range{address(L, rb[4]), address(L, rb[4] + 1), rb[2], n_carried > 1 ? rb[1] : 0};
+    c.a = c.located(Range{address(L, ra[4]), address(L, ra[4] + 1), ra[2], ra[1], 0, 0, 0});
+    c.b = c.located(Range{address(L, rb[4]), address(L, rb[4] + 1), rb[2], n_carried > 1 ? rb[1] : 0, 0, 0, 0});
     const gc_u64 bits = (gc_u64)L.granule | c.a.dst | c.a.src | (gc_u64)c.a.pos | (gc_u64)c.a.n | c.b.dst | c.b.src |
                         (gc_u64)c.b.pos | (gc_u64)c.b.n;
     c.unit = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : (bits & 1) == 0 ? 2 : 1;
     c.owned_a = c.owned_bytes(c.a);
     c.total = c.owned_a + c.owned_bytes(c.b);
     // The REDUCE's own bytes of this channel, counted with the same rule.
-    const gc_i64 fold = c.owned_bytes(Range{0, 0, row[2], row[1]});
+    const gc_i64 fold = c.owned_bytes(Range{0, 0, row[2], row[1], 0, 0, 0});
     const gc_i64 iteration = (gc_i64)gpucomm::VECTORS_PER_SOURCE * 16 * blockDim.x;
     const gc_i64 steps = max((fold + iteration - 1) / iteration, (gc_i64)1);
     c.quota = max(((c.total + steps - 1) / steps + c.unit - 1) / c.unit * c.unit, (gc_i64)c.unit);
@@ -292,6 +301,11 @@ __device__ __forceinline__ void granules(const Launch& L, const gc_i64* row, boo
     }
 }
 
+// Whether a program kernel folds (its dtype D is not void): only those run carried copies, and the
+// copy-only kernel then compiles none of them (their plan made ptxas spill 62 bytes in it, sm_90).
+template <class D> struct Folds { static constexpr bool value = true; };
+template <> struct Folds<void> { static constexpr bool value = false; };
+
 // One COPY or REDUCE, on the granules of [pos, pos + nbytes) this channel owns; a REDUCE with the
 // n_carried COPYs after it.
 template <class D, class Op>
@@ -302,7 +316,7 @@ __device__ __forceinline__ void move(const Launch& L, const gc_i64* row, bool re
     const bool also = reduces && (flags_word(row) & STORE_ALSO) != 0;
     cache_operands(L, first, n_src + 1 + (also ? 1 : 0), cached);
     const Operands operands{&L, cached, first};
-    if (n_carried > 0) {
+    if (Folds<D>::value && n_carried > 0) {
         // The next instruction's cache_operands waits for every thread before thread 0 writes again.
         if (threadIdx.x == 0) *plan = carried(L, row, n_carried);
         __syncthreads();

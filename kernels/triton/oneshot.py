@@ -73,7 +73,9 @@ def oneshot_kernel(
         hi = tl.minimum(lo + share, count)
         # Whole vectors up to body, masked by vector (16-byte loads and stores), then the tail.
         body = tl.multiple_of(tl.maximum(hi // VEC * VEC, lo), VEC)
-        x_piece = x + start * ELEM
+        # In 64 bits: n and piece are int32 below 2**31 elements, and a tensor of more than 2 GiB
+        # has pieces past 2**31 bytes (the i32 product wrapped: tests/language/test_language_aot.py).
+        x_piece = x + tl.cast(start, tl.int64) * ELEM
         mine = gl.stage(ctx, e, COPY)
         src = as_pointer(x_piece, COPY, ALIGNED)
         for s in range(lo, body, BLOCK):

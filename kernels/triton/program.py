@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from gpucomm._kernels.triton._common import as_pointer, combine, divide, load_acc, store_rounded
-from gpucomm._kernels.triton.carry import carry_share, owned_bytes
+from gpucomm._kernels.triton.carry import carry_plan, carry_share, owned_bytes
 from gpucomm._kernels.triton.clock import clock_ns_lanes
 from gpucomm._kernels.triton.fence import fence_sys
 from gpucomm._kernels.triton.types import COPY_ELEMS, TL_DTYPES
@@ -124,7 +124,9 @@ _REDUCE_LOADS = tl.constexpr(16)
 _COPY_VECTORS = tl.constexpr(8)
 # Registers a thread may use. By default ptxas (CUDA 13.4, as Triton 3.9 ships it) held the
 # kernel to 128 and spilled 148 bytes (sm_90, float32 SUM, 8 sources); allowed 255 it used 174
-# and spilled nothing. A channel is one 256-thread block: 174 x 256 still fits an SM's 64 Ki.
+# and spilled nothing. With the carried copies it uses all 255 and spills 44 bytes (496 while the
+# carry moved single words: kernels/triton/carry.py; ptxas -v, sm_90a). A channel is one 256-thread
+# block: 255 x 256 still fits an SM's 64 Ki registers, one channel an SM.
 MAX_REGISTERS = 255
 
 
@@ -190,6 +192,7 @@ def _reduce_range(
     quota,
     total,
     owned1,
+    start2,
     pos1,
     n1,
     dst1,
@@ -240,6 +243,7 @@ def _reduce_range(
             quota,
             total,
             owned1,
+            start2,
             pos1,
             n1,
             dst1,
@@ -279,6 +283,7 @@ def _reduce_range(
         quota,
         total,
         owned1,
+        start2,
         pos1,
         n1,
         dst1,
@@ -356,6 +361,7 @@ def _reduce_step(
     quota,
     total,
     owned1,
+    start2,
     pos1,
     n1,
     dst1,
@@ -384,6 +390,7 @@ def _reduce_step(
         cursor,
         tl.minimum(quota, total - cursor),
         owned1,
+        start2,
         pos1,
         n1,
         dst1,
@@ -397,6 +404,7 @@ def _reduce_step(
         channels,
         COPY_ELEM,
         COPY_BYTES,
+        ALIGNED,
         LANES,
     )
     acc = _fold(xs[0], xs, n_src, OP, SOURCES, 1)
@@ -474,13 +482,13 @@ def _move(
     src1 = _address(opnd_ptr, tl.load(row1 + 4) + 1, peers_ptr, e0, half_bytes)
     dst2 = _address(opnd_ptr, tl.load(row2 + 4), peers_ptr, e0, half_bytes)
     src2 = _address(opnd_ptr, tl.load(row2 + 4) + 1, peers_ptr, e0, half_bytes)
-    owned1 = owned_bytes(pos1, n1, granule, channel, channels)
-    total = owned1 + owned_bytes(pos2, n2, granule, channel, channels)
     # Spread them over the fold's steps (about one step per RSTEP bytes of the fold's own granules):
     # a share in each, not all of them after the last.
     RSTEP: tl.constexpr = max(2, _REDUCE_LOADS // SOURCES) * 16 * LANES
-    steps = tl.maximum(tl.cdiv(owned_bytes(pos, nbytes, granule, channel, channels), RSTEP), 1)
-    quota = tl.cdiv(tl.cdiv(total, steps), COPY_BYTES) * COPY_BYTES
+    fold = owned_bytes(pos, nbytes, granule, channel, channels)
+    owned1, start2, total, quota = carry_plan(
+        pos1, n1, pos2, n2, fold, RSTEP, granule, channel, channels, COPY_BYTES, ALIGNED
+    )
     cursor = total * 0
     end = pos + nbytes
     g_first = pos // granule
@@ -510,6 +518,7 @@ def _move(
                 quota,
                 total,
                 owned1,
+                start2,
                 pos1,
                 n1,
                 dst1,
@@ -537,6 +546,7 @@ def _move(
         cursor,
         total - cursor,
         owned1,
+        start2,
         pos1,
         n1,
         dst1,
@@ -550,6 +560,7 @@ def _move(
         channels,
         COPY_ELEM,
         COPY_BYTES,
+        ALIGNED,
         LANES,
     )
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import pytest
-from ptx_instructions import INSTRUCTION, has, timer_facts
+from ptx_instructions import INSTRUCTION, has, narrow_products, timer_facts
 
 ARCH = 90
 # Asynchronous tile copies (16 bytes a thread, global to shared) and Hopper's warp-group MMA.
@@ -42,7 +42,8 @@ def _variants() -> dict[str, tuple]:
     ):
         variants[f"oneshot-{op}-{dtype}"] = (
             oneshot.oneshot_kernel,
-            {"ctx": "*i64", "x_addr": "i64", "n": "i64", "piece": "i64", "divisor": "i32"},
+            # n and piece as Triton's dispatch types them below 2**31 elements: i32.
+            {"ctx": "*i64", "x_addr": "i64", "n": "i32", "piece": "i32", "divisor": "i32"},
             {
                 "DTYPE": getattr(tl, dtype),
                 "OP": op,
@@ -159,6 +160,7 @@ def _worker() -> dict:
             ["%globaltimer"] if "%globaltimer" in ptx else []
         )
         report[f"{name}-timer"] = timer_facts(compiled.asm["ttgir"])
+        report[f"{name}-narrow"] = narrow_products(compiled.asm["ttgir"])
     return report
 
 
@@ -261,6 +263,33 @@ def test_rmsnorm_divides_and_roots_as_ieee(ptx) -> None:
     for name in ("ar_residual_rmsnorm-bfloat16", "ar_residual_rmsnorm_twoshot-bfloat16", "residual_rmsnorm-bfloat16"):
         seen = _seen(ptx, name)
         assert [i for i in seen if i.startswith("div.") and i.endswith("f32")] == ["div.rn.f32"], seen
+
+
+def test_all_gather_matmuls_pushes_store_16_byte_vectors(ptx) -> None:
+    # The push writes every peer's gathered buffer over the links: with a 16-byte aligned shard
+    # (ALIGNED) its stores are vectors. Without the alignment said of the stage half (an argument
+    # Triton does not specialise), the sm_90 PTX stored 8 single bf16 a thread a step.
+    seen = _seen(ptx, "ag_publish-bfloat16")
+    assert has(seen, "st", "global", "v4"), seen
+
+
+# The 32-bit products a kernel widens into an address, and why each stays far below 2**31: every
+# other offset is computed in 64 bits (tests/support/ptx_instructions.narrow_products says why).
+BOUNDED_PRODUCTS = {
+    "rec": "a channel's error record: channel x 64 bytes",
+    "row_bytes": "H rounded down to whole vectors (at most H)",
+    "at": "H rounded down to whole vectors (at most H)",
+    "out": "a row of the output (shard p's first, a tile's first): under world x m rows",
+}
+
+
+@pytest.mark.parametrize("name", sorted(set(WAITING + SIGNALLING)))
+def test_data_offsets_are_computed_in_64_bits(ptx, name: str) -> None:
+    """A tensor of more than 2 GiB has offsets past 2**31 bytes while its element count, below
+    2**31, is an i32 argument: the one-shot's piece offset ``start * ELEM`` was such a product."""
+    _seen(ptx, name)
+    narrow = ptx[f"{name}-narrow"]
+    assert set(narrow) <= set(BOUNDED_PRODUCTS), narrow
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

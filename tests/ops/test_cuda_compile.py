@@ -374,7 +374,14 @@ def _loads_before_first_store(body: list[str]) -> int:
 # bfloat16, 72/100 prod, sum float32, 76/112 prod, sum bfloat16, float16 and int64, 88/132 float64,
 # copy 0/0; sm_90 76/112 int32 and float32, 80/124 16-bit floats and sum int64, 88/132 max, min, prod
 # int64, 96/140 float64, copy 0/0. With the paired COPY still in, every kernel but sm_80's copy spilled
-# 4-46 bytes more stores (sm_90: copy 46/48, prod, sum float64 120/416).
+# 4-46 bytes more stores (sm_90: copy 46/48, prod, sum float64 120/416). With each carried range's
+# first granule worked out once (Range's g0, start0, len) and no carried copy compiled into the
+# copy-only kernel: sm_80 50/56 int64 but prod, 52/60 float64, 58/64 max, min bfloat16 and int32,
+# prod int32 and int64, 58/72 prod, sum 16-bit and float32 and sum int32, 62/72 max, min float16,
+# 66/80 max, min float32, copy 8/8; sm_90 52/64 int64, 56/72 sum int32, 60/72 prod, sum bfloat16,
+# 60/80 max, min, prod int32, 64/80 max, min float16, 66/80 max, min float32, 72/88 prod, sum
+# float16 and float32, 72/92 prod, sum float64, 72/104 max, min float64, 74/88 max, min bfloat16,
+# copy 0/0.
 # None of these is in a COPY or REDUCE loop (this test and the one above check): the spilled
 # values are reloaded once per instruction or per granule.
 COPY_LOADS_FLOOR = 4
@@ -396,6 +403,31 @@ def test_copy_keeps_four_vectors_in_flight(compiled, arch: int) -> None:
         body = max(bodies, key=_loads_before_first_store)
         assert _loads_before_first_store(body) >= COPY_LOADS_FLOOR, (name, body)
         assert not [ins for ins in body if _LOCAL.search(ins)], name
+
+
+# Measured (nvcc 13.0, sm_90, gpucomm_program_sum_float32): the carried copies' loop (program.cu's
+# Carry::share, one unit of 16, 8, 4, 2 or 1 bytes an iteration, so the only loop that loads every
+# width) called the 64-bit division routine 4 times a unit, 268 instructions an iteration: each
+# unit worked out its range's first granule again. With it worked out once (Range's g0, start0,
+# len), 1 call and 147 instructions.
+CARRY_DIVISIONS_PER_UNIT = 1
+_UNIT_LOADS = [re.compile(rf"\bLDG\.E\.{width}\b") for width in ("128", "U16", "U8")]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_carried_copies_divide_once_a_unit(compiled, arch: int) -> None:
+    for name in PROGRAM_KERNELS:
+        if name == program_kernel_name(None, ReduceOp.SUM):
+            continue  # the copy-only kernel runs no REDUCE, so no carried copy
+        bodies = [
+            body
+            for body in _loop_bodies(compiled["program.cu", arch].sass_at[name])
+            if all(any(load.search(ins) for ins in body) for load in _UNIT_LOADS)
+        ]
+        assert bodies, name
+        for body in bodies:
+            calls = sum(bool(re.search(r"\bCALL\b", ins)) for ins in body)
+            assert calls <= CARRY_DIVISIONS_PER_UNIT, (name, calls)
 
 
 def test_compile_options_pin_the_rounding() -> None:

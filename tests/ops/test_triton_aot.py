@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from ptx_instructions import INSTRUCTION, has, timer_facts
+from ptx_instructions import INSTRUCTION, has, narrow_products, timer_facts
 
 ARCHS = (80, 90)
 # Sources a REDUCE loads at once, as the launcher picks them for 2, 4 and 8 ranks.
@@ -199,6 +199,21 @@ def _variants() -> dict[str, tuple]:
             {**constexprs, "SOURCES": sources},
             attrs,
         )
+    # The sizes as Triton's dispatch types them below 2**31: i32 (a workspace under 2 GiB).
+    kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
+    narrow = {name: "i32" for name in ("n_instr", "half_bytes", "granule", "timeout_ns", "ident_word")}
+    variants["program-SUM-float32-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
+    # Copies of byte granularity (COPY_BYTES 1: a uint8 tensor of odd size), positions still aligned.
+    kernel, signature, constexprs, attrs = variants["program-SUM-float32"]
+    variants["program-SUM-float32-bytes1"] = (
+        kernel,
+        signature,
+        {**constexprs, "COPY_ELEM": tl.uint8, "COPY_BYTES": 1},
+        attrs,
+    )
+    kernel, signature, constexprs, attrs = variants["multimem-SUM-bfloat16"]
+    narrow = {name: "i32" for name in ("offset", "signal_offset", "lo", "hi", "timeout_ns")}
+    variants["multimem-SUM-bfloat16-int32"] = (kernel, {**signature, **narrow}, constexprs, attrs)
     # Triton may turn an int argument equal to 1 into a constant; the kernels must compile then too.
     kernel, signature, constexprs, attrs = variants["reduce-AVG-float32"]
     variants["reduce-AVG-float32-divisor1"] = (
@@ -275,8 +290,11 @@ def _worker() -> dict[str, list[str] | str]:
                 report[f"{name}-sm{arch}-order"] = _ORDERING.findall(ptx)
             if name.startswith(("small", "program")):
                 report[f"{name}-sm{arch}-sync"] = _sync_events(ptx)
+            if name.startswith(("program", "multimem")):
+                report[f"{name}-sm{arch}-narrow"] = narrow_products(compiled.asm["ttgir"])
             if name.startswith("program"):
                 report[f"{name}-sm{arch}-loops"] = _loop_loads(ptx)
+                report[f"{name}-sm{arch}-carry"] = _carry_loops(ptx)
                 report[f"{name}-sm{arch}-timer"] = timer_facts(compiled.asm["ttgir"])
     return report
 
@@ -290,10 +308,8 @@ _VECTOR_LOAD = re.compile(r"\bld\.global(?:\.\w+)*\.v(?:4\.[bfsu]32|2\.[bfsu]64)
 _FOLD_OR_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:(?:add|mul|min|max)(?:\.\w+)*\.f32|st\.global)\b")
 
 
-def _loop_loads(ptx: str) -> list[list[int]]:
-    """[16-byte loads, folds or stores between the first and the last of them] of every loop of
-    the PTX, counting only a loop's own lines (not those of loops nested in it): what one
-    iteration issues, and whether it waits for a load's data before it has issued them all."""
+def _own_loop_lines(ptx: str) -> list[list[str]]:
+    """The lines of every loop of the PTX that are its own (not those of loops nested in it)."""
     lines = ptx.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
     # A loop is a branch back to a label above it.
@@ -302,13 +318,44 @@ def _loop_loads(ptx: str) -> list[list[int]]:
         for i, line in enumerate(lines)
         if (m := _BRANCH.search(line)) and labels.get(m.group(1), i + 1) <= i
     ]
-    found = []
+    loops = []
     for lo, hi in spans:
         nested = [(a, b) for a, b in spans if lo <= a and b <= hi and (a, b) != (lo, hi)]
-        own = [lines[i] for i in range(lo, hi + 1) if not any(a <= i <= b for a, b in nested)]
+        loops.append([lines[i] for i in range(lo, hi + 1) if not any(a <= i <= b for a, b in nested)])
+    return loops
+
+
+def _loop_loads(ptx: str) -> list[list[int]]:
+    """[16-byte loads, folds or stores between the first and the last of them] of every loop of
+    the PTX, counting only a loop's own lines (not those of loops nested in it): what one
+    iteration issues, and whether it waits for a load's data before it has issued them all."""
+    found = []
+    for own in _own_loop_lines(ptx):
         loads = [k for k, line in enumerate(own) if _VECTOR_LOAD.search(line)]
         between = own[loads[0] : loads[-1]] if loads else []
         found.append([len(loads), sum(bool(_FOLD_OR_STORE.match(line)) for line in between)])
+    return found
+
+
+# What a carried copy's loop is made of: the owned offsets' 64-bit divisions, the .cg loads of its
+# 8-byte units (int64 here: 16-byte vectors or single words), and no 16-byte load of 4-byte elements
+# (a float32 REDUCE body's, which inlines the carry's one-off tails).
+_DIVISION = re.compile(r"\bdiv\.s64\b")
+_UNIT_LOAD = re.compile(r"\bld\.global\.cg(\.v2)?\.b64\b")
+_F32_VECTOR_LOAD = re.compile(r"\bld\.global\.cg\.v4\.b32\b")
+
+
+def _carry_loops(ptx: str) -> list[list[int]]:
+    """[16-byte loads of 8-byte units, single 8-byte loads, 64-bit divisions] of every loop of the
+    PTX (its own lines) that divides and loads 8-byte units but no float32 vector: the carried
+    copies' loops (kernels/triton/carry.py) of a float32 program kernel."""
+    found = []
+    for own in _own_loop_lines(ptx):
+        text = "\n".join(own)
+        units = _UNIT_LOAD.findall(text)
+        divisions = len(_DIVISION.findall(text))
+        if divisions and units and not _F32_VECTOR_LOAD.search(text):
+            found.append([units.count(".v2"), units.count(""), divisions])
     return found
 
 
@@ -513,6 +560,56 @@ def test_program_copy_keeps_several_loads_in_flight_before_storing(ptx) -> None:
     # number of loads other than the REDUCE's.
     loops = [loop for loop in ptx["program-SUM-float32-sm90-loops"] if 0 < loop[0] < REDUCE_LOADS_FLOOR]
     assert loops and all(loads >= COPY_LOADS_FLOOR and interleaved == 0 for loads, interleaved in loops), loops
+
+
+# The 32-bit products the program kernel widens into an address: offsets in the flag area (a flag,
+# an identity slot, an error record: channel, rank and lane indices under the flag area's size).
+# Every data offset is computed in 64 bits: positions, sizes and epochs come from int64 tables.
+FLAG_AREA_PRODUCTS = {"at_peers", "mine", "slots", "ids_at_peers", "ids_mine", "rec"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["program-SUM-float32", "program-SUM-float32-int32"])
+def test_program_data_offsets_are_computed_in_64_bits(ptx, arch: int, name: str) -> None:
+    _instructions(ptx, f"{name}-sm{arch}")
+    narrow = ptx[f"{name}-sm{arch}-narrow"]
+    assert set(narrow) <= FLAG_AREA_PRODUCTS, narrow
+
+
+# multimem's: its signal pad's word (block x 8 bytes) and error record (block x 64 bytes); its units'
+# addresses are 64-bit (multimem.py's _unit_address).
+MULTIMEM_BOUNDED_PRODUCTS = {"pad", "own_word", "rec"}
+
+
+@pytest.mark.parametrize("name", ["multimem-SUM-bfloat16", "multimem-SUM-bfloat16-int32"])
+def test_multimem_data_offsets_are_computed_in_64_bits(ptx, name: str) -> None:
+    _instructions(ptx, f"{name}-sm90")  # sm_90 only: multimem needs it
+    narrow = ptx[f"{name}-sm90-narrow"]
+    assert set(narrow) <= MULTIMEM_BOUNDED_PRODUCTS, narrow
+
+
+# Measured on the sm_90 PTX (Triton 3.9), float32 SUM program kernel, ALIGNED, int64 units: the
+# carried copies' loops moved one 8-byte word per owned offset, both copies' lanes in every
+# iteration: 32 single loads and 48 div.s64 a thread per iteration, 255 registers and 496 bytes
+# spilled (ptxas 13.4 -v, sm_90a). One owned offset per 16-byte vector, each copy in a loop of its
+# own: 8 vector loads and 8 div.s64, 44 bytes spilled. The floor is that count.
+CARRY_VECTORS_FLOOR = 8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["program-SUM-float32", "program-SUM-float32-bytes1"])
+def test_program_carried_copies_move_16_byte_vectors(ptx, arch: int, name: str) -> None:
+    """The carried copies (kernels/triton/carry.py) of an ALIGNED launch load 16-byte vectors (as
+    int64 pairs, whatever the copies' unit), at most one owned offset's division each, never single
+    words: on a GPU the loop is otherwise bound by its 64-bit divisions, not by memory. (In one-byte
+    units the vectors' elements and offsets filled the registers: 41856 bytes spilled, sm_90a.)"""
+    loops = ptx[f"{name}-sm{arch}-carry"]
+    # The carries' loops issue a step's loads, the floor or more; the loops that merely inline a
+    # copy's last bytes, short of a vector (a load or two), are not theirs.
+    carriers = [loop for loop in loops if loop[0] + loop[1] >= CARRY_VECTORS_FLOOR]
+    assert carriers, loops
+    for vectors, singles, divisions in carriers:
+        assert singles == 0 and divisions <= vectors, loops
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
