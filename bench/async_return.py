@@ -23,21 +23,14 @@ import sys
 import time
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 from .timing import slowest_rank
 
 __all__ = ["main"]
 
 
 def _rank(rank: int, world: int, port: int, numel: int, rounds: int, results: multiprocessing.Queue) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     import torch
 
     import gpucomm

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import time
 import traceback
 from collections.abc import Callable
 from functools import partial
 
 from . import breakdown_programs as bp
+from .ranks import rank_env
 from .timing import check_after, count_wrong, time_calls, time_graph
 
 __all__ = ["rank_main", "workspace_for", "pattern"]
@@ -217,14 +217,7 @@ def rank_main(
 ) -> None:
     """One rank: (a), then (b) and (c); ``(rank, measured)`` or ``(rank, {"error": traceback})`` on
     ``results``. ``variants``: what makes the variants of a program (:func:`breakdown_programs.variants`)."""
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     try:
         me = _Rank(rank, world, args)
         steps = _steps(me, variants or bp.variants)

@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 
 __all__ = ["main"]
 
@@ -47,13 +47,10 @@ DDP_SPECIALISATIONS = (
 def _first_call(
     rank: int, world: int, port: int, double: str, cache: str, lock: bool, results: multiprocessing.Queue
 ) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+    rank_env(
+        rank,
+        world,
+        port,
         TRITON_CACHE_DIR=os.path.join(cache, "triton"),
         GPUCOMM_CACHE_DIR=cache,
         TRITON_DEFAULT_FP_FUSION="1",

@@ -38,7 +38,7 @@ import sys
 import time
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 from .timing import slowest_rank
 
 __all__ = ["main", "MODES"]
@@ -47,14 +47,7 @@ MODES = ("compute", "gloo", "hook", "hook-blocking", "hook-shm", "hook-shm-block
 
 
 def _step_times(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel

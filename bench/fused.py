@@ -39,7 +39,7 @@ import time
 import torch
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 from .timing import check_after, slowest_rank
 
 __all__ = ["main"]
@@ -61,14 +61,7 @@ def _same_bits(got: tuple, want: tuple) -> bool:
 
 
 def _rank(rank: int, world: int, port: int, device: str, args: dict, results: multiprocessing.Queue) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: this process's first import
     import gpucomm

@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import statistics
 import sys
 import time
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 from .timing import check_after, slowest_rank
 
 __all__ = ["main"]
@@ -79,14 +78,7 @@ def _bare_launch(device):  # noqa: ANN001, ANN202
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: multiprocessing.Queue) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     import torch
 
     import gpucomm

@@ -40,7 +40,7 @@ import tempfile
 
 from .flight_cost import SilentFlightLog
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 from .samples import each_call, median_p90_us
 
 __all__ = ["main", "JIT_PUBLISHED_US"]
@@ -86,14 +86,7 @@ def _rank(
     record_rounds: int,
     results: multiprocessing.Queue,
 ) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     if path == "device" and launch == "recorder":
         os.environ["TRITON_INTERPRET"] = "1"
     else:

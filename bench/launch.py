@@ -27,6 +27,7 @@ import sys
 import time
 
 from .backends import nccl_spawn_env
+from .ranks import rank_env
 from .runner import Settings, run_rank
 from .service_threads import spread_over
 from .threads import apply_threads, plan_threads
@@ -76,15 +77,8 @@ def _rank_main(
         os.sched_setaffinity(0, cores)
     # Before any backend starts: torch's thread count for this rank's cores (bench/threads.py).
     apply_threads(*plan_threads(cores, world, settings.threads))
-    os.environ.update(
-        env,  # what the backends read when they start (backends.nccl_spawn_env)
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    os.environ.update(env)  # what the backends read when they start (backends.nccl_spawn_env)
+    rank_env(rank, world, port)
     try:
         code = run_rank(settings)
     except ValueError as err:

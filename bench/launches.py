@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 
 __all__ = ["main"]
 
@@ -27,15 +26,7 @@ _HOST_READS = ("tolist", "item", "cpu", "__int__")
 
 
 def _count(rank: int, world: int, port: int, numel: int, algo: str, results: multiprocessing.Queue) -> None:
-    os.environ.update(
-        TRITON_INTERPRET="1",
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port, TRITON_INTERPRET="1")
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 

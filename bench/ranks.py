@@ -6,12 +6,13 @@ and tables."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import socket
 import time
 from collections.abc import Callable
 
-__all__ = ["RankDied", "spawn_ranks"]
+__all__ = ["RankDied", "rank_env", "spawn_ranks"]
 
 # How often the parent looks for a rank that died without a result. A rank that dies on a GPU
 # (an illegal address aborts the process) would otherwise leave the parent waiting out the whole
@@ -21,6 +22,20 @@ POLL_S = 0.5
 
 class RankDied(RuntimeError):
     """A rank's process ended without giving its result."""
+
+
+def rank_env(rank: int, world: int, port: int, **extra: str) -> None:
+    """This process's environment as rank ``rank`` of ``world`` local ranks that meet at
+    127.0.0.1:``port`` (torch.distributed's env://), and ``extra``: set before a group starts."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        **extra,
+    )
 
 
 def spawn_ranks(target: Callable[..., None], nproc: int, *args: object, timeout: float = 3600) -> dict[int, object]:

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import statistics
 import sys
 import time
 
 from .hostinfo import run_settings, write_json
-from .ranks import spawn_ranks
+from .ranks import rank_env, spawn_ranks
 from .timing import check_after, slowest_rank
 
 __all__ = ["main", "SIZES"]
@@ -62,14 +61,7 @@ def _rank(
     heap_bytes: int,
     results: multiprocessing.Queue,
 ) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, world, port)
     import warnings
 
     import torch
