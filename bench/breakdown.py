@@ -7,8 +7,8 @@ Ranks on one GPU over the CUDA IPC workspace (``--device cuda``), with gpucomm's
 (a) **Steps.** The all_reduce's real program (the algorithm ``auto`` runs on GPUs, built as the
     engine builds it: one-shot at 8 B and 64 KiB, whose small path runs one-shot's steps in a kernel
     of its own) at each ``--step-sizes``, and four variants of it (bench/breakdown_programs.py):
-    without its REDUCEs, without its COPYs, without its SYNCs, and with no instruction (the launch
-    alone). Each is captured into a CUDA graph (``--iters`` calls) and replayed ``--replays`` times
+    without its REDUCEs, without its COPYs, without its SYNCs, and with nothing to move (one COPY of
+    no bytes: the launch alone). Each is captured into a CUDA graph (``--iters`` calls) and replayed ``--replays`` times
     between CUDA events, ``--rounds`` rounds in alternating order; a figure is per replay the
     slowest rank, the median over replays and rounds (:func:`timing.slowest_rank`). The split:
     launch = empty; copy, SYNC and reduce = full less the variant without them. Only ``full``

@@ -109,8 +109,8 @@ def leave_out(program: Program, opcodes: frozenset[int], variant: str) -> Progra
 def _nothing(program: Program) -> tuple:
     """A COPY of no bytes between the first two operands of ``program``'s first move: an instruction
     that moves nothing, with operands the kernels can resolve. A program needs one: the executor
-    gives one without instructions a table of one zero row, whose operands the kernels would read
-    past the end of its operand table (the Triton interpreter crashed so)."""
+    refuses a program without instructions (device_executor.instruction_rows), whose table would be
+    one zero row with operands past the end of its operand table (the Triton interpreter crashed so)."""
     first = next((ins for ins in program.instructions if ins[0] != SYNC), None)
     if first is None:
         raise ValueError(f"leave_out: {program.name} has no COPY or REDUCE whose operands a no-op could take")
