@@ -120,6 +120,11 @@ class DeviceExecutor:
     def run(self, program: Program, addrs: tuple[int, ...] = ()) -> None:
         """Launch ``program`` on the call's buffers at ``addrs`` (see :class:`gpucomm.ops.program.Arg`)."""
         self.check()
+        if not program.instructions:
+            # Nothing to move and no SYNC (an all_to_all's delivery on a rank that sends and
+            # receives nothing): a launch would leave the epochs where they are (only SYNCs advance
+            # them), so there is none, on this rank alone as on all of them.
+            return
         if self._on_gpu and capturing(self.device):
             inplace = self.graphs.launch(program, addrs)  # gpucomm.workspace.graph_buffers
             if inplace is not None:
@@ -351,9 +356,9 @@ def instruction_rows(program: Program) -> list[list[int]]:
     """The program kernel's instruction table (WORDS int64 a row, kernels/triton/program.py):
     a SYNC's masks and fence word, a move's size, position, operand count and first operand."""
     if not program.instructions:
-        # The upload pads an empty table with one zero row (a tensor of no elements cannot be
-        # handed to the kernels), and the kernels would run that row as an instruction and read
-        # operands the table does not have: out of bounds on a GPU.
+        # DeviceExecutor.run launches no such program. A table of none would be uploaded as one
+        # zero row (a tensor of no elements cannot be handed to the kernels), which the kernels
+        # would run as a move of no bytes whose operands the table does not have.
         raise ValueError(
             f"instruction_rows: expected a program of at least one instruction, got none in {program.name!r}"
         )

@@ -388,7 +388,7 @@ __device__ __forceinline__ void run_program(Launch L) {
             move<D, Op>(L, row, opcode == REDUCE, cached, n_carried, &plan);
             i += n_carried;
         }
-        // Any other row moves nothing: the executor uploads one row of zeros for an empty program.
+        // Any other row moves nothing (the executor uploads none: it launches no program without instructions).
     }
     // A launch may run fewer channels than the flag layout has (small messages run one): channel
     // c also keeps the epochs of channels c + grid, c + 2 * grid, ..., so that every channel
