@@ -456,7 +456,9 @@ def test_the_device_executors_launch_for_gpu_1_runs_with_it_current(double, monk
     monkeypatch.setattr(device_executor, "capturing", lambda device: False)
     seen: list[tuple[int, int]] = []
     launch = lambda stream: seen.append((stream, contexts.device()))  # noqa: E731
-    program = types.SimpleNamespace(cache={"device": {"bound": {(0x1000,): {"launch": launch, "captured": False}}}})
+    bound = {(0x1000,): {"launch": launch, "captured": False}}
+    # One instruction (never read: the binding is there): a program of none is launched nowhere.
+    program = types.SimpleNamespace(instructions=[None], cache={"device": {"bound": bound}})
     executor = types.SimpleNamespace(check=lambda: None, device=ONE, _on_gpu=True, _stream=lambda: 0x5EA)
     device_executor.DeviceExecutor.run(executor, program, (0x1000,))
     assert seen == [(0x5EA, 1)]
